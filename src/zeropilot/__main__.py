@@ -1,0 +1,3 @@
+from zeropilot.cli import main
+
+raise SystemExit(main())

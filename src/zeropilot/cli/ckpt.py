@@ -1,0 +1,15 @@
+"""`zeropilot ckpt` (being built: see its issue)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("ckpt", help="(not yet available)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    print("zeropilot ckpt is not available yet")
+    return 2
