@@ -1,0 +1,195 @@
+"""Build a real DeepSpeed checkpoint on CPU (gloo, N processes) for tests and benchmarks.
+
+Run as a script: ``python ds_build.py SPEC_JSON OUT_DIR``. SPEC_JSON is a JSON object:
+
+    stage        ZeRO stage (1, 2, 3)
+    world        number of processes
+    dtype        "bf16" or "fp32"
+    arch         "qwen2" or "llama"
+    tied         tie_word_embeddings
+    lora         wrap in a PEFT LoRA model (r=4 on q_proj, v_proj)
+    exclude_frozen  save with exclude_frozen_parameters=True
+    trainer      build through the HF Trainer instead of the raw engine
+    gather       (trainer) stage3_gather_16bit_weights_on_model_save
+    steps        optimizer steps before the save
+    size         "tiny" (hidden 64, 2 layers, vocab 256) or "qwen0.5b" / "7b" (benchmarks)
+    reference    write reference.pt (trained weights and logits); default true
+
+OUT_DIR receives ``run/`` (the save dir: ``latest``, ``<tag>/``, ``zero_to_fp32.py``, config.json)
+for the engine, or ``run/checkpoint-N/`` for the Trainer, and ``reference.pt`` with the trained
+module's weights (in its training dtype), a fixed batch of input ids and the logits the trained
+model produced on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+SIZES = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=256, max_position_embeddings=64),
+    "qwen0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                     num_key_value_heads=2, vocab_size=151936, max_position_embeddings=512),
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, vocab_size=152064, max_position_embeddings=512),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _config(spec):
+    from transformers import AutoConfig
+
+    kwargs = dict(SIZES[spec.get("size", "tiny")])
+    kwargs["tie_word_embeddings"] = bool(spec.get("tied", False))
+    config = AutoConfig.for_model(spec.get("arch", "qwen2"), **kwargs)
+    config.torch_dtype = "bfloat16" if spec["dtype"] == "bf16" else "float32"
+    return config
+
+
+def _model(spec):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(1234)
+    model = AutoModelForCausalLM.from_config(_config(spec), torch_dtype=torch.float32)
+    if spec.get("lora"):
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+                          init_lora_weights=False)
+        model = get_peft_model(model, lora)
+    return model
+
+
+def _ds_config(spec, batch):
+    cfg = {
+        "train_micro_batch_size_per_gpu": batch,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": spec["stage"]},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+    if spec["dtype"] == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    return cfg
+
+
+def _input_ids(spec):
+    import torch
+
+    gen = torch.Generator().manual_seed(7)
+    vocab = SIZES[spec.get("size", "tiny")]["vocab_size"]
+    return torch.randint(0, vocab, (2, 16), generator=gen)
+
+
+def _engine_worker(rank, spec, out, port):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(spec["world"]),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import deepspeed
+    import torch
+
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    model = _model(spec)
+    if spec.get("size", "tiny") != "tiny":
+        model.gradient_checkpointing_enable() if hasattr(model, "gradient_checkpointing_enable") else None
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=_ds_config(spec, 2))
+    gen = torch.Generator().manual_seed(100 + rank)
+    vocab = SIZES[spec.get("size", "tiny")]["vocab_size"]
+    seq = 16 if spec.get("size", "tiny") == "tiny" else 8
+    for _ in range(int(spec.get("steps", 2))):
+        ids = torch.randint(0, vocab, (2, seq), generator=gen)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+    save_dir = Path(out) / "run"
+    engine.save_checkpoint(str(save_dir), exclude_frozen_parameters=bool(spec.get("exclude_frozen")))
+    if spec.get("reference", True):
+        _write_reference(spec, engine, out, rank)
+    if rank == 0:
+        config = _config(spec)
+        if not spec.get("no_config"):
+            config.save_pretrained(str(save_dir))
+        if spec.get("lora"):
+            engine.module.peft_config["default"].save_pretrained(str(save_dir))
+    torch.distributed.barrier()
+
+
+def _gathered_state(spec, module):
+    """The trained module's weights, full, in their training dtype (all ranks take part)."""
+    import deepspeed
+
+    params = list(module.parameters())
+    if spec["stage"] == 3:
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _write_reference(spec, engine, out, rank):
+    import torch
+
+    module = engine.module
+    module.eval()
+    ids = _input_ids(spec)
+    with torch.no_grad():
+        logits = module(input_ids=ids).logits.detach().clone()
+    state = _gathered_state(spec, module)
+    if rank == 0:
+        torch.save({"input_ids": ids, "logits": logits, "state": state}, str(Path(out) / "reference.pt"))
+
+
+def _trainer_worker(rank, spec, out, port):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(spec["world"]),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    torch.set_num_threads(1)
+    ds = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "zero_optimization": {"stage": spec["stage"],
+                              "stage3_gather_16bit_weights_on_model_save": bool(spec.get("gather", False))},
+        "bf16": {"enabled": "auto"},
+    }
+    args = TrainingArguments(
+        output_dir=str(Path(out) / "run"), use_cpu=True, deepspeed=ds, per_device_train_batch_size=2,
+        max_steps=int(spec.get("steps", 2)), save_steps=int(spec.get("steps", 2)), save_strategy="steps",
+        logging_steps=1000, report_to=[], bf16=spec["dtype"] == "bf16", learning_rate=1e-2,
+        dataloader_num_workers=0, save_only_model=False, disable_tqdm=True,
+    )
+    model = _model(spec)
+    vocab = SIZES[spec.get("size", "tiny")]["vocab_size"]
+    gen = torch.Generator().manual_seed(5)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, vocab, (64, 16), generator=gen)]
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    if spec.get("reference", True):
+        _write_reference(spec, trainer.model_wrapped, out, rank)
+
+
+def build(spec: dict, out: str) -> None:
+    """Build the checkpoint `spec` describes under `out` with `spec['world']` processes."""
+    import torch.multiprocessing as mp
+
+    os.makedirs(out, exist_ok=True)
+    worker = _trainer_worker if spec.get("trainer") else _engine_worker
+    mp.spawn(worker, args=(spec, out, _free_port()), nprocs=int(spec["world"]), join=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    build(json.loads(sys.argv[1]), sys.argv[2])
