@@ -153,10 +153,13 @@ def _write_reference(spec, engine, out, rank):
 def _trainer_worker(rank, spec, out, port):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(spec["world"]),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import deepspeed
     import torch
     from transformers import Trainer, TrainingArguments
 
     torch.set_num_threads(1)
+    # Initialised before TrainingArguments so that zero.Init (ZeRO-3) sees the whole world.
+    deepspeed.init_distributed(dist_backend="gloo")
     ds = {
         "train_micro_batch_size_per_gpu": "auto",
         "gradient_accumulation_steps": "auto",

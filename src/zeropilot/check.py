@@ -1,0 +1,43 @@
+"""The check as a library call: read a launch, run the rules, return the result."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence, Set, Tuple
+
+from zeropilot.launch import Launch, load_launch
+from zeropilot.report import CheckResult
+from zeropilot.rules import all_rules, run_rules
+
+
+def check(
+    paths: Sequence,
+    versions: Optional[str] = None,
+    world_size: Optional[int] = None,
+    select: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    gpus: Optional[str] = None,
+    use_installed: bool = True,
+) -> Tuple[CheckResult, Launch]:
+    """Check a launch.
+
+    Args:
+        paths: files or folders of the launch.
+        versions: ``NAME=VER,...`` overrides of the installed versions.
+        world_size: overrides the world size the launch implies.
+        select, ignore: rule codes to run only / to skip.
+        gpus: ``COUNTxMEM`` for the memory rules (``4x16GiB``).
+        use_installed: read installed versions (off in tests that pin versions).
+
+    Returns:
+        The result and the launch that was read.
+    """
+    launch = load_launch(paths, versions=versions, world_size=world_size, use_installed=use_installed)
+    launch.gpus = gpus
+    select: Set[str] = set(select)
+    ignore: Set[str] = set(ignore)
+    rules = [r for r in all_rules() if (not select or r.code in select) and r.code not in ignore]
+    findings = run_rules(launch, rules)
+    files = sorted({str(d.path) for d in launch.documents} | {str(s.path) for s in launch.scripts}
+                   | {str(p.path) for p in launch.python_files})
+    result = CheckResult(findings, launch.versions, launch.world_size, list(launch.read_errors), files)
+    return result, launch

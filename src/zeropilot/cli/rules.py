@@ -1,0 +1,45 @@
+"""``zeropilot rules`` lists the rules; ``zeropilot explain CODE`` prints one rule's docs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from zeropilot.errors import InputError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("rules", help="list the rules of check")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=run)
+    e = subparsers.add_parser("explain", help="print one rule's documentation")
+    e.add_argument("code", metavar="CODE", help="a rule code (DS001) or name")
+    e.set_defaults(func=run_explain)
+
+
+def run(args: argparse.Namespace) -> int:
+    from zeropilot.rules import all_rules
+
+    rules = all_rules()
+    if args.format == "json":
+        json.dump([{"code": r.code, "name": r.name, "severity": r.severity.value, "summary": r.summary,
+                    "versions": r.versions, "fixable": r.fixable, "status": r.status, "witness": r.witness}
+                   for r in rules], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    for r in rules:
+        fix = " (fix)" if r.fixable else ""
+        print(f"{r.code:<7} {r.severity.value:<8} {r.name}{fix}")
+    return 0
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from zeropilot.rules import get_rule
+    from zeropilot.rules.docs import render_rule
+
+    r = get_rule(args.code)
+    if r is None:
+        raise InputError(f"no rule {args.code!r}: `zeropilot rules` lists them")
+    sys.stdout.write(render_rule(r))
+    return 0

@@ -1,0 +1,358 @@
+"""Reading a launch from paths: discover files, read each, link configs, work out the world size."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence
+
+from zeropilot.errors import InputError
+from zeropilot.launch.classify import classify
+from zeropilot.launch.commands import (VISIBLE_DEVICE_VARS, LaunchCommand, as_int, count_devices, interpret,
+                                       parse_flag_args)
+from zeropilot.launch.document import Document, Node, set_paths
+from zeropilot.launch.jsonread import parse_json
+from zeropilot.launch.model import Launch, PythonFile, Reference, WorldSize
+from zeropilot.launch.shell import parse_script
+from zeropilot.launch.versions import resolve_versions
+from zeropilot.launch.yamlread import parse_yaml
+
+MAX_FILE_BYTES = 8 * 1024 * 1024
+MAX_DISCOVERED = 2000
+MAX_DEPTH = 4
+_SKIP_DIRS = {".git", ".hg", "__pycache__", "node_modules", ".venv", "venv", "site-packages", "wandb",
+              ".mypy_cache", ".pytest_cache", ".tox", "runs", "logs"}
+_CONFIG_SUFFIXES = {".json", ".yaml", ".yml", ".conf"}
+_SCRIPT_SUFFIXES = {".sh", ".bash"}
+_REQ_NAME = re.compile(r"^(requirements.*|.*freeze.*|constraints.*)\.txt$", re.I)
+_CKPT_DIR = re.compile(r"^(checkpoint-\d+|global_step\d+)$")
+
+
+def load_launch(
+    paths: Sequence[os.PathLike],
+    versions: Optional[str] = None,
+    world_size: Optional[int] = None,
+    use_installed: bool = True,
+) -> Launch:
+    """Read a launch from files and directories.
+
+    Args:
+        paths: files, or directories in which to discover the launch (configs, scripts, requirements).
+        versions: ``--versions`` overrides, ``NAME=VER[,NAME=VER...]``.
+        world_size: ``--world-size``; overrides what the launch says.
+        use_installed: read installed package versions (tests turn this off for fixtures).
+
+    Returns:
+        The Launch. Files that cannot be read are in ``launch.read_errors``; nothing is raised for them.
+
+    Raises:
+        InputError: when a path does not exist or ``versions`` is malformed.
+    """
+    launch = Launch()
+    files: List[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        try:
+            st = path.stat()
+        except RuntimeError:
+            raise InputError("symbolic link loop", path) from None
+        except FileNotFoundError:
+            raise InputError("no such file or directory", path) from None
+        except OSError as exc:
+            raise InputError(f"cannot read: {exc.strerror}", path) from None
+        if stat.S_ISDIR(st.st_mode):
+            files.extend(_discover(path, launch))
+        else:
+            files.append(path)
+    seen = set()
+    requirement_files = []
+    for path in files:
+        key = _key(path)
+        if key in seen:
+            continue
+        seen.add(key)
+        if _REQ_NAME.match(path.name):
+            requirement_files.append(path)
+            continue
+        _read_into(launch, path, explicit=True)
+    launch.versions = resolve_versions(versions, requirement_files, use_installed=use_installed)
+    _follow_references(launch, seen)
+    launch.world_size = _world_size(launch, world_size)
+    return launch
+
+
+def _key(path: Path) -> str:
+    try:
+        return str(path.resolve())
+    except (OSError, RuntimeError):
+        return str(path.absolute())
+
+
+def _discover(root: Path, launch: Launch) -> List[Path]:
+    found: List[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False, onerror=lambda e: launch.read_errors.append(
+            InputError(f"cannot read directory: {e.strerror}", e.filename))):
+        depth = len(Path(dirpath).relative_to(root).parts)
+        kept = []
+        for d in sorted(dirnames):
+            if d in _SKIP_DIRS or d.startswith("."):
+                continue
+            if _CKPT_DIR.match(d):
+                launch.checkpoint_dirs.append(Path(dirpath) / d)
+                continue
+            kept.append(d)
+        dirnames[:] = kept if depth < MAX_DEPTH else []
+        for name in sorted(filenames):
+            suffix = Path(name).suffix.lower()
+            if suffix in _CONFIG_SUFFIXES | _SCRIPT_SUFFIXES | {".py"} or _REQ_NAME.match(name):
+                path = Path(dirpath) / name
+                if path.is_symlink() and not path.exists():
+                    continue
+                found.append(path)
+        if len(found) > MAX_DISCOVERED:
+            raise InputError(f"more than {MAX_DISCOVERED} candidate files: point check at the launch's "
+                             "folder or files", root)
+    return found
+
+
+def read_text(path: Path) -> str:
+    """A file's text, refusing what is not a small UTF-8 text file.
+
+    Raises:
+        InputError: missing, unreadable, a directory, too large, binary, or not UTF-8.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except IsADirectoryError:
+        raise InputError("is a directory", path) from None
+    except FileNotFoundError:
+        raise InputError("no such file", path) from None
+    except RuntimeError:
+        raise InputError("symbolic link loop", path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise InputError(f"larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB: not a launch config", path)
+    if b"\x00" in data[:8192]:
+        raise InputError("a binary file, not a text config", path)
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = data[:exc.start]
+        line = before.count(b"\n") + 1
+        col = exc.start - (before.rfind(b"\n") + 1) + 1
+        raise InputError(f"not UTF-8 text (byte 0x{data[exc.start]:02x})", path, line, col) from None
+
+
+def _read_into(launch: Launch, path: Path, explicit: bool) -> Optional[Document]:
+    try:
+        return _read_file(launch, path)
+    except InputError as exc:
+        launch.read_errors.append(exc)
+        return None
+
+
+def _read_file(launch: Launch, path: Path) -> Optional[Document]:
+    text = read_text(path)
+    suffix = path.suffix.lower()
+    if suffix in _SCRIPT_SUFFIXES or (not suffix and text.startswith("#!") and "sh" in text.split("\n", 1)[0]):
+        launch.scripts.append(parse_script(text, path))
+        return None
+    if suffix == ".py":
+        launch.python_files.append(PythonFile(path, text))
+        return None
+    if suffix in (".json", ".conf") or (not suffix and text.lstrip().startswith("{")):
+        root, fmt = parse_json(text, path), "json"
+    else:
+        root, fmt = parse_yaml(text, path), "yaml"
+    keys = root.value.keys() if isinstance(root.value, dict) else ()
+    kind, flavour = classify(keys, fmt)
+    if not isinstance(root.value, dict):
+        kind = "other"
+    doc = Document(path, kind, fmt, root, text, flavour)
+    launch.documents.append(doc)
+    return doc
+
+
+def _find_document(launch: Launch, path: Path) -> Optional[Document]:
+    key = _key(path)
+    for doc in launch.documents:
+        if _key(doc.path) == key:
+            return doc
+    return None
+
+
+def _resolve(target: str, bases: Iterable[Path]) -> Optional[Path]:
+    candidate = Path(os.path.expanduser(target))
+    if candidate.is_absolute():
+        return candidate if candidate.is_file() else None
+    for base in bases:
+        path = base / candidate
+        if path.is_file():
+            return path
+    return None
+
+
+def _bases(source: Path) -> List[Path]:
+    parent = source.parent
+    out = [parent, Path.cwd()]
+    out.extend(parent.parents)
+    return out
+
+
+def _load_reference(launch: Launch, seen: set, ref: Reference) -> Optional[Document]:
+    launch.references.append(ref)
+    if ref.resolved is None:
+        return None
+    doc = _find_document(launch, ref.resolved)
+    if doc is None and _key(ref.resolved) not in seen:
+        seen.add(_key(ref.resolved))
+        doc = _read_into(launch, ref.resolved, explicit=False)
+    return doc
+
+
+def _by_basename(launch: Launch, target: str) -> Optional[Document]:
+    name = Path(target).name
+    matches = [d for d in launch.ds_configs if d.path.name == name]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _follow_references(launch: Launch, seen: set) -> None:
+    for script in list(launch.scripts):
+        for command in script.commands:
+            lc = interpret(command)
+            if lc is None:
+                continue
+            launch.commands.append(lc)
+            _command_references(launch, seen, lc)
+    for doc in list(launch.documents):
+        _document_references(launch, seen, doc)
+
+
+def _command_references(launch: Launch, seen: set, lc: LaunchCommand) -> None:
+    cmd = lc.command
+    bases = _bases(cmd.file)
+    if lc.config_file:
+        target = lc.config_file
+        _load_reference(launch, seen, Reference(cmd.file, cmd.line, lc.launcher, target, _resolve(target, bases)))
+    if lc.program and lc.program.endswith(".py"):
+        resolved = _resolve(lc.program, bases)
+        if resolved is not None and _key(resolved) not in seen:
+            seen.add(_key(resolved))
+            _read_into(launch, resolved, explicit=False)
+    flags = parse_flag_args(lc.program_args)
+    if lc.launcher != "llamafactory" and any(k == "deepspeed" or k == "deepspeed_config" for k, _, _ in flags):
+        doc = _flags_document(lc, flags)
+        launch.documents.append(doc)
+    elif lc.launcher == "llamafactory" and flags:
+        doc = _flags_document(lc, flags)
+        doc.flavour = "llamafactory"
+        launch.documents.append(doc)
+
+
+def _flags_document(lc: LaunchCommand, flags) -> Document:
+    """Training arguments given as ``--key value`` on a command line, as a document of the script."""
+    cmd = lc.command
+    text = cmd.file.read_text(encoding="utf-8", errors="replace") if cmd.file.is_file() else ""
+    members = {}
+    for key, value, index in flags:
+        argv_index = lc.program_args_index + index
+        offset = cmd.offsets[argv_index] if argv_index < len(cmd.offsets) else None
+        line = text.count("\n", 0, offset) + 1 if offset is not None and text else cmd.line
+        members[key] = Node(_flag_value(value), line=line, col=None, raw=value)
+    root = Node(members, line=cmd.line)
+    set_paths(root)
+    return Document(cmd.file, "train_args", "flags", root, "", "hf")
+
+
+def _flag_value(value: Optional[str]):
+    if value is None:
+        return True
+    low = value.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+def _document_references(launch: Launch, seen: set, doc: Document) -> None:
+    if doc.kind == "train_args":
+        key = "deepspeed"
+        node = doc.get("deepspeed")
+    elif doc.kind == "accelerate":
+        key = "deepspeed_config.deepspeed_config_file"
+        node = doc.get(key)
+    else:
+        return
+    if node is None or not isinstance(node.value, str) or not node.value.strip():
+        return
+    target = node.value.strip()
+    ref = Reference(doc.path, node.line, key, target, _resolve(target, _bases(doc.path)), node)
+    linked = _load_reference(launch, seen, ref)
+    if linked is None and ref.resolved is None:
+        linked = _by_basename(launch, target)
+    if linked is not None and linked.kind in ("ds_config", "other"):
+        launch.links[id(doc)] = linked
+
+
+def _visible_devices(launch: Launch):
+    env = launch.env()
+    for name in VISIBLE_DEVICE_VARS:
+        if name in env:
+            return env[name], count_devices(env[name].value)
+    return None, None
+
+
+def _world_size(launch: Launch, override: Optional[int]) -> WorldSize:
+    var, visible = _visible_devices(launch)
+    if override is not None:
+        return WorldSize(override, "--world-size", visible_devices=visible, visible_var=var)
+    env = launch.env()
+    for lc in launch.commands:
+        cmd = lc.command
+        nnodes = as_int(lc.nnodes) or 1
+        nproc = as_int(lc.nproc)
+        reason = f"{lc.launcher} command"
+        if lc.launcher == "deepspeed" and nproc is None and lc.include:
+            hosts = lc.include.split("@")
+            nproc = sum(len(h.split(":", 1)[1].split(",")) for h in hosts if ":" in h) or None
+        if lc.launcher == "llamafactory":
+            run_env = {**{k: v.value for k, v in env.items()}, **{k: v.value for k, v in cmd.env.items()}}
+            nproc = as_int(run_env.get("NPROC_PER_NODE"))
+            nnodes = as_int(run_env.get("NNODES")) or 1
+            reason = "NPROC_PER_NODE" if nproc else reason
+        if lc.launcher == "accelerate" and nproc is None:
+            nproc = _accelerate_processes(launch, lc)
+            if nproc is not None:
+                return WorldSize(nproc, "accelerate config num_processes", cmd.file, cmd.line,
+                                 nproc, None, visible, var)
+        if nproc is None and lc.launcher in ("deepspeed", "llamafactory", "torchrun") and visible:
+            nproc = visible
+            reason = f"{lc.launcher} uses every visible device ({var.name})"
+        if lc.launcher == "python":
+            nproc, reason = 1, "plain python command"
+        if nproc is not None:
+            return WorldSize(nproc * nnodes, reason, cmd.file, cmd.line, nproc, nnodes, visible, var)
+    for doc in launch.accelerate_configs:
+        n = as_int(doc.value("num_processes"))
+        if n:
+            return WorldSize(n, "accelerate config num_processes", doc.path, doc.get("num_processes").line,
+                             n, as_int(doc.value("num_machines")) or 1, visible, var)
+    return WorldSize(None, "no launcher found that says how many processes", visible_devices=visible,
+                     visible_var=var)
+
+
+def _accelerate_processes(launch: Launch, lc: LaunchCommand) -> Optional[int]:
+    for doc in launch.accelerate_configs:
+        if lc.config_file is None or doc.path.name == Path(lc.config_file).name:
+            return as_int(doc.value("num_processes"))
+    return None

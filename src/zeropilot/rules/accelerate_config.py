@@ -1,0 +1,3 @@
+"""Rules: accelerate_config (see zeropilot.rules.registry for how to add one)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Rules: allocator (see zeropilot.rules.registry for how to add one)."""
+
+from __future__ import annotations

@@ -1,0 +1,45 @@
+"""Shared test helpers: writing launch fixtures and running check on them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict, Optional, Union
+
+import pytest
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+CORPUS = SHARED / "corpus"
+
+
+def write_files(root: Path, files: Dict[str, Union[str, dict]]) -> Path:
+    """Write ``name -> text`` (dicts become JSON) under root; returns root."""
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, (dict, list)):
+            content = json.dumps(content, indent=2)
+        path.write_text(content, encoding="utf-8")
+    return root
+
+
+def run_check(root: Path, versions: Optional[str] = None, world_size: Optional[int] = None, select=()):
+    """Check a folder with pinned versions (installed ones are not read) and return the findings."""
+    from zeropilot.check import check
+
+    result, _ = check([root], versions=versions, world_size=world_size, select=select, use_installed=False)
+    return result.findings
+
+
+def codes(findings) -> list:
+    return sorted(f.code for f in findings)
+
+
+@pytest.fixture
+def launch_dir(tmp_path):
+    def make(files: Dict[str, Union[str, dict]]) -> Path:
+        return write_files(tmp_path / "launch", files)
+    return make
