@@ -1,0 +1,391 @@
+"""Export a ZeRO checkpoint as a Hugging Face model or PEFT adapter, streaming tensor by tensor.
+
+Three products:
+
+* a full model (``model.safetensors`` or shards + ``model.safetensors.index.json``), with the
+  ``config.json``, generation config and tokenizer files found beside the checkpoint;
+* a PEFT adapter (``--adapter-only``): ``adapter_model.safetensors`` + ``adapter_config.json``;
+* a merged model (``--merge-into BASE``, or a LoRA checkpoint that kept its frozen base):
+  ``W + scaling * B @ A`` per LoRA-wrapped weight, the base weights read from BASE one at a time.
+
+Tied weights: DeepSpeed records them in ``shared_params`` (``lm_head.weight`` ->
+``model.embed_tokens.weight``). When the config ties them (``tie_word_embeddings``, true unless set
+false) only the target is written, as ``save_pretrained`` does; transformers re-ties on load.
+
+Everything is written into a temporary sibling of OUT, then renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+from zeropilot.checkpoint import safetensors_writer as stw
+from zeropilot.checkpoint.layout import CheckpointLayout, HF_MODEL_FILES, read_json, read_layout
+from zeropilot.checkpoint.reconstruct import DamagedCheckpoint, TensorEntry, ZeroState, open_checkpoint, release
+from zeropilot.errors import InputError
+
+PEFT_PREFIX = "base_model.model."
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_CAST_BLOCK = 1 << 24  # elements cast at a time when the output dtype differs from the stored one
+
+
+@dataclass
+class ExportOptions:
+    """What `export` should write (the CLI flags)."""
+
+    tag: Optional[str] = None
+    dtype: Optional[str] = None  # "bf16" | "fp16" | "fp32"; None: the training dtype
+    max_shard_size: str = "5GB"
+    adapter_only: bool = False
+    merge_into: Optional[Path] = None
+    force: bool = False
+    trust_pickle: bool = False
+    progress: Optional[bool] = None  # None: when stderr is a terminal
+
+
+@dataclass
+class ExportResult:
+    """What was written."""
+
+    out: Path
+    product: str  # "model", "adapter" or "merged-model"
+    files: List[str]
+    tensors: int
+    bytes: int
+    dtype: str
+    dropped_tied: List[str] = field(default_factory=list)
+    copied: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+
+
+def export_checkpoint(path, out, options: ExportOptions) -> ExportResult:
+    """Export the checkpoint at `path` into the new folder `out`.
+
+    Raises:
+        InputError: bad arguments, OUT exists without ``force``, OUT inside the checkpoint.
+        DamagedCheckpoint: the checkpoint is incomplete or inconsistent.
+    """
+    layout = read_layout(path, options.tag)
+    if layout.problems:
+        raise DamagedCheckpoint("the checkpoint is damaged or incomplete", layout.problems)
+    out = Path(out)
+    _check_out(out, layout, options.force)
+    state = open_checkpoint(layout, trust_pickle=options.trust_pickle)
+    dtype = _output_dtype(options.dtype, state)
+    tmp = out.parent / f".{out.name}.zeropilot-tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        result = _write(state, layout, tmp, dtype, options)
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    result.out = out
+    return result
+
+
+def _check_out(out: Path, layout: CheckpointLayout, force: bool) -> None:
+    target = out.resolve()
+    for inside in {layout.path.resolve(), layout.tag_dir.resolve(), *( [layout.save_dir.resolve()] if layout.save_dir else [])}:
+        if target == inside or inside in target.parents:
+            raise InputError(f"OUT is inside the checkpoint folder {inside}: export never writes there", out)
+        if target in inside.parents:
+            raise InputError(f"OUT contains the checkpoint {inside}: --force would delete it", out)
+    if out.exists() and not force:
+        raise InputError("already exists: pass --force to replace it", out)
+    if not out.parent.exists():
+        raise InputError("its parent folder does not exist", out)
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    if out.exists() or out.is_symlink():
+        old = out.parent / f".{out.name}.zeropilot-old-{os.getpid()}"
+        os.replace(out, old)
+        os.replace(tmp, out)
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink()
+    else:
+        os.replace(tmp, out)
+
+
+def _output_dtype(flag: Optional[str], state: ZeroState) -> str:
+    if flag:
+        if flag not in DTYPE_NAMES:
+            raise InputError(f"--dtype {flag}: expected one of {', '.join(DTYPE_NAMES)}")
+        return DTYPE_NAMES[flag]
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(state.layout.optim_dtype or "", "float32")
+
+
+def _write(state: ZeroState, layout: CheckpointLayout, tmp: Path, dtype: str, options: ExportOptions) -> ExportResult:
+    is_peft = layout.is_peft or any(e.name.startswith(PEFT_PREFIX) for e in state.entries)
+    if options.adapter_only:
+        if not is_peft:
+            raise InputError("--adapter-only: this checkpoint has no PEFT adapter (no lora_ weights, no "
+                             "adapter_config.json beside it)", layout.path)
+        return _write_adapter(state, layout, tmp, dtype)
+    if options.merge_into is not None or is_peft:
+        return _write_merged(state, layout, tmp, dtype, options)
+    return _write_model(state, layout, tmp, dtype, options, _model_plan(state, layout, dtype))
+
+
+def _model_plan(state: ZeroState, layout: CheckpointLayout, dtype: str) -> Tuple[List[stw.PlannedTensor], List[str]]:
+    if state.absent:
+        raise InputError(
+            f"{len(state.absent)} weights of the model are not in the checkpoint (saved with "
+            f"exclude_frozen_parameters?), e.g. {state.absent[0]}: a full model cannot be written", layout.tag_dir)
+    config = read_json(_beside(layout, "config.json") or Path("/nonexistent")) or {}
+    tied = config.get("tie_word_embeddings", True) is not False
+    plan = [_planned(state, e, e.name, dtype) for e in state.entries]
+    dropped = []
+    for alias, target in state.aliases.items():
+        if tied:
+            dropped.append(alias)
+        else:
+            plan.append(_planned(state, state.entry(target), alias, dtype))
+    return plan, dropped
+
+
+def _planned(state: ZeroState, entry: TensorEntry, name: str, dtype: str) -> stw.PlannedTensor:
+    out_dtype = dtype if entry.dtype in ("float32", "float16", "bfloat16") else entry.dtype
+    return stw.PlannedTensor(name, entry.shape, out_dtype, lambda: _stream(state, entry, out_dtype))
+
+
+def _stream(state: ZeroState, entry: TensorEntry, dtype: str) -> Iterator[memoryview]:
+    import torch
+
+    target = getattr(torch, dtype)
+    for piece in state.pieces(entry):
+        if piece.dtype == target:
+            yield _bytes(piece)
+        else:
+            for start in range(0, piece.numel(), _CAST_BLOCK):
+                yield _bytes(piece[start:start + _CAST_BLOCK].to(target))
+        release(piece)
+
+
+def _bytes(tensor) -> memoryview:
+    import torch
+
+    return memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def _write_model(state, layout, tmp: Path, dtype: str, options: ExportOptions, planned, product="model",
+                 hf_source: Optional[Path] = None) -> ExportResult:
+    plan, dropped = planned
+    max_bytes = stw.parse_size(options.max_shard_size)
+    shards = stw.plan_shards(plan, max_bytes)
+    names = stw.shard_names(len(shards))
+    progress = _progress(sum(t.nbytes for t in plan), options.progress)
+    total = 0
+    for name, shard in zip(names, shards):
+        total += stw.write_file(tmp / name, shard, on_tensor=lambda t: progress(t.nbytes))
+    progress(None)
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total},
+                 "weight_map": {t.name: n for n, s in zip(names, shards) for t in s}}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    copied = _copy_hf_files(layout, tmp, dtype, hf_source)
+    notes = [] if "config.json" in copied else [
+        "no config.json found beside the checkpoint: copy the model's config.json into OUT to load it"]
+    return ExportResult(out=tmp, product=product, files=names + (["model.safetensors.index.json"] if len(shards) > 1
+                        else []), tensors=len(plan), bytes=total, dtype=dtype, dropped_tied=dropped,
+                        copied=copied, notes=notes)
+
+
+def _beside(layout: CheckpointLayout, name: str) -> Optional[Path]:
+    """`name` in the checkpoint's folder or the folder above it (HF output dir), if there."""
+    for folder in _hf_folders(layout):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def _hf_folders(layout: CheckpointLayout) -> List[Path]:
+    folders = [layout.save_dir or layout.tag_dir.parent]
+    folders.append(folders[0].parent)
+    return folders
+
+
+def _copy_hf_files(layout: CheckpointLayout, tmp: Path, dtype: str, source: Optional[Path]) -> List[str]:
+    copied = []
+    for name in HF_MODEL_FILES:
+        src = (source / name) if source else _beside(layout, name)
+        if src is None or not src.is_file():
+            continue
+        if name == "config.json":
+            config = read_json(src) or {}
+            for key in ("torch_dtype", "dtype"):
+                if key in config:
+                    config[key] = dtype
+            (tmp / name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        else:
+            shutil.copyfile(src, tmp / name)
+        copied.append(name)
+    return copied
+
+
+def _progress(total: int, enabled: Optional[bool]) -> Callable[[Optional[int]], None]:
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return lambda n: None
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc="export", file=sys.stderr)
+        return lambda n: bar.update(n) if n is not None else bar.close()
+    except ImportError:
+        done = [0]
+
+        def line(n: Optional[int]) -> None:
+            if n is None:
+                print(file=sys.stderr)
+                return
+            done[0] += n
+            print(f"\rexport: {done[0] / 1e9:.2f} / {total / 1e9:.2f} GB", end="", file=sys.stderr)
+        return line
+
+
+# ---- PEFT: adapters and merging -----------------------------------------------------------------
+
+_LORA_RE = re.compile(r"\.(lora_(?:A|B|embedding_A|embedding_B|magnitude_vector))\.([^.]+)(\.|$)")
+
+
+def _adapter_key(name: str) -> str:
+    """PEFT's saved name: the adapter name segment removed (``lora_A.default.weight`` -> ``lora_A.weight``)."""
+    return _LORA_RE.sub(lambda m: f".{m.group(1)}{m.group(3)}", name)
+
+
+def _adapter_config(layout: CheckpointLayout) -> Tuple[Path, dict]:
+    path = _beside(layout, "adapter_config.json")
+    config = read_json(path) if path else None
+    if config is None:
+        raise InputError("no adapter_config.json beside the checkpoint: PEFT needs it to load the adapter",
+                         layout.save_dir or layout.tag_dir)
+    return path, config
+
+
+def _write_adapter(state: ZeroState, layout: CheckpointLayout, tmp: Path, dtype: str) -> ExportResult:
+    config_path, _config = _adapter_config(layout)
+    lora = [e for e in state.entries if _LORA_RE.search(e.name)]
+    other = [e.name for e in state.entries if e.source == "trainable" and not _LORA_RE.search(e.name)]
+    if other:
+        raise InputError(f"trainable weights outside LoRA layers (e.g. {other[0]}, modules_to_save?) are not "
+                         "supported by --adapter-only yet", layout.tag_dir)
+    plan = [_planned(state, e, _adapter_key(e.name), dtype) for e in lora]
+    total = stw.write_file(tmp / "adapter_model.safetensors", plan)
+    shutil.copyfile(config_path, tmp / "adapter_config.json")
+    return ExportResult(out=tmp, product="adapter", files=["adapter_model.safetensors", "adapter_config.json"],
+                        tensors=len(plan), bytes=total, dtype=dtype)
+
+
+def _write_merged(state, layout, tmp: Path, dtype: str, options: ExportOptions) -> ExportResult:
+    _path, config = _adapter_config(layout)
+    scaling = _lora_scaling(config, layout)
+    lora = {e.name: e for e in state.entries if _LORA_RE.search(e.name)}
+    if options.merge_into is not None:
+        base = _BaseFromDir(Path(options.merge_into))
+        source = Path(options.merge_into)
+    else:
+        if state.absent or not any(e.source == "frozen" for e in state.entries):
+            raise InputError("this LoRA checkpoint holds no base weights (saved with exclude_frozen_parameters): "
+                             "use --adapter-only, or --merge-into BASE_MODEL_DIR", layout.tag_dir)
+        base = _BaseFromCheckpoint(state)
+        source = None
+    plan = [_merged_tensor(base, name, lora, state, scaling, dtype) for name in base.names()]
+    result = _write_model(state, layout, tmp, dtype, options, (plan, base.dropped), "merged-model", source)
+    return result
+
+
+def _lora_scaling(config: dict, layout: CheckpointLayout) -> float:
+    unsupported = [k for k in ("use_dora", "fan_in_fan_out") if config.get(k)]
+    unsupported += [k for k in ("rank_pattern", "alpha_pattern") if config.get(k)]
+    if config.get("peft_type", "LORA") != "LORA" or unsupported:
+        raise InputError(f"merging supports plain LoRA only (found peft_type={config.get('peft_type')}, "
+                         f"{', '.join(unsupported) or 'no other option'}): use --adapter-only", layout.tag_dir)
+    r, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
+    return alpha / (r ** 0.5) if config.get("use_rslora") else alpha / r
+
+
+class _BaseFromCheckpoint:
+    """Base weights kept (frozen) in the checkpoint, named as in the plain model."""
+
+    def __init__(self, state: ZeroState) -> None:
+        self.state = state
+        self.by_out: Dict[str, TensorEntry] = {}
+        for e in state.entries:
+            if not _LORA_RE.search(e.name):
+                self.by_out[_plain_name(e.name)] = e
+        self.dropped = [_plain_name(a) for a in state.aliases]
+
+    def names(self) -> List[str]:
+        return list(self.by_out)
+
+    def shape(self, name: str) -> Tuple[int, ...]:
+        return self.by_out[name].shape
+
+    def read(self, name: str):
+        import torch
+
+        return self.state.read(self.by_out[name], torch.float32)
+
+
+class _BaseFromDir:
+    """Base weights from a Hugging Face model folder's safetensors, read one at a time."""
+
+    def __init__(self, folder: Path) -> None:
+        from safetensors import safe_open
+
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise InputError("no *.safetensors in the base model folder", folder)
+        self.handles = [safe_open(str(f), framework="pt") for f in files]
+        self.where = {k: h for h in self.handles for k in h.keys()}
+        self.dropped: List[str] = []
+
+    def names(self) -> List[str]:
+        return list(self.where)
+
+    def shape(self, name: str) -> Tuple[int, ...]:
+        return tuple(self.where[name].get_slice(name).get_shape())
+
+    def read(self, name: str):
+        import torch
+
+        return self.where[name].get_tensor(name).to(torch.float32)
+
+
+def _plain_name(name: str) -> str:
+    name = name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name
+    return name.replace(".base_layer.", ".")
+
+
+def _merged_tensor(base, name: str, lora: Dict[str, TensorEntry], state: ZeroState, scaling: float,
+                   dtype: str) -> stw.PlannedTensor:
+    module = name.rsplit(".", 1)[0]
+    a = next((e for n, e in lora.items() if _plain_name(n).startswith(module + ".lora_A.")), None)
+    b = next((e for n, e in lora.items() if _plain_name(n).startswith(module + ".lora_B.")), None)
+    shape = base.shape(name)
+
+    def produce() -> Iterator[memoryview]:
+        import torch
+
+        weight = base.read(name)
+        if a is not None and b is not None and name.endswith(".weight"):
+            delta = state.read(b, torch.float32) @ state.read(a, torch.float32)
+            weight = weight + delta.view(weight.shape) * scaling
+        yield _bytes(weight.to(getattr(torch, dtype)) if weight.is_floating_point() else weight)
+
+    out_dtype = dtype if name not in () else dtype
+    return stw.PlannedTensor(name, shape, out_dtype, produce)

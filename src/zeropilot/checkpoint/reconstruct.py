@@ -1,0 +1,288 @@
+"""Reassemble full tensors from ZeRO rank files, one tensor at a time.
+
+The rank files are opened with ``torch.load(mmap=True, weights_only=True)``: their flat fp32
+partitions stay on disk and only the slices one tensor needs are read. After each tensor the pages
+read are dropped from this process (``madvise(MADV_DONTNEED)`` on the clean, read-only mapping), so
+resident memory stays about one tensor, whatever the model size. The full fp32 state is never held.
+
+The layout of the flat partitions is DeepSpeed's (0.19.8, the same rules as its
+``zero_to_fp32.py``):
+
+* ZeRO-1/2: per parameter group, rank ``r`` holds elements ``[r*L, (r+1)*L)`` of the group's flat
+  vector; parameters follow one another in ``param_shapes`` order, each followed by its alignment
+  padding (``param_alignment_paddings``). Frozen parameters are whole in ``frozen_param_fragments``.
+* ZeRO-3: every parameter is cut into ``ceil(numel/world)`` elements per rank, laid one after
+  another in each rank's flat groups; frozen parameters are cut the same way, in each rank's
+  ``frozen_param_fragments``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import mmap as _mmap
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from zeropilot.checkpoint import safe_load
+from zeropilot.checkpoint.layout import CheckpointLayout
+
+TRAINABLE, FROZEN, BUFFER = "trainable", "frozen", "buffer"
+
+
+class DamagedCheckpoint(Exception):
+    """The rank files disagree with each other or with the saved shapes; ``files`` names them."""
+
+    def __init__(self, message: str, files: List[str]) -> None:
+        super().__init__(message)
+        self.files = files
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of the saved module, where it lives and in which dtype it is stored."""
+
+    name: str
+    shape: Tuple[int, ...]
+    source: str  # TRAINABLE (fp32 master in the optimizer files), FROZEN or BUFFER
+    dtype: str  # torch dtype name of the stored values, e.g. "float32", "bfloat16"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass
+class ZeroState:
+    """An opened ZeRO checkpoint: what tensors it holds and how to read each one."""
+
+    layout: CheckpointLayout
+    stage: int
+    world_size: int
+    ds_version: Optional[str]
+    entries: List[TensorEntry]
+    aliases: Dict[str, str]  # shared (tied) parameter name -> the name whose values it shares
+    absent: List[str]  # module keys with no values in the checkpoint (frozen, excluded at save)
+    module_dtype: Optional[str]  # dtype of the saved 16-bit module (training dtype)
+    _model_states: List[dict] = field(repr=False, default_factory=list)
+    _flat: List[List[object]] = field(repr=False, default_factory=list)  # [rank][group] flat fp32
+    _chunks: Dict[str, List[Tuple[int, int, int, int]]] = field(repr=False, default_factory=dict)
+
+    def entry(self, name: str) -> TensorEntry:
+        return self._by_name[name]
+
+    @property
+    def _by_name(self) -> Dict[str, TensorEntry]:
+        return {e.name: e for e in self.entries}
+
+    def read(self, entry: TensorEntry, dtype=None):
+        """The full tensor of `entry`, cast to `dtype` (floating tensors only) if given."""
+        torch = safe_load._torch()
+        target = dtype if (dtype is not None and _is_float(entry.dtype)) else getattr(torch, entry.dtype)
+        out = torch.empty(entry.numel, dtype=target)
+        pos = 0
+        for piece in self.pieces(entry):
+            out[pos:pos + piece.numel()].copy_(piece)
+            pos += piece.numel()
+            release(piece)
+        return out.view(entry.shape)
+
+    def pieces(self, entry: TensorEntry) -> Iterator[object]:
+        """1-D views of the stored values of `entry`, in order (mapped from the files, not copied)."""
+        if entry.source == TRAINABLE:
+            for rank, group, start, length in self._chunks[entry.name]:
+                yield self._flat[rank][group].narrow(0, start, length)
+        elif entry.source == FROZEN:
+            yield from self._frozen_pieces(entry)
+        else:
+            yield self._model_states[0]["module"][entry.name].reshape(-1)
+
+    def _frozen_pieces(self, entry: TensorEntry) -> Iterator[object]:
+        if self.stage <= 2:
+            yield self._model_states[0]["frozen_param_fragments"][entry.name].reshape(-1)
+            return
+        left = entry.numel
+        for states in self._model_states:
+            frag = states["frozen_param_fragments"][entry.name].reshape(-1)
+            take = min(left, frag.numel())
+            if take:
+                yield frag.narrow(0, 0, take)
+            left -= take
+
+
+def _is_float(dtype_name: str) -> bool:
+    return dtype_name in ("float32", "float16", "bfloat16", "float64")
+
+
+def _dtype_name(tensor) -> str:
+    return str(tensor.dtype).replace("torch.", "")
+
+
+_libc = None
+
+
+def release(tensor) -> None:
+    """Drop the pages behind a tensor mapped from a file from this process (re-read on next use)."""
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes < (1 << 20):
+            return
+        page = _mmap.PAGESIZE
+        start = tensor.data_ptr()
+        lo = (start + page - 1) // page * page  # only whole pages inside this tensor
+        hi = (start + nbytes) // page * page
+        if hi > lo:
+            _libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
+    except (OSError, AttributeError):
+        pass
+
+
+def open_checkpoint(layout: CheckpointLayout, *, trust_pickle: bool = False,
+                    need_optimizer: bool = True) -> ZeroState:
+    """Open the rank files of `layout` (mapped, not read) and work out where every tensor lives.
+
+    Raises:
+        DamagedCheckpoint: the files are incomplete or inconsistent.
+        safe_load.UnsafePickleError: a file needs a global outside the allowlist.
+    """
+    if layout.stage is None or layout.world_size is None:
+        raise DamagedCheckpoint(
+            "cannot tell the ZeRO stage and world size: " + "; ".join(layout.unknown.values()),
+            [str(f.path) for f in layout.rank_files])
+    stage, world = layout.stage, layout.world_size
+    model_files = [layout.model_file(0)] if stage <= 2 else [layout.model_file(r) for r in range(world)]
+    model_states = [safe_load.load(f, trust_pickle=trust_pickle) for f in model_files]
+    first = model_states[0]
+    state = ZeroState(layout=layout, stage=stage, world_size=world, ds_version=first.get("ds_version"),
+                      entries=[], aliases=dict(first.get("shared_params") or {}), absent=[],
+                      module_dtype=_module_dtype(first), _model_states=model_states)
+    shapes = [dict(g) for g in first["param_shapes"]]
+    _build_entries(state, shapes)
+    if need_optimizer:
+        flat, paddings = _open_optimizer(layout, trust_pickle)
+        state._flat = flat
+        _locate_trainable(state, shapes, paddings)
+    return state
+
+
+def _module_dtype(model_states: dict) -> Optional[str]:
+    for v in (model_states.get("module") or {}).values():
+        if hasattr(v, "dtype") and v.is_floating_point():
+            return _dtype_name(v)
+    return None
+
+
+def _build_entries(state: ZeroState, shapes: List[dict]) -> None:
+    first = state._model_states[0]
+    trainable = {n: tuple(s) for g in shapes for n, s in g.items()}
+    frozen = {n: tuple(s) for n, s in (first.get("frozen_param_shapes") or {}).items()}
+    buffers = set(first.get("buffer_names") or [])
+    module = first.get("module") or {}
+    names = list(module.keys()) + [n for n in list(trainable) + list(frozen) if n not in module]
+    for name in names:
+        if name in state.aliases and state.aliases[name] != name:
+            continue
+        if name in trainable:
+            state.entries.append(TensorEntry(name, trainable[name], TRAINABLE, "float32"))
+        elif name in frozen:
+            frag = first["frozen_param_fragments"][name]
+            state.entries.append(TensorEntry(name, frozen[name], FROZEN, _dtype_name(frag)))
+        elif name in buffers:
+            t = module[name]
+            state.entries.append(TensorEntry(name, tuple(t.shape), BUFFER, _dtype_name(t)))
+        else:
+            state.absent.append(name)
+
+
+def _open_optimizer(layout: CheckpointLayout, trust_pickle: bool):
+    flat, paddings = [], None
+    key = "single_partition_of_fp32_groups" if layout.stage <= 2 else "fp32_flat_groups"
+    for rank in range(layout.world_size):
+        path = layout.optim_file(rank)
+        osd = safe_load.load(path, trust_pickle=trust_pickle)["optimizer_state_dict"]
+        count = osd.get("partition_count")
+        count = max(count) if isinstance(count, list) else count
+        if count is not None and int(count) != layout.world_size:
+            raise DamagedCheckpoint(
+                f"{path} was written by a run of {count} ranks, not {layout.world_size}: files of two runs are "
+                "mixed in one tag folder", [str(path)])
+        if key not in osd:
+            raise DamagedCheckpoint(f"{path} has no {key}: not a ZeRO-{layout.stage} optimizer file", [str(path)])
+        flat.append(list(osd[key]))
+        if rank == 0:
+            paddings = osd.get("param_alignment_paddings")
+    sizes = [[t.numel() for t in groups] for groups in flat]
+    if any(s != sizes[0] for s in sizes):
+        bad = [str(layout.optim_file(r)) for r, s in enumerate(sizes) if s != sizes[0]]
+        raise DamagedCheckpoint(f"optimizer partitions differ in size between ranks: {sizes}", bad)
+    return flat, paddings
+
+
+def _locate_trainable(state: ZeroState, shapes: List[dict], paddings) -> None:
+    if state.stage <= 2:
+        _locate_zero12(state, shapes, paddings)
+    else:
+        _locate_zero3(state, shapes)
+
+
+def _locate_zero12(state: ZeroState, shapes: List[dict], paddings) -> None:
+    world = state.world_size
+    for g, group in enumerate(shapes):
+        part = state._flat[0][g].numel()
+        offset = 0
+        for i, (name, shape) in enumerate(group.items()):
+            n = math.prod(shape)
+            chunks = []
+            for r in range(world):
+                lo, hi = max(offset, r * part), min(offset + n, (r + 1) * part)
+                if lo < hi:
+                    chunks.append((r, g, lo - r * part, hi - lo))
+            if sum(c[3] for c in chunks) != n:
+                raise _overrun(state, name)
+            state._chunks[name] = chunks
+            offset += n + (paddings[g][i] if paddings else 0)
+        align = 2 * world
+        if math.ceil(offset / align) * align != math.ceil(part * world / align) * align:
+            raise _overrun(state, None, offset, part * world)
+
+
+def _locate_zero3(state: ZeroState, shapes: List[dict]) -> None:
+    world = state.world_size
+    bounds = [0]
+    for t in state._flat[0]:
+        bounds.append(bounds[-1] + t.numel())
+    offset = 0
+    for name, shape in ((n, s) for g in shapes for n, s in g.items()):
+        n = math.prod(shape)
+        per_rank = math.ceil(n / world)
+        if offset + per_rank > bounds[-1]:
+            raise _overrun(state, name)
+        chunks, left = [], n
+        for r in range(world):
+            for g, start, length in _spans(bounds, offset, min(per_rank, left)):
+                chunks.append((r, g, start, length))
+            left -= min(per_rank, left)
+        state._chunks[name] = chunks
+        offset += per_rank
+    if offset != bounds[-1]:
+        raise _overrun(state, None, offset * world, bounds[-1] * world)
+
+
+def _spans(bounds: List[int], start: int, length: int) -> Iterator[Tuple[int, int, int]]:
+    """(group, start in group, length) pieces of [start, start+length) over groups ending at `bounds`."""
+    end = start + length
+    for g in range(len(bounds) - 1):
+        lo, hi = max(start, bounds[g]), min(end, bounds[g + 1])
+        if lo < hi:
+            yield g, lo - bounds[g], hi - lo
+
+
+def _overrun(state: ZeroState, name: Optional[str], used: int = 0, avail: int = 0) -> DamagedCheckpoint:
+    files = [str(state.layout.optim_file(r)) for r in range(state.world_size)]
+    if name:
+        return DamagedCheckpoint(f"the optimizer partitions end before parameter {name}: they hold fewer "
+                                 "values than param_shapes needs", files)
+    return DamagedCheckpoint(f"the saved shapes use {used} values but the partitions hold {avail}", files)

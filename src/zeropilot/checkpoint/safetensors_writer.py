@@ -1,0 +1,98 @@
+"""Write safetensors files tensor by tensor, without holding them all in memory.
+
+The safetensors format is an 8-byte little-endian header length, a JSON header giving each
+tensor's dtype, shape and byte range, then the raw bytes. All shapes are known before any value is
+read, so the header is written first and values are streamed after it in header order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+from zeropilot.errors import InputError
+
+# torch dtype name -> (safetensors dtype, bytes per element)
+DTYPES: Dict[str, Tuple[str, int]] = {
+    "float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2), "float64": ("F64", 8),
+    "int64": ("I64", 8), "int32": ("I32", 4), "int16": ("I16", 2), "int8": ("I8", 1), "uint8": ("U8", 1),
+    "bool": ("BOOL", 1),
+}
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """A tensor to write: name in the file, shape, output dtype and a function yielding its bytes."""
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+    produce: Callable[[], Iterator[memoryview]]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPES[self.dtype][1]
+
+
+def parse_size(text: str) -> int:
+    """``"5GB"`` -> 5_000_000_000 (also KB, MB, GiB, MiB, KiB, plain bytes), as transformers reads it."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", text or "", re.IGNORECASE)
+    if not m:
+        raise InputError(f"--max-shard-size {text!r}: expected a size such as 5GB, 500MB or 2GiB")
+    unit = (m.group(2) or "B").upper()
+    mult = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+            "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
+    return int(float(m.group(1)) * mult)
+
+
+def plan_shards(tensors: List[PlannedTensor], max_bytes: int) -> List[List[PlannedTensor]]:
+    """Split `tensors`, in order, into shards of at most `max_bytes` (a larger tensor gets its own)."""
+    shards: List[List[PlannedTensor]] = [[]]
+    size = 0
+    for t in tensors:
+        if shards[-1] and size + t.nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += t.nbytes
+    return shards
+
+
+def shard_names(count: int) -> List[str]:
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+
+
+def header(tensors: Iterable[PlannedTensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    head: Dict[str, object] = {"__metadata__": dict(metadata or {"format": "pt"})}
+    offset = 0
+    for t in tensors:
+        head[t.name] = {"dtype": DTYPES[t.dtype][0], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    raw = json.dumps(head, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def write_file(path, tensors: List[PlannedTensor], on_tensor: Optional[Callable[[PlannedTensor], None]] = None,
+               metadata: Optional[Dict[str, str]] = None) -> int:
+    """Write `tensors` to `path` as one safetensors file; returns the bytes of tensor data written."""
+    written = 0
+    with open(path, "wb") as f:
+        f.write(header(tensors, metadata))
+        for t in tensors:
+            start = written
+            for chunk in t.produce():
+                f.write(chunk)
+                written += len(chunk)
+            if written - start != t.nbytes:
+                raise RuntimeError(f"{t.name}: wrote {written - start} bytes, expected {t.nbytes}")
+            if on_tensor:
+                on_tensor(t)
+    return written
