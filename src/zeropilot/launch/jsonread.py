@@ -17,6 +17,7 @@ from zeropilot.launch.document import Node, line_col, set_paths
 
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(\.\d+)?([eE][-+]?\d+)?")
 _WS = " \t\n\r"
+_HEX4 = re.compile(r"[0-9a-fA-F]{4}")
 _CONSTANTS = {"true": True, "false": False, "null": None, "NaN": float("nan"),
               "Infinity": float("inf"), "-Infinity": float("-inf")}
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
@@ -150,9 +151,14 @@ class _Parser:
             if esc in _ESCAPES:
                 out.append(_ESCAPES[esc])
                 self.pos = end + 2
-            elif esc == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", text[end + 2:end + 6] or ""):
-                out.append(chr(int(text[end + 2:end + 6], 16)))
+            elif esc == "u" and _HEX4.fullmatch(text[end + 2:end + 6] or ""):
+                code = int(text[end + 2:end + 6], 16)
                 self.pos = end + 6
+                low = text[end + 8:end + 12] if text[end + 6:end + 8] == "\\u" else ""
+                if 0xD800 <= code <= 0xDBFF and _HEX4.fullmatch(low) and 0xDC00 <= int(low, 16) <= 0xDFFF:
+                    code = 0x10000 + ((code - 0xD800) << 10) + (int(low, 16) - 0xDC00)
+                    self.pos = end + 12
+                out.append(chr(code))
             else:
                 raise self.fail("invalid escape in string", end)
 
