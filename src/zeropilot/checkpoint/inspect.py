@@ -1,0 +1,196 @@
+"""What a checkpoint holds: layout facts first (no torch), tensor facts when its files load safely."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from zeropilot.checkpoint.layout import CheckpointLayout, read_json, read_layout
+from zeropilot.errors import InputError
+
+_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "bool": 1,
+                  "uint8": 1, "int8": 1}
+
+
+@dataclass
+class TensorFacts:
+    """Facts that need the rank files unpickled (safely)."""
+
+    parameters: int
+    trainable: int
+    frozen: int
+    buffers: int
+    tensors: int
+    absent: List[str]  # module weights not saved (exclude_frozen_parameters)
+    tied: Dict[str, str]
+    module_dtype: Optional[str]
+    frozen_bytes: int  # bytes of frozen weights stored in the rank files
+    shapes: Dict[str, List[int]]
+    sources: Dict[str, str]  # name -> trainable | frozen | buffer
+
+
+@dataclass
+class Report:
+    """Everything `zeropilot ckpt inspect` prints."""
+
+    layout: CheckpointLayout
+    tensors: Optional[TensorFacts]
+    tensor_error: Optional[str]  # why tensor facts are missing
+    resume: str
+    global_step: Optional[int]
+
+    @property
+    def verdict(self) -> str:
+        if self.layout.problems:
+            return "damaged"
+        if self.tensor_error:
+            return "unverified"
+        return "ok"
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.verdict == "ok" else 1
+
+
+def inspect_checkpoint(path, tag: Optional[str] = None, trust_pickle: bool = False) -> Report:
+    """Inspect the checkpoint at `path` (any of the folders `read_layout` accepts)."""
+    layout = read_layout(path, tag)
+    facts, error = None, None
+    if not layout.problems:
+        facts, error = _tensor_facts(layout, trust_pickle)
+    else:
+        error = "not read: the checkpoint is damaged (see problems)"
+    state_file = layout.hf_files.get("trainer_state.json")
+    trainer_state = read_json(state_file) if state_file else None
+    step = trainer_state.get("global_step") if trainer_state else None
+    return Report(layout=layout, tensors=facts, tensor_error=error, resume=_resume(layout), global_step=step)
+
+
+def _tensor_facts(layout: CheckpointLayout, trust_pickle: bool):
+    from zeropilot.checkpoint.reconstruct import FROZEN, TRAINABLE, DamagedCheckpoint, open_checkpoint
+
+    try:
+        state = open_checkpoint(layout, trust_pickle=trust_pickle)
+    except (InputError, DamagedCheckpoint) as exc:
+        if isinstance(exc, DamagedCheckpoint):
+            layout.problems.extend(f"{f}: {exc}" for f in exc.files)
+        return None, str(exc)
+    count = lambda src: sum(e.numel for e in state.entries if e.source == src)  # noqa: E731
+    frozen_bytes = sum(e.numel * _ELEMENT_BYTES.get(e.dtype, 4) for e in state.entries if e.source == FROZEN)
+    return TensorFacts(
+        parameters=count(TRAINABLE) + count(FROZEN), trainable=count(TRAINABLE), frozen=count(FROZEN),
+        buffers=count("buffer"), tensors=len(state.entries), absent=state.absent, tied=dict(state.aliases),
+        module_dtype=state.module_dtype, frozen_bytes=frozen_bytes,
+        shapes={e.name: list(e.shape) for e in state.entries}, sources={e.name: e.source for e in state.entries},
+    ), None
+
+
+def _resume(layout: CheckpointLayout) -> str:
+    if not layout.optim_files:
+        return "no: no optimizer state (weights only)"
+    if layout.problems:
+        return "no: rank files missing or damaged"
+    return (f"yes, on {layout.world_size} data-parallel ranks only; another world size needs a universal "
+            "checkpoint (DeepSpeed's ds_to_universal.py, then load_universal_checkpoint)")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else (f"{n / 1e6:.2f} M" if n >= 1e6 else str(n))
+
+
+def render_text(report: Report, max_shapes: int = 12) -> str:
+    """The human-readable report."""
+    lay = report.layout
+    lines = [f"checkpoint: {lay.path}", f"  kind: {lay.kind}" + (f" ({len(lay.hf_checkpoints)} checkpoint-N folders, "
+                                                               f"took {lay.save_dir.name})" if lay.hf_checkpoints else "")]
+    lines.append(f"  tag: {lay.tag}   latest: {lay.latest if lay.latest is not None else '(no latest file)'}"
+                 + (f"   tags: {', '.join(lay.tags)}" if len(lay.tags) > 1 else ""))
+    stage = f"ZeRO-{lay.stage}" if lay.stage else f"unknown ({lay.unknown.get('stage', '')})"
+    lines.append(f"  stage: {stage}   world size: {lay.world_size}   optimizer dtype: {lay.optim_dtype}"
+                 f"   written by DeepSpeed {lay.ds_version or 'unknown'}")
+    if report.global_step is not None:
+        lines.append(f"  trainer global_step: {report.global_step}")
+    lines.append("  rank files:")
+    for f in lay.rank_files:
+        state = "EMPTY" if f.empty else ("TRUNCATED" if f.truncated else "ok")
+        lines.append(f"    {f.name:55s} {_size(f.size):>10s}  {state}")
+    for name in lay.missing:
+        lines.append(f"    {name:55s} {'':>10s}  MISSING")
+    lines.append(f"  sizes: model states {_size(lay.model_bytes)}, optimizer states {_size(lay.optim_bytes)}")
+    lines += _tensor_lines(report, max_shapes)
+    lines.append(f"  resumable: {report.resume}")
+    if lay.hf_files:
+        lines.append(f"  beside it: {', '.join(sorted(lay.hf_files))}")
+    lines += _verdict_lines(report)
+    return "\n".join(lines)
+
+
+def _tensor_lines(report: Report, max_shapes: int) -> List[str]:
+    t = report.tensors
+    if t is None:
+        return [f"  tensors: not read: {report.tensor_error}"]
+    lines = [f"  parameters: {_count(t.parameters)} ({t.parameters:,}) — trainable {_count(t.trainable)}, "
+             f"frozen {_count(t.frozen)}; module dtype {t.module_dtype}"]
+    if t.frozen:
+        lines.append(f"  frozen weights stored: {_size(t.frozen_bytes)} (not needed to resume a LoRA run; "
+                     "exclude_frozen_parameters=True skips them)")
+    if report.layout.is_peft and not t.frozen and not t.absent:
+        lines.append("  frozen base weights: not saved (exclude_frozen_parameters); export --adapter-only or "
+                     "--merge-into BASE")
+    if t.absent:
+        lines.append(f"  not saved: {len(t.absent)} module weights (exclude_frozen_parameters), e.g. {t.absent[0]}")
+    for alias, target in t.tied.items():
+        lines.append(f"  tied: {alias} -> {target}")
+    shown = list(t.shapes.items())[:max_shapes]
+    lines.append(f"  tensors ({t.tensors}):")
+    lines += [f"    {n} {tuple(s)} {t.sources[n]}" for n, s in shown]
+    if t.tensors > len(shown):
+        lines.append(f"    ... {t.tensors - len(shown)} more (--format json lists all)")
+    return lines
+
+
+def _verdict_lines(report: Report) -> List[str]:
+    if report.verdict == "ok":
+        return ["verdict: OK — complete"]
+    if report.verdict == "damaged":
+        return ["verdict: DAMAGED — " + str(len(report.layout.problems)) + " problem(s):"] + [
+            f"  - {p}" for p in report.layout.problems]
+    return [f"verdict: UNVERIFIED — file layout is complete but tensors were not read: {report.tensor_error}"]
+
+
+def to_json(report: Report) -> dict:
+    """The JSON report (paths as strings)."""
+    lay = report.layout
+    files = [{"name": f.name, "kind": f.kind, "rank": f.rank, "size": f.size, "empty": f.empty,
+              "truncated": f.truncated} for f in lay.rank_files]
+    t = report.tensors
+    return {
+        "verdict": report.verdict, "path": str(lay.path), "kind": lay.kind,
+        "save_dir": str(lay.save_dir) if lay.save_dir else None, "tag": lay.tag, "latest": lay.latest,
+        "tags": lay.tags, "stage": lay.stage, "world_size": lay.world_size, "optim_dtype": lay.optim_dtype,
+        "ds_version": lay.ds_version, "rank_files": files, "missing": lay.missing,
+        "model_states_bytes": lay.model_bytes, "optim_states_bytes": lay.optim_bytes,
+        "hf_files": sorted(lay.hf_files), "global_step": report.global_step, "resumable": report.resume,
+        "problems": lay.problems, "unknown": lay.unknown, "tensor_error": report.tensor_error,
+        "tensors": None if t is None else {
+            "parameters": t.parameters, "trainable": t.trainable, "frozen": t.frozen, "buffers": t.buffers,
+            "count": t.tensors, "not_saved": t.absent, "tied": t.tied, "module_dtype": t.module_dtype,
+            "frozen_bytes": t.frozen_bytes, "shapes": t.shapes, "sources": t.sources},
+    }
+
+
+def parameter_count(shapes: Dict[str, List[int]]) -> int:
+    return sum(math.prod(s) for s in shapes.values())
+
+
+__all__ = ["Report", "TensorFacts", "inspect_checkpoint", "render_text", "to_json", "Path"]
