@@ -17,7 +17,6 @@ from zeropilot.launch.jsonread import parse_json
 from zeropilot.launch.model import Launch, PythonFile, Reference, WorldSize
 from zeropilot.launch.shell import parse_script
 from zeropilot.launch.versions import resolve_versions
-from zeropilot.launch.yamlread import parse_yaml
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_DISCOVERED = 2000
@@ -169,6 +168,8 @@ def _read_file(launch: Launch, path: Path) -> Optional[Document]:
     if suffix in (".json", ".conf") or (not suffix and text.lstrip().startswith("{")):
         root, fmt = parse_json(text, path), "json"
     else:
+        from zeropilot.launch.yamlread import parse_yaml  # PyYAML's import is a third of check's start-up
+
         root, fmt = parse_yaml(text, path), "yaml"
     keys = root.value.keys() if isinstance(root.value, dict) else ()
     kind, flavour = classify(keys, fmt)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -20,11 +19,14 @@ class PythonFile:
 
     path: Path
     text: str
-    _tree: Optional[ast.AST] = None
+    _tree: Optional[object] = None
     error: Optional[str] = None
 
     @property
-    def tree(self) -> Optional[ast.AST]:
+    def tree(self):
+        """The module's ``ast`` (None with ``error`` set when it does not parse)."""
+        import ast
+
         if self._tree is None and self.error is None:
             try:
                 self._tree = ast.parse(self.text, filename=str(self.path))

@@ -8,13 +8,13 @@ part; ``0.14.2das.opt1.dtk25041`` as ``pip show`` output is sometimes copied is 
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Dict, Iterable, Optional
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from zeropilot.errors import InputError
@@ -75,6 +75,8 @@ class Versions:
 
         Local version labels (``+das.opt1``) are ignored for the comparison, as pip does.
         """
+        from packaging.specifiers import SpecifierSet  # 30 ms of import: only when a rule asks
+
         version = self.get(name)
         if version is None:
             return None
@@ -96,14 +98,37 @@ class Versions:
         return any(r and re.search(r"rocm|dtk|das|hip", r, re.I) for r in raws)
 
 
-def _installed(name: str) -> Optional[str]:
-    for dist in _DIST_NAMES.get(name, (name,)):
+_DIST_INFO = re.compile(r"^([A-Za-z0-9_.\-]+?)-([^-]+?)\.(?:dist-info|egg-info)$")
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed_versions() -> Dict[str, str]:
+    """Installed distributions' versions, read from the ``*.dist-info`` folder names on ``sys.path``.
+
+    The same metadata ``importlib.metadata`` reads, without its import cost; the first entry on the path
+    wins, as for imports.
+    """
+    found: Dict[str, str] = {}
+    for entry in sys.path:
         try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
+            names = os.listdir(entry or ".")
+        except OSError:
             continue
-        except Exception:  # a broken dist-info must not stop a check
-            continue
+        for fname in names:
+            m = _DIST_INFO.match(fname)
+            if m:
+                found.setdefault(_normalise(m.group(1)), m.group(2))
+    return found
+
+
+def _installed(name: str, found: Dict[str, str]) -> Optional[str]:
+    for dist in _DIST_NAMES.get(name, (name,)):
+        raw = found.get(_normalise(dist))
+        if raw:
+            return raw
     return None
 
 
@@ -155,8 +180,9 @@ def resolve_versions(
     for path in requirement_files:
         packages.update(read_requirements(path))
     if use_installed:
+        found = installed_versions()
         for name in PACKAGES:
-            raw = _installed(name)
+            raw = _installed(name, found)
             if raw:
                 packages[name] = PackageVersion(name, raw, "installed")
     if overrides:

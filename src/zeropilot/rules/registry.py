@@ -41,7 +41,6 @@ Checks must not raise on odd input: a value of the wrong type is something to sk
 from __future__ import annotations
 
 import enum
-import inspect
 import re
 import textwrap
 from dataclasses import dataclass, field
@@ -158,7 +157,9 @@ class Rule:
 
     @property
     def doc(self) -> str:
-        return textwrap.dedent(inspect.getdoc(self.check) or "").strip()
+        doc = self.check.__doc__ or ""
+        first, _, rest = doc.partition("\n")
+        return (first.strip() + "\n" + textwrap.dedent(rest)).strip()
 
     @property
     def summary(self) -> str:
