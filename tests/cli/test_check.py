@@ -102,3 +102,31 @@ def test_rules_and_explain(capsys):
     assert main(["explain", "fp16-and-bf16-both-enabled"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# DS005") and "## Why is this bad?" in out
+
+
+def test_huge_file_refused(tmp_path, capsys):
+    path = tmp_path / "ds.json"
+    path.write_text('{"a": "' + "x" * (9 * 1024 * 1024) + '"}')
+    assert main(["check", str(path)]) == 2
+    assert "larger than 8 MiB" in capsys.readouterr().out
+
+
+def test_empty_files(tmp_path, capsys):
+    write_files(tmp_path, {"ds.json": "", "train.yaml": "", "run.sh": ""})
+    assert main(["check", str(tmp_path)]) == 2
+    out = capsys.readouterr().out
+    assert "ds.json:1:1: not valid JSON: the file is empty" in out
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=300), suffix=st.sampled_from([".json", ".yaml", ".sh", ".py", ".conf"]))
+def test_fuzz_check_any_bytes(tmp_path, data, suffix):
+    from zeropilot.check import check
+
+    path = tmp_path / f"f{suffix}"
+    path.write_bytes(data)
+    result, _ = check([path], use_installed=False)
+    assert result.exit_code(None) in (0, 2)

@@ -51,8 +51,8 @@ def render(result: CheckResult, colour: bool = False) -> str:
                                            break_on_hyphens=False, break_long_words=False))
         lines.append("")
     for err in result.read_errors:
-        lines.extend(textwrap.wrap(f"{paint('cannot read', 'error')}: {err.render()}", WIDTH,
-                                   subsequent_indent="  ", break_long_words=False))
+        # One line each, never wrapped: "file:line:col: message" is what editors jump to.
+        lines.append(f"{paint('cannot read', 'error')}: {err.render()}")
     lines.extend(_footer(result, paint))
     return "\n".join(lines) + "\n"
 
