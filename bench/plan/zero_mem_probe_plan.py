@@ -1,0 +1,130 @@
+"""Measure real GPU memory of DeepSpeed ZeRO training, one config per process; prints one JSON line.
+
+A variant of ``../shared/calibration/zero_mem_probe.py`` (same output format) with, in the spec:
+  cap_gib        emulate a card of this size: the allocator gets ``cap_gib - non_torch`` via
+                 ``torch.cuda.set_per_process_memory_fraction`` (non_torch = 1.30 GiB ZeRO-1/2,
+                 1.68 GiB ZeRO-3, FACTS F); the limit is recorded as ``cap_alloc_gib``
+  alloc_conf     PYTORCH_CUDA_ALLOC_CONF for the run (e.g. "expandable_segments:True")
+  offload_param  ZeRO-3 parameter offload to CPU
+  exclude_frozen pass exclude_frozen_parameters=True to save_checkpoint (runs with save: true)
+and, in the output: ``phase`` of an OOM (init or step), ``host_peak_rss_gb``, ``non_torch_nvml_gb``
+(this process's memory by NVML minus PyTorch's reserved, where NVML answers).
+Usage: python zero_mem_probe_plan.py '<json spec>'
+"""
+import gc, json, os, resource, shutil, sys, time
+
+spec = json.loads(sys.argv[1])
+if spec.get("alloc_conf"):
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = spec["alloc_conf"]
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+os.environ.setdefault("RANK", "0"); os.environ.setdefault("WORLD_SIZE", "1"); os.environ.setdefault("LOCAL_RANK", "0")
+import torch, deepspeed
+from transformers import AutoConfig, AutoModelForCausalLM
+GB = 1024**3
+
+
+def snap(tag):
+    torch.cuda.synchronize()
+    s = torch.cuda.memory_stats()
+    return dict(tag=tag, alloc=s["allocated_bytes.all.current"]/GB, reserved=s["reserved_bytes.all.current"]/GB,
+                peak_alloc=s["allocated_bytes.all.peak"]/GB, peak_reserved=s["reserved_bytes.all.peak"]/GB,
+                inactive_split=s.get("inactive_split_bytes.all.current", 0)/GB, retries=s.get("num_alloc_retries", 0), ooms=s.get("num_ooms", 0))
+
+
+def nvml_own_gb():
+    try:
+        import pynvml
+        pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+            if p.pid == os.getpid() and p.usedGpuMemory:
+                return p.usedGpuMemory / GB
+    except Exception:
+        return None
+    return None
+
+
+cfg = AutoConfig.for_model(**spec["model"])
+stage = spec["stage"]; mb = spec["mb"]; seq = spec["seq"]
+total_gb = torch.cuda.get_device_properties(0).total_memory / GB
+out = dict(spec=spec)
+if spec.get("cap_gib"):
+    cap_alloc = spec["cap_gib"] - (1.68 if stage == 3 else 1.30)
+    torch.cuda.set_per_process_memory_fraction(cap_alloc / total_gb)
+    out["cap_alloc_gib"] = cap_alloc
+ds = {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "torch_adam": True, "adam_w_mode": True}},
+      "zero_optimization": {"stage": stage, "overlap_comm": spec.get("overlap", False), "contiguous_gradients": True,
+                            "reduce_bucket_size": int(spec.get("rbs", 5e8)),
+                            "stage3_prefetch_bucket_size": int(spec.get("pbs", 5e8)),
+                            "stage3_param_persistence_threshold": int(spec.get("ppt", 1e6)),
+                            "stage3_gather_16bit_weights_on_model_save": spec.get("gather", False)},
+      "steps_per_print": 10**9}
+if spec.get("offload"):
+    ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    ds["zero_force_ds_cpu_optimizer"] = False
+if spec.get("offload_param"):
+    ds["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+t0 = time.time()
+snaps = []
+phase = "init"
+try:
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=spec.get("attn", "sdpa"))
+    if spec.get("gc"): model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = spec.get("lora")
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=2*lora, target_modules="all-linear", task_type="CAUSAL_LM"))
+    n_params = sum(p.numel() for p in model.parameters()); n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    largest = max(p.numel() for p in model.parameters())
+    out.update(n_params=n_params, n_trainable=n_train, largest_param=largest)
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    if stage == 3:
+        _, g, _ = estimate_zero3_model_states_mem_needs(n_params, largest, 1, 1, cpu_offload=bool(spec.get("offload")), cpu_offload_params=bool(spec.get("offload_param")), zero_init=True)
+    else:
+        _, g = estimate_zero2_model_states_mem_needs(n_params, 1, 1, cpu_offload=bool(spec.get("offload")))
+    out["ds_estimate_gpu_gb"] = g/GB
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds)
+    out["init_s"] = time.time()-t0
+    snaps.append(snap("after_init"))
+    phase = "step"
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def step():
+        x = torch.randint(0, cfg.vocab_size, (mb, seq), device="cuda", generator=g)
+        loss = engine(input_ids=x, labels=x).loss
+        engine.backward(loss); engine.step()
+        return loss.item()
+    ckdir = "/tmp/ck_probe_%d" % os.getpid(); shutil.rmtree(ckdir, ignore_errors=True)
+    times = []
+    for i in range(spec.get("steps", 3)):
+        t = time.time(); step(); torch.cuda.synchronize(); times.append(time.time()-t)
+    snaps.append(snap("steady")); out["step_s"] = sorted(times)[len(times)//2]
+    free, total = torch.cuda.mem_get_info(); out["non_torch_gb"] = (total-free)/GB - torch.cuda.memory_reserved()/GB
+    own = nvml_own_gb()
+    out["non_torch_nvml_gb"] = None if own is None else own - torch.cuda.memory_reserved()/GB
+    if spec.get("save", False):
+        phase = "save"
+        torch.cuda.reset_peak_memory_stats()
+        t = time.time()
+        engine.save_checkpoint(ckdir, tag="s1", exclude_frozen_parameters=bool(spec.get("exclude_frozen")))
+        torch.cuda.synchronize(); out["save_s"] = time.time()-t
+        snaps.append(snap("after_save"))
+        out["ckpt_bytes"] = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(ckdir) for f in fs)
+        out["ckpt_files"] = sorted(os.listdir(os.path.join(ckdir, "s1")))
+        out["ckpt_file_bytes"] = {f: os.path.getsize(os.path.join(ckdir, "s1", f)) for f in out["ckpt_files"]}
+        torch.cuda.reset_peak_memory_stats()
+        phase = "step_after_save"
+        step(); snaps.append(snap("first_step_after_save"))
+        step(); snaps.append(snap("second_step_after_save"))
+        shutil.rmtree(ckdir, ignore_errors=True)
+    out["status"] = "ok"
+except torch.OutOfMemoryError as e:
+    out["status"] = "oom"; out["phase"] = phase; out["error"] = str(e)[:400]; snaps.append(snap("at_oom"))
+out["snaps"] = snaps
+out["host_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+out["total_gpu_gb"] = total_gb
+out["versions"] = {"torch": torch.__version__, "deepspeed": deepspeed.__version__,
+                   "transformers": __import__("transformers").__version__}
+print("RESULT " + json.dumps(out), flush=True)
