@@ -215,7 +215,8 @@ def _open_optimizer(layout: CheckpointLayout, trust_pickle: bool):
         if rank == 0:
             paddings = osd.get("param_alignment_paddings")
     sizes = [[t.numel() for t in groups] for groups in flat]
-    if any(s != sizes[0] for s in sizes):
+    # ZeRO-1/2 partitions may differ (the last rank gets the remainder); ZeRO-3's never do.
+    if any(len(s) != len(sizes[0]) for s in sizes) or (layout.stage == 3 and any(s != sizes[0] for s in sizes)):
         bad = [str(layout.optim_file(r)) for r, s in enumerate(sizes) if s != sizes[0]]
         raise DamagedCheckpoint(f"optimizer partitions differ in size between ranks: {sizes}", bad)
     return flat, paddings
@@ -231,22 +232,24 @@ def _locate_trainable(state: ZeroState, shapes: List[dict], paddings) -> None:
 def _locate_zero12(state: ZeroState, shapes: List[dict], paddings) -> None:
     world = state.world_size
     for g, group in enumerate(shapes):
-        part = state._flat[0][g].numel()
+        starts = [0]
+        for r in range(world):
+            starts.append(starts[-1] + state._flat[r][g].numel())
         offset = 0
         for i, (name, shape) in enumerate(group.items()):
             n = math.prod(shape)
             chunks = []
             for r in range(world):
-                lo, hi = max(offset, r * part), min(offset + n, (r + 1) * part)
+                lo, hi = max(offset, starts[r]), min(offset + n, starts[r + 1])
                 if lo < hi:
-                    chunks.append((r, g, lo - r * part, hi - lo))
+                    chunks.append((r, g, lo - starts[r], hi - lo))
             if sum(c[3] for c in chunks) != n:
                 raise _overrun(state, name)
             state._chunks[name] = chunks
             offset += n + (paddings[g][i] if paddings else 0)
         align = 2 * world
-        if math.ceil(offset / align) * align != math.ceil(part * world / align) * align:
-            raise _overrun(state, None, offset, part * world)
+        if math.ceil(offset / align) * align != math.ceil(starts[-1] / align) * align:
+            raise _overrun(state, None, offset, starts[-1])
 
 
 def _locate_zero3(state: ZeroState, shapes: List[dict]) -> None:

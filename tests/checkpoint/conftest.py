@@ -1,0 +1,95 @@
+"""Real DeepSpeed checkpoints, built once per test session on CPU (gloo, N processes).
+
+Each checkpoint is built by ``ds_build.py`` in its own subprocess the first time a test asks for it
+and reused after that. The matrix covers ZeRO-1/2/3, 1/2/3 ranks, bf16/fp32, tied and untied
+embeddings, full and LoRA training, with and without ``exclude_frozen_parameters``, the raw engine
+and the HF Trainer (ZeRO-3 + LoRA + ``stage3_gather_16bit_weights_on_model_save: false``, the seed
+user's layout).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+SPECS = {
+    "z1_w1_fp32": dict(stage=1, world=1, dtype="fp32", arch="llama", tied=False),
+    "z2_w2_bf16_tied": dict(stage=2, world=2, dtype="bf16", arch="qwen2", tied=True),
+    "z3_w2_bf16_tied": dict(stage=3, world=2, dtype="bf16", arch="qwen2", tied=True),
+    "z3_w3_fp32": dict(stage=3, world=3, dtype="fp32", arch="llama", tied=False),
+    "z2_w3_bf16_lora_frozen": dict(stage=2, world=3, dtype="bf16", arch="llama", tied=False, lora=True),
+    "z3_w2_fp32_lora_excl": dict(stage=3, world=2, dtype="fp32", arch="qwen2", tied=True, lora=True,
+                                 exclude_frozen=True),
+    "trainer_z3_lora": dict(stage=3, world=2, dtype="bf16", arch="qwen2", tied=True, lora=True, trainer=True,
+                            gather=False),
+}
+FULL = ["z1_w1_fp32", "z2_w2_bf16_tied", "z3_w2_bf16_tied", "z3_w3_fp32"]
+LORA = ["z2_w3_bf16_lora_frozen", "z3_w2_fp32_lora_excl", "trainer_z3_lora"]
+
+
+class Built:
+    """A built checkpoint: its save dir (or HF output dir), its spec and the reference file."""
+
+    def __init__(self, name: str, root: Path) -> None:
+        self.name = name
+        self.spec = SPECS[name]
+        self.root = root
+        self.path = root / "run"
+        self.reference_file = root / "reference.pt"
+
+    @property
+    def save_dir(self) -> Path:
+        if self.spec.get("trainer"):
+            return sorted(self.path.glob("checkpoint-*"))[-1]
+        return self.path
+
+    def reference(self):
+        import torch
+
+        return torch.load(str(self.reference_file), weights_only=True)
+
+    def copy(self, dest: Path) -> Path:
+        """A private copy to damage."""
+        shutil.copytree(self.root, dest)
+        return dest / "run"
+
+
+def _build(name: str, root: Path) -> Built:
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([sys.executable, str(HERE / "ds_build.py"), json.dumps(SPECS[name]), str(root)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building {name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return Built(name, root)
+
+
+_CACHE = {}  # module-level so that tests/cli, which imports this fixture, shares the builds
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """``checkpoints(name)`` builds the named checkpoint on first use and returns its :class:`Built`."""
+    base = tmp_path_factory.getbasetemp() / "ckpts"
+    base.mkdir(exist_ok=True)
+
+    def get(name: str) -> Built:
+        if name not in _CACHE:
+            _CACHE[name] = _build(name, base / name)
+        return _CACHE[name]
+
+    return get
+
+
+def zeropilot(*args: str, cwd=None):
+    """Run the CLI in a subprocess; returns the CompletedProcess."""
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    return subprocess.run([sys.executable, "-m", "zeropilot", *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=600)
