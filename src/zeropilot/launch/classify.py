@@ -45,7 +45,8 @@ def classify(keys: Iterable[str], fmt: str) -> Tuple[str, Optional[str]]:
     ``llamafactory``, ``axolotl`` or ``hf``.
     """
     keys = set(keys)
-    if _score(keys, NEOX_MARKERS) >= 2:
+    # NeoX writes its own keys with hyphens as often as with underscores (num-layers, hidden-size).
+    if _score({k.replace("-", "_") for k in keys}, NEOX_MARKERS) >= 2:
         return "other", "gpt-neox"
     ds = _score(keys, DS_MARKERS)
     train = _score(keys, TRAIN_MARKERS)
