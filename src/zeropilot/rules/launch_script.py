@@ -1,3 +1,135 @@
-"""Rules: launch_script (see zeropilot.rules.registry for how to add one)."""
+"""Rules about shell launch scripts: commands that harm other jobs, process counts the visible devices
+cannot serve, and config files that are not there."""
 
 from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from zeropilot.launch import Launch
+from zeropilot.launch.shell import Command
+from zeropilot.rules.registry import Hit, Severity, rule
+
+_KILLERS = ("pkill", "killall")
+
+
+def _kill_target(cmd: Command) -> Optional[str]:
+    """What a destructive kill command hits, or None when it names its own processes."""
+    args = cmd.argv[1:]
+    if cmd.name in _KILLERS:
+        patterns = [a for a in args if not a.startswith("-")]
+        broad = "-f" in args or any("f" in a[1:] for a in args if a.startswith("-") and not a.startswith("--")
+                                    and a[1:].isalpha())
+        what = " ".join(patterns) or "processes"
+        return f"every process matching {what!r}{' anywhere in its command line' if broad else ''}"
+    if cmd.name == "kill" and len(args) >= 2 and args[-1] == "-1":
+        return "every process you own (pid -1)"
+    return None
+
+
+@rule("SH001", "destructive-kill-in-launch-script", Severity.WARNING, versions="all",
+      witness="tests/rules/test_launch_script.py::test_sh001_witness")
+def destructive_kill_in_launch_script(launch: Launch) -> Iterator[Hit]:
+    """`pkill`/`killall` by name, or `kill -1`, in a launch script.
+
+    ## Why is this bad?
+    `pkill -9 python` kills every Python process of the user on the node, not the ones this launch
+    started: another training job, a notebook kernel, an evaluation, a data-preparation run, and on a
+    shared account other people's work. `pkill -f` matches whole command lines and hits even more.
+    `-9` also denies the victims any cleanup (half-written checkpoints, leaked shared memory).
+
+    ## Example
+    ```bash
+    pkill -9 python
+    pkill -9 torchrun
+    FORCE_TORCHRUN=1 llamafactory-cli train sft.yaml
+    ```
+
+    ## Use instead
+    ```bash
+    # stop only what this script started earlier: remember its process group
+    [ -f train.pid ] && kill -TERM -- -"$(cat train.pid)"
+    setsid llamafactory-cli train sft.yaml & echo $! > train.pid; wait
+    ```
+
+    ## References
+    - `pkill(1)`, `kill(1)` (pid -1: every process the user may signal)
+    """
+    for script in launch.scripts:
+        for cmd in script.commands:
+            target = _kill_target(cmd)
+            if target is None:
+                continue
+            yield Hit(None, None, f"`{' '.join(cmd.argv)}` kills {target} on the node — other jobs and "
+                                  "sessions too, without cleanup; stop only the process group this script "
+                                  "started (save its pid).", file=cmd.file, line=cmd.line, key=cmd.name)
+
+
+@rule("SH002", "world-size-exceeds-visible-devices", Severity.ERROR, versions="all",
+      witness="fixture:tests/rules/test_launch_script.py::test_sh002_fires; "
+              "torch/cuda/__init__.py set_device (CUDA error: invalid device ordinal)")
+def world_size_exceeds_visible_devices(launch: Launch) -> Iterator[Hit]:
+    """More processes per node than the `*_VISIBLE_DEVICES` list gives devices.
+
+    ## Why is this bad?
+    Each process binds to device `LOCAL_RANK`; with `NPROC_PER_NODE=8` and
+    `CUDA_VISIBLE_DEVICES=0,1,2,3` ranks 4-7 fail with `invalid device ordinal` (or, with some
+    launchers, share cards and run out of memory), after the others loaded the model.
+
+    ## Example
+    ```bash
+    export ROCR_VISIBLE_DEVICES=0,1,2,3
+    NPROC_PER_NODE=8 FORCE_TORCHRUN=1 llamafactory-cli train sft.yaml
+    ```
+
+    ## Use instead
+    ```bash
+    export ROCR_VISIBLE_DEVICES=0,1,2,3
+    NPROC_PER_NODE=4 FORCE_TORCHRUN=1 llamafactory-cli train sft.yaml
+    ```
+
+    ## References
+    - `torch.cuda.set_device`; torchrun `--nproc_per_node`; LLaMA-Factory `launcher.py` (NPROC_PER_NODE)
+    """
+    ws = launch.world_size
+    if ws.nproc_per_node is None or ws.visible_devices is None or ws.visible_var is None:
+        return
+    if ws.nproc_per_node <= ws.visible_devices:
+        return
+    var = ws.visible_var
+    yield Hit(None, None, f"{ws.nproc_per_node} processes per node ({ws.reason}) but {var.name}={var.value} "
+                          f"makes {ws.visible_devices} device(s) visible: the extra ranks fail on set_device; "
+                          f"start {ws.visible_devices} processes or list more devices.",
+              file=ws.file or var.file, line=ws.line or var.line, key=var.name)
+
+
+@rule("SH003", "launch-config-missing", Severity.ERROR, versions="all",
+      witness="tests/rules/test_launch_script.py::test_sh003_witness")
+def launch_config_missing(launch: Launch) -> Iterator[Hit]:
+    """A launch command names a config file that does not exist.
+
+    ## Why is this bad?
+    The launch starts, waits for the processes to come up, and fails: `llamafactory-cli train
+    missing.yaml`, `accelerate launch --config_file missing.yaml` or `--deepspeed missing.json` (the
+    Trainer raises `ValueError: Expected a string path to an existing deepspeed config` when it builds
+    its arguments). Often a path relative to another working directory.
+
+    ## Example
+    ```bash
+    llamafactory-cli train configs/sft.yaml   # run from a folder without configs/
+    ```
+
+    ## Use instead
+    ```bash
+    cd "$(dirname "$0")" && llamafactory-cli train configs/sft.yaml
+    ```
+
+    ## References
+    - `transformers/integrations/deepspeed.py` `HfDeepSpeedConfig` (path check)
+    """
+    scripts = {s.path for s in launch.scripts}
+    for ref in launch.references:
+        if ref.resolved is not None or ref.source not in scripts:
+            continue
+        yield Hit(None, None, f"{ref.key} names {ref.target!r}, which does not exist relative to the script or "
+                              "the current folder: the launch fails after it starts; fix the path.",
+                  file=ref.source, line=ref.line, key=ref.key)

@@ -1,0 +1,64 @@
+"""Witness runs shared by several test modules, each run once per test session (cached).
+
+Every function returns the JSON results of real HF Trainer / DeepSpeed runs on CPU (see
+``trainer_runs`` and ``engine_runs``); the output folders live under one temporary directory.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+from typing import Any, Dict
+
+from tests.witness.engine_runs import run_engine
+from tests.witness.trainer_runs import run_trainer_cases
+
+
+@functools.lru_cache(maxsize=None)
+def root() -> Path:
+    return Path(tempfile.mkdtemp(prefix="zeropilot-witness-"))
+
+
+# One 2-rank Trainer session: every save case the checkpoint rules make a claim about.
+SAVE_CASES = (
+    dict(name="z3_som_gather", stage=3, gather=True, save_only_model=True, resume_after=True),
+    dict(name="z3_som_nogather", stage=3, gather=False, save_only_model=True),
+    dict(name="z3_full", stage=3),
+    dict(name="z2_full", stage=2),
+    dict(name="z3_lora_nogather", stage=3, gather=False, lora=True),
+    dict(name="z3_lora_gather", stage=3, gather=True, lora=True),
+    dict(name="z3_lora_som_nogather", stage=3, gather=False, lora=True, save_only_model=True),
+    dict(name="z2_lora", stage=2, lora=True),
+    dict(name="load_best", stage=3, gather=True, save_only_model=True, load_best=True),
+)
+
+
+@functools.lru_cache(maxsize=None)
+def trainer_saves() -> Dict[str, Any]:
+    """Results of SAVE_CASES on 2 ranks; folders under ``root()/saves/<name>``."""
+    return run_trainer_cases([dict(c) for c in SAVE_CASES], root() / "saves", world=2)
+
+
+@functools.lru_cache(maxsize=None)
+def trainer_resume_other_world() -> Dict[str, Any]:
+    """Resume the 2-rank ZeRO-2 and ZeRO-3 checkpoints with 1 rank."""
+    trainer_saves()
+    saves = root() / "saves"
+    cases = [dict(name="z2_on_1", stage=2, steps=3, resume_from=str(saves / "z2_full" / "checkpoint-2")),
+             dict(name="z3_on_1", stage=3, steps=3, resume_from=str(saves / "z3_full" / "checkpoint-2"))]
+    return run_trainer_cases(cases, root() / "resume", world=1)
+
+
+@functools.lru_cache(maxsize=None)
+def trainer_timeouts() -> Dict[str, Any]:
+    """2 ranks, ZeRO-2, ddp_timeout 5000 s, DEEPSPEED_TIMEOUT=1 (minute); torch.distributed is initialised
+    by accelerate from the training arguments, as under torchrun."""
+    return run_trainer_cases([dict(name="timeouts", stage=2, ddp_timeout=5000)], root() / "timeouts", world=2,
+                             preinit=False, env={"DEEPSPEED_TIMEOUT": "1"})
+
+
+@functools.lru_cache(maxsize=None)
+def engine(scenario: str, world: int, **kw) -> Dict[str, Any]:
+    name = "-".join([scenario, str(world)] + [f"{k}{v}" for k, v in sorted(kw.items())])
+    return run_engine(dict(scenario=scenario, world=world, **kw), root() / "engine" / name)
