@@ -464,3 +464,16 @@ def test_ds010_quiet_when_set(launch_dir):
 def test_ds010_witness():
     """Absent gradient_clipping is 1.0 in DeepSpeed 0.19.8 (PR #8068; 0.0 before 0.19.3)."""
     assert _ds_config(_cfg()).gradient_clipping == 1.0
+
+
+def test_ds001_compile_section_by_version(launch_dir):
+    """axolotl's torch_compile configs use the pre-0.16 compile keys: refused since the 0.17.0 CompileConfig."""
+    root = launch_dir({"ds.json": {"train_micro_batch_size_per_gpu": 1,
+                                   "compile": {"disable": False, "backend": "inductor"}}})
+    assert {f.key for f in run_check(root, versions=DS_NEW, select={"DS001"})} == {"compile.disable",
+                                                                                  "compile.backend"}
+    assert run_check(root, versions="deepspeed=0.16.4", select={"DS001"}) == []
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="backend"):
+        _ds_config(_cfg(compile={"disable": False, "backend": "inductor"}))

@@ -57,7 +57,7 @@ def is_auto(node: Optional[Node]) -> bool:
 
 
 @rule("DS001", "unknown-key-in-strict-section", Severity.ERROR, packages=("deepspeed",),
-      versions="deepspeed >= 0.7.0 (fp16/bf16 sections: >= 0.17.1); keys as of 0.19.8",
+      versions="deepspeed >= 0.7.0 (fp16/bf16: >= 0.17.1, compile: >= 0.17.0); keys as of 0.19.8",
       witness="tests/rules/test_deepspeed_config.py::test_ds001_witness")
 def unknown_key_in_strict_section(launch: Launch) -> Iterator[Hit]:
     """A key DeepSpeed does not know, in a section it validates strictly.
@@ -89,7 +89,7 @@ def unknown_key_in_strict_section(launch: Launch) -> Iterator[Hit]:
     """
     for doc in launch.ds_configs:
         for name, section, node in strict_sections(doc):
-            since = STRICT_SINCE.get(name)
+            since = STRICT_SINCE.get(name.split(".")[0])
             if since and not ds_version_in(launch, f">={since}"):
                 continue
             for key, child in node.value.items():

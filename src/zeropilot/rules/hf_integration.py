@@ -53,8 +53,17 @@ def train_arg(doc: Document, name: str) -> Any:
     return _coerce(name, node.plain())
 
 
+# ms-swift YAML (``swift sft --config``) has its own argument classes on top of TrainingArguments.
+MS_SWIFT_MARKERS = frozenset({"tuner_type", "train_type", "model_author", "model_name", "dataset_num_proc",
+                              "split_dataset_ratio", "torch_dtype"})
+
+
 def reads_as_hf(doc: Document) -> bool:
-    return doc.flavour in HF_FLAVOURS
+    """Whether the document's names and defaults are those of HF TrainingArguments (HF or LLaMA-Factory)."""
+    if doc.flavour not in HF_FLAVOURS:
+        return False
+    keys = doc.root.value.keys() if doc.root.is_mapping else ()
+    return not ("model" in keys and len(MS_SWIFT_MARKERS.intersection(keys)) >= 2)
 
 
 @dataclass
@@ -296,5 +305,6 @@ def removed_training_argument(launch: Launch) -> Iterator[Hit]:
                 continue
             if launch.versions.satisfies("transformers", f">={gone.since}") is False:
                 continue
-            yield Hit(doc, child, f"`{key}` was removed from TrainingArguments in transformers {gone.since}: "
-                                  f"argument parsing fails before training — use {gone.instead}")
+            assumed = launch.versions.raw("transformers") or "unknown, newest assumed"
+            yield Hit(doc, child, f"`{key}` was removed from TrainingArguments in transformers {gone.since} "
+                                  f"(assumed: {assumed}): argument parsing fails before training — use {gone.instead}")
