@@ -167,3 +167,15 @@ def test_hf003_witness(key, tmp_path):
     assert Version(transformers.__version__) >= Version(REMOVED_ARGS[key].since)
     with pytest.raises(ValueError, match="not used by the HfArgumentParser"):
         HfArgumentParser(TrainingArguments).parse_dict({"output_dir": str(tmp_path), "use_cpu": True, key: 1})
+
+
+def test_hf001_apex_amp_before_transformers_5(launch_dir):
+    """transformers 4.x also compares Apex amp (integrations/deepspeed.py of the 4.57.6 wheel)."""
+    ds = {"amp": {"enabled": True, "opt_level": "O2"}, "fp16": {"enabled": "auto"}, "zero_optimization": {"stage": 0}}
+    yaml_text = "output_dir: o\ndeepspeed: ds.json\nlearning_rate: 1.0e-4\nfp16: true\n"
+    root = launch_dir({"ds.json": ds, "train.yaml": yaml_text})
+    old = run_check(root, versions="transformers=4.46.1", select={"HF001"})
+    assert {f.key for f in old} == {"amp.enabled", "amp.opt_level"}
+    assert run_check(root, versions="transformers=5.24.0", select={"HF001"}) == []
+    apex = launch_dir({"ds.json": ds, "train.yaml": yaml_text + "fp16_backend: apex\nfp16_opt_level: O2\n"})
+    assert run_check(apex, versions="transformers=4.46.1", select={"HF001"}) == []

@@ -21,7 +21,7 @@ HF_DEFAULTS: Dict[str, Any] = {
     "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "max_grad_norm": 1.0,
     "learning_rate": 5e-5, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "weight_decay": 0.0,
     "fp16": False, "bf16": False, "fp16_full_eval": False, "bf16_full_eval": False, "max_steps": -1,
-    "warmup_steps": 0, "auto_find_batch_size": False,
+    "warmup_steps": 0, "auto_find_batch_size": False, "fp16_backend": "auto", "fp16_opt_level": "O1",
 }
 _FLOATS = {"max_grad_norm", "learning_rate", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay",
            "warmup_steps"}
@@ -81,8 +81,23 @@ class Mismatch:
         return f"ds {self.ds_key}={self.ds_value} vs hf {self.hf_key}={self.hf_value}"
 
 
-def _expected(train: Document, world: Optional[int]) -> List[Tuple[str, str, Any]]:
-    """(DeepSpeed key, HF name, value the Trainer will hold) for every ``fill_match`` that compares."""
+def _precision(a: Dict[str, Any], apex_era: bool) -> List[Tuple[str, str, Any]]:
+    """The fp16/bf16 (and, before transformers 5.0, Apex ``amp``) comparisons of ``trainer_config_process``."""
+    fp16 = bool(a["fp16"] or a["fp16_full_eval"])
+    bf16 = ("bf16.enabled", "bf16|bf16_full_eval", bool(a["bf16"] or a["bf16_full_eval"]))
+    if not apex_era:
+        return [("fp16.enabled", "fp16|fp16_full_eval", fp16), bf16]
+    apex = fp16 and a["fp16_backend"] == "apex"
+    return [("fp16.enabled", "fp16|fp16_full_eval+fp16_backend(amp)", fp16 and not apex),
+            ("amp.enabled", "fp16+fp16_backend(apex)", apex),
+            ("amp.opt_level", "fp16_opt_level", a["fp16_opt_level"]), bf16]
+
+
+def _expected(train: Document, world: Optional[int], apex_era: bool = False) -> List[Tuple[str, str, Any]]:
+    """(DeepSpeed key, HF name, value the Trainer will hold) for every ``fill_match`` that compares.
+
+    ``apex_era``: transformers < 5.0, whose integration also compares Apex ``amp.enabled``/``opt_level``.
+    """
     a = {name: train_arg(train, name) for name in HF_DEFAULTS}
     auto_bs = bool(a["auto_find_batch_size"])
     out: List[Tuple[str, str, Any]] = []
@@ -99,9 +114,8 @@ def _expected(train: Document, world: Optional[int]) -> List[Tuple[str, str, Any
             ("optimizer.params.betas", "adam_beta1+adam_beta2", [a["adam_beta1"], a["adam_beta2"]]),
             ("optimizer.params.eps", "adam_epsilon", a["adam_epsilon"]),
             ("optimizer.params.weight_decay", "weight_decay", a["weight_decay"]),
-            ("scheduler.params.warmup_max_lr", "learning_rate", a["learning_rate"]),
-            ("fp16.enabled", "fp16|fp16_full_eval", bool(a["fp16"] or a["fp16_full_eval"])),
-            ("bf16.enabled", "bf16|bf16_full_eval", bool(a["bf16"] or a["bf16_full_eval"]))]
+            ("scheduler.params.warmup_max_lr", "learning_rate", a["learning_rate"])]
+    out += _precision(a, apex_era)
     steps = a["max_steps"]
     if isinstance(steps, int) and steps > 0:
         out.append(("scheduler.params.total_num_steps", "num_training_steps (calculated)", steps))
@@ -113,14 +127,14 @@ def _expected(train: Document, world: Optional[int]) -> List[Tuple[str, str, Any
     return out
 
 
-def hf_mismatches(train: Document, ds: Document, world: Optional[int]) -> List[Mismatch]:
+def hf_mismatches(train: Document, ds: Document, world: Optional[int], apex_era: bool = False) -> List[Mismatch]:
     """What ``HfTrainerDeepSpeedConfig.trainer_config_process``/``_finalize`` will list as mismatches.
 
     A DeepSpeed value is compared only when it is present and not ``"auto"``, as ``fill_match`` does
     (Python ``!=``: ``1e9 == 1000000000``, ``[0.9, 0.999]`` is compared as a list).
     """
     out = []
-    for ds_key, hf_key, hf_value in _expected(train, world):
+    for ds_key, hf_key, hf_value in _expected(train, world, apex_era):
         node = ds.get(ds_key)
         if node is None:
             continue
@@ -140,7 +154,8 @@ def deepspeed_value_contradicts_training_args(launch: Launch) -> Iterator[Hit]:
     The HF integration fills `"auto"` values from `TrainingArguments` and compares every concrete one
     (`fill_match`): micro batch, gradient accumulation, `train_batch_size` (world size × micro batch ×
     accumulation), `gradient_clipping` vs `max_grad_norm`, optimizer `lr`/`betas`/`eps`/`weight_decay`,
-    scheduler `warmup_max_lr`/`total_num_steps`/`warmup_num_steps`, and `fp16`/`bf16.enabled`. Arguments not
+    scheduler `warmup_max_lr`/`total_num_steps`/`warmup_num_steps`, `fp16`/`bf16.enabled`, and before
+    transformers 5.0 the Apex `amp.enabled` (`fp16_backend: apex`) and `amp.opt_level`. Arguments not
     written take the TrainingArguments defaults (micro batch 8, accumulation 1, `max_grad_norm` 1.0,
     `learning_rate` 5e-5, betas 0.9/0.999, eps 1e-8, weight decay 0.0).
 
@@ -167,13 +182,14 @@ def deepspeed_value_contradicts_training_args(launch: Launch) -> Iterator[Hit]:
 
     ## References
     - `transformers/integrations/deepspeed.py` `HfTrainerDeepSpeedConfig.fill_match`,
-      `trainer_config_process`, `trainer_config_finalize`
+      `trainer_config_process`, `trainer_config_finalize` (5.24; 4.57.6 for the Apex `amp` comparisons)
     """
     world = launch.world_size.value
+    apex_era = launch.versions.satisfies("transformers", "<5.0.0") is True
     for train, ds in launch.training_pairs():
         if not reads_as_hf(train):
             continue
-        for m in hf_mismatches(train, ds, world):
+        for m in hf_mismatches(train, ds, world, apex_era):
             where = f" (world size {world}: {launch.world_size.reason})" if m.ds_key == "train_batch_size" else ""
             yield Hit(ds, m.node, f"{m.line()}{where}: the HF Trainer raises a ValueError at train() for "
                                   f"mismatched DeepSpeed values — set `{m.ds_key}` to \"auto\"",
