@@ -477,3 +477,23 @@ def test_ds001_compile_section_by_version(launch_dir):
 
     with pytest.raises(ValidationError, match="backend"):
         _ds_config(_cfg(compile={"disable": False, "backend": "inductor"}))
+
+
+@pytest.mark.parametrize("cfg", [
+    {"train_batch_size": 8, "zero_optimization": True},
+    {"train_batch_size": 8, "zero_optimization": "auto", "fp16": "yes", "bf16": None},
+    {"train_batch_size": "8", "train_micro_batch_size_per_gpu": [1], "gradient_accumulation_steps": {"a": 1},
+     "zero_optimization": {"stage": "3", "offload_param": "cpu", "stage3_prefetch_bucket_size": float("nan")}},
+    {"train_batch_size": 8, "optimizer": {"params": [0.1]}, "scheduler": "WarmupLR",
+     "zero_optimization": {"stage": 2, "offload_param": {"device": None}}},
+])
+def test_rules_do_not_raise_on_odd_values(launch_dir, cfg):
+    """Values of the wrong type are skipped or reported, never a crash (with HF args linked, too)."""
+    root = launch_dir({"ds.json": cfg, "train.yaml": "output_dir: o\ndeepspeed: ds.json\nlearning_rate: x\n"
+                                                     "gradient_accumulation_steps: [2]\nmax_steps: abc\n"})
+    from zeropilot.rules import all_rules
+
+    select = {r.code for r in all_rules() if r.code[:2] in ("DS", "HF", "AC", "VR")}
+    assert len(select) > 10
+    for versions in (DS_NEW, "deepspeed=0.16.0,transformers=4.46.1,accelerate=0.30.0"):
+        run_check(root, versions=versions, world_size=2, select=select)
