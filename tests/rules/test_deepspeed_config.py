@@ -497,3 +497,29 @@ def test_rules_do_not_raise_on_odd_values(launch_dir, cfg):
     assert len(select) > 10
     for versions in (DS_NEW, "deepspeed=0.16.0,transformers=4.46.1,accelerate=0.30.0"):
         run_check(root, versions=versions, world_size=2, select=select)
+
+
+# ---- DS011 allgather_bucket_size at stage 3 -----------------------------------------------------------------
+
+def test_ds011_fires_at_stage_3_only(launch_dir):
+    root = launch_dir({"a.json": {"zero_optimization": {"stage": 3, "allgather_bucket_size": 2e8}},
+                       "b.json": {"zero_optimization": {"stage": 2, "allgather_bucket_size": 2e8}}})
+    findings = run_check(root, versions=DS_NEW, select={"DS011"})
+    assert [(Path(f.file).name, f.key) for f in findings] == [("a.json", "zero_optimization.allgather_bucket_size")]
+
+
+@pytest.mark.witness
+def test_ds011_witness():
+    """Only the stage-1/2 and bf16 optimizers of the installed DeepSpeed take allgather_bucket_size."""
+    import inspect
+
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    assert "allgather_bucket_size" in inspect.signature(DeepSpeedZeroOptimizer.__init__).parameters
+    assert "allgather_bucket_size" in inspect.signature(BF16_Optimizer.__init__).parameters
+    assert "allgather_bucket_size" not in inspect.signature(DeepSpeedZeroOptimizer_Stage3.__init__).parameters
+    stage3 = inspect.getsource(DeepSpeedEngine._configure_zero_optimizer).split("ZeroStageEnum.weights")[-1]
+    assert "allgather_bucket_size" not in stage3

@@ -542,3 +542,37 @@ def auto_fix(doc: Document, node: Node, what: str) -> Optional[Fix]:
 
 def section_keys() -> List[str]:
     return sorted(STRICT_SECTIONS)
+
+
+@rule("DS011", "stage-1-2-setting-at-stage-3", Severity.INFO, packages=("deepspeed",),
+      versions="all DeepSpeed versions with ZeRO-3 (checked on 0.19.8)",
+      witness="tests/rules/test_deepspeed_config.py::test_ds011_witness")
+def stage_1_2_setting_at_stage_3(launch: Launch) -> Iterator[Hit]:
+    """`allgather_bucket_size` in a ZeRO-3 config, where nothing reads it.
+
+    ## Why is this bad?
+    Only the ZeRO-1/2 optimizer (and the bf16 optimizer without ZeRO) take `allgather_bucket_size`; the
+    ZeRO-3 optimizer gathers parameters with `stage3_prefetch_bucket_size` and
+    `stage3_max_live_parameters`. Tuning it at stage 3 changes nothing (a common source of confusion when
+    memory does not move).
+
+    ## Example
+    ```json
+    {"zero_optimization": {"stage": 3, "allgather_bucket_size": 2e8}}
+    ```
+
+    ## Use instead
+    ```json
+    {"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 2e8}}
+    ```
+
+    ## References
+    - `deepspeed/runtime/engine.py` `_configure_zero_optimizer`, `_configure_bf16_optimizer` (the only
+      callers of `zero_allgather_bucket_size()`)
+    - `deepspeed/runtime/zero/stage3.py` `DeepSpeedZeroOptimizer_Stage3.__init__` (no such argument)
+    """
+    for doc in launch.ds_configs:
+        node = doc.get("zero_optimization.allgather_bucket_size")
+        if node is not None and zero_stage(doc) == 3 and not is_auto(node):
+            yield Hit(doc, node, "`allgather_bucket_size` does nothing at ZeRO stage 3 (only stages 1-2 read it) "
+                                 "— remove it; stage 3 prefetches by stage3_prefetch_bucket_size")
