@@ -6,6 +6,7 @@ so a run is reproducible from the spec alone. Usage: python bench/plan/make_spec
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -108,6 +109,51 @@ CALL1_PARALLEL = [
 ]
 
 
+# Second call: architectures the calibration file lacks first, then saves, ZeRO-3 offload, more caps.
+CALL2 = [
+    spec("phi-3-mini", 2, 2, 2048, gc=True, lora=16),
+    spec("gemma-2-2b", 2, 2, 2048, gc=True),
+    spec("mistral-7b", 3, 1, 2048, gc=True, lora=16),
+    spec("qwen3-1.7b", 2, 4, 1024),
+    spec("gemma-3-1b", 2, 4, 1024, gc=True),
+    spec("llama-3.1-8b", 3, 2, 2048, gc=True, lora=16),
+    spec("qwen3-4b", 3, 2, 2048, gc=True, lora=32),
+    spec("mistral-1b-shape", 1, 4, 1024),
+    spec("phi-3-mini", 3, 1, 2048, gc=True),
+    spec("gemma-3-1b", 3, 2, 2048, lora=16, overlap=True),
+    spec("mistral-1b-shape", 2, 2, 2048, gc=True, offload=True),
+    spec("gemma-2-2b", 3, 1, 4096, lora=16),
+    spec("phi-3-mini", 2, 4, 1024, lora=8, attn="eager"),
+    spec("qwen3-1.7b", 2, 1, 1024, save=True),
+    spec("qwen2.5-1.5b", 3, 1, 1024, lora=16, save=True),
+    spec("qwen2.5-1.5b", 3, 1, 1024, lora=16, save=True, exclude_frozen=True),
+    spec("qwen2.5-1.5b", 2, 1, 1024, lora=16, save=True),
+    spec("qwen2.5-3b", 3, 1, 2048, gc=True, offload=True, offload_param=True),
+    spec("llama-3.2-1b", 2, 4, 2048, alloc_conf="expandable_segments:True"),
+    spec("qwen2.5-7b", 3, 1, 1024, gc=True, lora=8, offload_param=True, cap_gib=16),
+    spec("qwen3-1.7b", 2, 2, 2048, gc=True, lora=16, cap_gib=16),
+    spec("mistral-7b", 2, 1, 1024, gc=True, lora=8, cap_gib=16),
+    spec("gemma-3-1b", 2, 1, 1024, gc=True, cap_gib=16),
+    spec("phi-3-mini", 2, 1, 1024, gc=True, lora=16, cap_gib=16),
+    spec("llama-3.1-8b", 3, 1, 1024, gc=True, lora=16, cap_gib=24),
+    spec("qwen2.5-1.5b", 2, 1, 1024, gc=True, offload=True, cap_gib=24),
+]
+
+
+def with_prediction(specs: list) -> list:
+    """Each spec with ``pred_gib``: the plan's peak, which the parallel runner packs the GPU by."""
+    sys.path.insert(0, str(HERE))
+    from rows import spec_inputs
+
+    from zeropilot.memory.gpu import estimate_gpu
+
+    out = []
+    for s in specs:
+        pred = estimate_gpu(spec_inputs(s, 139.8)).peak_bytes / 1024**3
+        out.append({**s, "pred_gib": round(min(pred, s.get("cap_gib") or pred), 1)})
+    return out
+
+
 def write(name: str, specs: list) -> None:
     path = HERE / "specs" / name
     path.parent.mkdir(exist_ok=True)
@@ -117,3 +163,4 @@ def write(name: str, specs: list) -> None:
 if __name__ == "__main__":
     write("call1_serial.jsonl", CALL1_SERIAL)
     write("call1_parallel.jsonl", CALL1_PARALLEL)
+    write("call2.jsonl", with_prediction(CALL2))

@@ -1,0 +1,48 @@
+"""Fit the estimator's ``fit_*`` constants and ``step_temp`` on the TUNING split only.
+
+Coordinate descent over a grid, minimising the mean squared relative error of predicted
+``gpu_peak_bytes`` against measured ``peak_reserved + non_torch`` on the tuning rows (see rows.py).
+Prints the fitted constants, to be copied into ``src/zeropilot/memory/constants.py``.
+Usage: python bench/plan/fit.py
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+from rows import load_rows
+
+from zeropilot.memory.constants import DEFAULT
+from zeropilot.memory.gpu import estimate_gpu
+
+FREE = {"step_temp": (0.0, 12.0), "fit_act": (0.5, 1.6), "fit_logits": (0.5, 1.6), "fit_gap_state": (0.0, 0.6),
+        "fit_gap_trans": (0.0, 0.6), "fit_gap_overlap": (0.0, 20.0)}
+
+
+def loss(consts, rows) -> float:
+    errs = [estimate_gpu(r.inputs, consts).peak_bytes / r.measured_bytes - 1 for r in rows]
+    return sum(e * e for e in errs) / len(errs)
+
+
+def fit(rows, start=DEFAULT, rounds: int = 6, steps: int = 41):
+    best = start
+    for _ in range(rounds):
+        for name, (lo, hi) in FREE.items():
+            grid = [lo + (hi - lo) * k / (steps - 1) for k in range(steps)]
+            best = min((dataclasses.replace(best, **{name: v}) for v in grid), key=lambda c: loss(c, rows))
+    return best
+
+
+def main() -> None:
+    rows = [r for r in load_rows() if r.split == "tuning" and r.ok]
+    before = loss(DEFAULT, rows)
+    best = fit(rows)
+    errs = [abs(estimate_gpu(r.inputs, best).peak_bytes / r.measured_bytes - 1) for r in rows]
+    print(f"tuning rows: {len(rows)}; mean squared rel. error {before:.4f} (current constants) -> {loss(best, rows):.4f}")
+    print(f"tuning median |err| {100 * statistics.median(errs):.1f}%, max {100 * max(errs):.1f}%")
+    for name in FREE:
+        print(f"    {name}: float = {getattr(best, name):.4g}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The measured rows of the plan benchmark, their split, and the plan inputs each one stands for.
+
+Rows come from ``../shared/calibration/measured_h200.jsonl`` (the calibration file; read from the
+shared folder beside the clone when present, else from the copy in ``data/calibration_h200.jsonl``)
+and from this folder's own H200 runs (``data/h200_call*.jsonl``, made with ``zero_mem_probe_plan.py``).
+
+Splits:
+  tuning    the calibration file's rows: the only rows the fitted constants saw (``fit.py``).
+  holdout   our own runs of the calibration file's architectures (Qwen2.5, Llama 3.2), not tuned on.
+  new-arch  our own runs of architectures absent from the calibration file (Gemma 2/3, Phi-3,
+            Mistral, Qwen3, Llama 3.1 8B), not tuned on.
+  (Runs of data/h200_call2.jsonl ran up to four at a time, packed by predicted peak: their memory
+  outside PyTorch is NVML's per-process figure, ``non_torch_nvml_gb``.)
+  capped    runs under a memory cap (emulated 16/24 GiB cards): scored on the fits/OOM verdict.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from zeropilot.memory.inputs import GIB, Hardware, PlanInputs  # noqa: E402
+from zeropilot.models.arch import from_config  # noqa: E402
+
+SHARED = ROOT.parent / "shared" / "calibration" / "measured_h200.jsonl"
+LOCAL_COPY = HERE / "data" / "calibration_h200.jsonl"
+OWN = sorted((HERE / "data").glob("h200_call*.jsonl"))
+CALIBRATED_NAMES = {"qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.2-3b"}
+
+
+@dataclass
+class Row:
+    """One measured configuration."""
+
+    source: str
+    split: str
+    raw: dict
+    inputs: PlanInputs
+    measured_bytes: Optional[int]  # peak_reserved + non_torch, None for OOM rows
+    ok: bool
+    cap_gib: Optional[float]
+
+    @property
+    def label(self) -> str:
+        s = self.raw["spec"]
+        bits = [s.get("name", "?"), f"z{s['stage']}", f"mb{s['mb']}", f"s{s['seq']}"]
+        bits += ["gc"] if s.get("gc") else []
+        bits += [f"lora{s['lora']}"] if s.get("lora") else []
+        bits += ["offload"] if s.get("offload") else []
+        bits += ["offload_param"] if s.get("offload_param") else []
+        bits += ["overlap"] if s.get("overlap") else []
+        bits += [s["attn"]] if s.get("attn") else []
+        bits += ["expandable"] if "expandable" in str(s.get("alloc_conf", "")) else []
+        bits += [f"cap{s['cap_gib']}"] if s.get("cap_gib") else []
+        bits += ["save" + ("(exclude_frozen)" if s.get("exclude_frozen") else "")] if s.get("save") else []
+        return " ".join(bits)
+
+
+def spec_inputs(spec: dict, total_gb: float) -> PlanInputs:
+    """The plan inputs of a probe spec (world size 1, the probe's DeepSpeed settings)."""
+    arch = from_config(spec["model"], spec.get("name", ""))
+    gpu = spec.get("cap_gib") or total_gb
+    return PlanInputs(
+        arch=arch, hardware=Hardware(1, int(gpu * GIB), 1, f"1x{gpu}GiB"), stage=spec["stage"],
+        micro_batch=spec["mb"], seq_len=spec["seq"], gradient_checkpointing=bool(spec.get("gc")),
+        lora_rank=spec.get("lora") or None, offload_optimizer="cpu" if spec.get("offload") else "none",
+        offload_param="cpu" if spec.get("offload_param") else "none", overlap_comm=bool(spec.get("overlap", False)),
+        reduce_bucket_size=int(spec.get("rbs", 5e8)), prefetch_bucket_size=int(spec.get("pbs", 5e8)),
+        param_persistence_threshold=int(spec.get("ppt", 1e6)), attn=spec.get("attn", "sdpa"),
+        expandable_segments="expandable_segments:true" in str(spec.get("alloc_conf", "")).lower())
+
+
+def _measured(r: dict) -> Optional[int]:
+    if r.get("status") != "ok":
+        return None
+    steady = {s["tag"]: s for s in r["snaps"]}["steady"]
+    # Capped runs ran four at a time: device-wide free memory counts the others, NVML's per-process does not.
+    nt = r.get("non_torch_nvml_gb") if r["spec"].get("cap_gib") or r.get("concurrent") else r.get("non_torch_gb")
+    if nt is None:
+        nt = r.get("non_torch_gb")
+    return int((steady["peak_reserved"] + nt) * GIB)
+
+
+def _split(r: dict, source: str) -> str:
+    s = r["spec"]
+    if s.get("cap_gib"):
+        return "capped"
+    if source == "calibration":
+        return "tuning"
+    return "holdout" if s.get("name") in CALIBRATED_NAMES else "new-arch"
+
+
+def load_rows() -> List[Row]:
+    """Every measured row, calibration first."""
+    files = [("calibration", SHARED if SHARED.is_file() else LOCAL_COPY)] + [(p.stem, p) for p in OWN]
+    rows = []
+    for source, path in files:
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            inputs = spec_inputs(r["spec"], r.get("total_gpu_gb", 139.8))
+            rows.append(Row(source, _split(r, source), r, inputs, _measured(r), r.get("status") == "ok",
+                            r["spec"].get("cap_gib")))
+    return rows

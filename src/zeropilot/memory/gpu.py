@@ -1,0 +1,210 @@
+"""Per-GPU memory of one ZeRO training process: each component in bytes, with the reason for its size.
+
+The peak is ``resident + max(backward transient, optimizer-step transient)`` bytes allocated by PyTorch,
+plus what the caching allocator reserves on top (fragmentation), plus memory outside PyTorch (CUDA
+context, cuBLAS, NCCL). That sum is what ``nvidia-smi`` shows. Formulas and constants: ``docs/plan.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Tuple
+
+from zeropilot.memory.constants import DEFAULT, GIB, Constants
+from zeropilot.memory.inputs import PlanInputs
+from zeropilot.models.params import ParamCounts, count_params, lora_trainable
+
+
+@dataclass(frozen=True)
+class Component:
+    """One part of a GPU's memory.
+
+    Attributes:
+        name: stable key (``weights_frozen``, ``logits`` ...), used in JSON.
+        bytes: size on one GPU.
+        phase: ``resident`` (held through the step), ``backward`` (peak of the backward pass),
+            ``step`` (peak of the optimizer step) or ``overhead`` (allocator and outside PyTorch).
+        reason: how the size was worked out, in words.
+    """
+
+    name: str
+    bytes: int
+    phase: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """The per-GPU estimate.
+
+    Attributes:
+        components: every part, in display order.
+        peak_bytes: what nvidia-smi would show at the peak (``gpu_peak_bytes``).
+        allocated_peak_bytes: PyTorch's ``max_memory_allocated`` at the peak.
+        reserved_peak_bytes: PyTorch's ``max_memory_reserved`` at the peak.
+        peak_phase: ``backward`` or ``step``: which transient sets the peak.
+        params: total parameters; trainable: those with gradients.
+    """
+
+    components: Tuple[Component, ...]
+    peak_bytes: int
+    allocated_peak_bytes: int
+    reserved_peak_bytes: int
+    peak_phase: str
+    params: int
+    trainable: int
+
+    def by_name(self) -> dict:
+        return {c.name: c.bytes for c in self.components}
+
+
+def trainable_params(inputs: PlanInputs, counts: ParamCounts) -> int:
+    """Parameters with gradients: all of them, or LoRA's adapters on every linear layer."""
+    if inputs.lora_rank is None:
+        return counts.total
+    return lora_trainable(inputs.arch, inputs.lora_rank)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _weights(inputs: PlanInputs, counts: ParamCounts, trainable: int) -> List[Component]:
+    """16-bit weights: whole on every GPU for stages 0-2, a 1/N slice for stage 3 (none if offloaded)."""
+    n = inputs.world_size
+    frozen = counts.total - trainable if inputs.lora_rank else 0
+    base = counts.total - trainable if inputs.lora_rank else counts.total
+    adapters = trainable if inputs.lora_rank else 0
+    if inputs.stage == 3:
+        share = 0.0 if inputs.offload_param != "none" else 1.0 / n
+        why = ("offloaded to CPU (offload_param); only gathered layers are on the GPU"
+               if share == 0 else f"bf16, ZeRO-3 keeps 1/{n} of each parameter per GPU")
+    else:
+        share, why = 1.0, f"bf16, ZeRO-{inputs.stage} keeps every parameter on every GPU"
+    out = [Component("weights_trainable", int(2 * (base if not inputs.lora_rank else adapters) * share),
+                     "resident", f"{(base if not inputs.lora_rank else adapters) / 1e6:.1f} M trainable × 2 B, {why}")]
+    if inputs.lora_rank:
+        out.append(Component("weights_frozen", int(2 * frozen * share), "resident",
+                             f"{frozen / 1e6:.1f} M frozen base weights × 2 B, {why}"))
+    return out
+
+
+def _grads_and_optimizer(inputs: PlanInputs, trainable: int) -> List[Component]:
+    n = inputs.world_size
+    part = trainable / n if inputs.stage >= 1 else trainable
+    grad_share = trainable / n if inputs.stage >= 2 else trainable
+    grad_why = (f"bf16 gradient partition (1/{n}) in a flat buffer" if inputs.stage >= 2
+                else "bf16 gradients of every trainable parameter (ZeRO-0/1 do not partition them)")
+    off = inputs.offload_optimizer != "none"
+    where = f"on {inputs.offload_optimizer.upper()} (offload_optimizer)" if off else "on the GPU"
+    master = 0 if off else 4 * part
+    adam = 0 if off else 8 * part
+    return [
+        Component("gradients", int(2 * grad_share), "resident", grad_why),
+        Component("optimizer_master", int(master), "resident",
+                  f"fp32 master copy, 4 B × {part / 1e6:.1f} M (1/{n if inputs.stage >= 1 else 1}), {where}"),
+        Component("optimizer_states", int(adam), "resident",
+                  f"AdamW exp_avg + exp_avg_sq, 8 B × {part / 1e6:.1f} M, {where}"),
+    ]
+
+
+def _zero_buffers(inputs: PlanInputs, counts: ParamCounts, trainable: int) -> Component:
+    """Reduce bucket(s); for ZeRO-3 also the gathered (live) parameters and the prefetch bucket."""
+    rbs = min(inputs.reduce_bucket_size, max(trainable, 1))
+    buckets = 2 if (inputs.overlap and inputs.stage in (1, 2)) else 1
+    total = 2 * rbs * buckets
+    why = f"{buckets} reduce bucket(s) of {rbs / 1e6:.0f} M bf16 elements"
+    if inputs.stage == 3 and inputs.world_size > 1 or inputs.offload_param != "none":
+        largest_layer = max(counts.per_layer)
+        live = max(counts.largest, largest_layer) + min(inputs.prefetch_bucket_size, inputs.max_live_parameters)
+        total += 2 * live
+        why += f"; gathered parameters: the largest layer/tensor + prefetch bucket, {live / 1e6:.0f} M bf16"
+    return Component("zero_buffers", int(total), "resident", why)
+
+
+def activation_bytes(inputs: PlanInputs, c: Constants = DEFAULT) -> Tuple[int, str]:
+    """Bytes the forward pass keeps for the backward pass (all decoder layers), and why."""
+    a = inputs.arch
+    tokens = inputs.micro_batch * inputs.seq_len
+    q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
+    inter = a.intermediate
+    if a.moe is not None:
+        inter = a.moe.active * a.moe.expert_intermediate + a.moe.shared_intermediate
+    per_layer = c.act_h * a.hidden + c.act_q * q + c.act_kv * kv + c.act_i * inter
+    if a.norms_per_layer > 2:
+        per_layer += (a.norms_per_layer - 2) * 8 * a.hidden
+    if inputs.attn == "eager":
+        per_layer += c.eager_bytes * a.heads * inputs.seq_len
+    full = per_layer * tokens * a.layers
+    if inputs.gradient_checkpointing:
+        kept = 2 * a.hidden * tokens * a.layers + per_layer * tokens
+        why = (f"checkpointed: {a.layers} layer inputs (2 B × h per token) + one layer recomputed "
+               f"({per_layer:.0f} B/token), {tokens} tokens")
+        return int(kept * c.fit_act), why
+    why = f"{per_layer:.0f} B per token per layer × {a.layers} layers × {tokens} tokens ({inputs.attn})"
+    return int(full * c.fit_act), why
+
+
+def logits_bytes(inputs: PlanInputs, c: Constants = DEFAULT) -> Tuple[int, str]:
+    """Logits and cross-entropy buffers at the loss backward: ``tokens × vocab × bytes``."""
+    a = inputs.arch
+    tokens = inputs.micro_batch * inputs.seq_len
+    per = c.logits_bytes + (c.softcap_bytes if a.logit_softcap else 0)
+    why = (f"{tokens} tokens × {a.vocab} vocab × {per:.0f} B (bf16 logits, fp32 copy, log-softmax "
+           f"and its gradient{', soft-capping' if a.logit_softcap else ''})")
+    return int(tokens * a.vocab * per * c.fit_logits), why
+
+
+def _step_temporaries(inputs: PlanInputs, trainable: int, c: Constants) -> Component:
+    if inputs.offload_optimizer != "none":
+        return Component("step_temporaries", 0, "step", "optimizer step runs on the CPU (offload_optimizer)")
+    part = trainable / inputs.world_size if inputs.stage >= 1 else trainable
+    return Component("step_temporaries", int((4 + c.step_temp) * part), "step",
+                     f"fp32 gradient partition (4 B) + AdamW foreach temporaries ({c.step_temp:.0f} B) "
+                     f"per trainable element of the partition")
+
+
+def _non_torch(inputs: PlanInputs, c: Constants) -> Component:
+    base = c.non_torch_zero3 if inputs.stage == 3 else c.non_torch_zero12
+    why = (f"CUDA context, cuBLAS, NCCL: {_gib(base)} measured at world size 1 on an H200 "
+           f"(ZeRO-{'3' if inputs.stage == 3 else '1/2'})")
+    if inputs.world_size > 1:
+        base += c.nccl_multi_gpu
+        why += f"; + {_gib(c.nccl_multi_gpu)} NCCL buffers assumed at world size {inputs.world_size} (unmeasured)"
+    return Component("non_torch", int(base), "overhead", why)
+
+
+def _gap(inputs: PlanInputs, optimizer_bytes: int, transient: int, c: Constants) -> Component:
+    """Reserved but unallocated memory of the caching allocator at the peak (fitted)."""
+    overlap = 2 * min(inputs.reduce_bucket_size, 10**10) if (inputs.overlap and inputs.stage in (1, 2)) else 0
+    gap = c.fit_gap_state * optimizer_bytes + c.fit_gap_trans * transient + c.fit_gap_overlap * overlap
+    why = (f"caching-allocator fragmentation: {c.fit_gap_state:.2f} × GPU optimizer state + "
+           f"{c.fit_gap_trans:.2f} × the peak transient"
+           + (f" + {c.fit_gap_overlap:.1f} × overlap_comm bucket" if overlap else "")
+           + " (fitted on H200 measurements)")
+    if inputs.expandable_segments:
+        gap *= c.gap_expandable
+        why += f"; × {c.gap_expandable} with expandable_segments"
+    return Component("allocator_overhead", int(gap), "overhead", why)
+
+
+def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
+    """The per-GPU memory of ``inputs`` at its peak, component by component."""
+    counts = count_params(inputs.arch)
+    trainable = trainable_params(inputs, counts)
+    resident = _weights(inputs, counts, trainable) + _grads_and_optimizer(inputs, trainable)
+    resident.append(_zero_buffers(inputs, counts, trainable))
+    act, act_why = activation_bytes(inputs, c)
+    lg, lg_why = logits_bytes(inputs, c)
+    backward = [Component("activations", act, "backward", act_why), Component("logits", lg, "backward", lg_why)]
+    step = _step_temporaries(inputs, trainable, c)
+    resident_bytes = sum(x.bytes for x in resident)
+    backward_bytes = act + lg
+    phase = "backward" if backward_bytes >= step.bytes else "step"
+    allocated = resident_bytes + max(backward_bytes, step.bytes)
+    opt = sum(x.bytes for x in resident if x.name.startswith("optimizer_"))
+    gap = _gap(inputs, opt, max(backward_bytes, step.bytes), c)
+    non_torch = _non_torch(inputs, c)
+    reserved = allocated + gap.bytes
+    comps = tuple(resident + backward + [step, gap, non_torch])
+    return GpuMemory(comps, reserved + non_torch.bytes, allocated, reserved, phase, counts.total, trainable)

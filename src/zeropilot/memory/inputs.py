@@ -1,0 +1,147 @@
+"""What a plan is computed from: the model, the hardware and the launch settings, each with its source."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Dict, Optional
+
+from zeropilot.errors import InputError
+from zeropilot.models.arch import Architecture
+
+GIB = 1024**3
+GB = 10**9
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+ATTENTION = ("sdpa", "eager", "flash")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The GPUs of one launch.
+
+    Attributes:
+        gpus_per_node: GPUs (training processes) per node.
+        gpu_bytes: memory of one GPU, as ``nvidia-smi`` reports its total.
+        nodes: nodes.
+        name: how the user wrote it (``4x16GiB``).
+    """
+
+    gpus_per_node: int
+    gpu_bytes: int
+    nodes: int = 1
+    name: str = ""
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+_GPUS = re.compile(r"^\s*(\d+)\s*[xX*]\s*([0-9]*\.?[0-9]+)\s*(GiB|GB|G|MiB|MB|M|TiB|TB)?\s*$")
+_UNITS = {"gib": GIB, "g": GIB, "gb": GB, "mib": 1024**2, "m": 1024**2, "mb": 10**6, "tib": 1024**4,
+          "tb": 10**12, None: GIB}
+
+
+def parse_gpus(text: str, nodes: int = 1) -> Hardware:
+    """``4x16GiB`` -> 4 GPUs of 16 GiB per node (a bare number or ``G`` means GiB).
+
+    Raises:
+        InputError: not of the form COUNTxMEM.
+    """
+    m = _GPUS.match(text or "")
+    if not m or int(m.group(1)) < 1 or float(m.group(2)) <= 0:
+        raise InputError(f"--gpus {text!r}: expected COUNTxMEM such as 4x16GiB or 1x139.8GiB")
+    unit = _UNITS[m.group(3).lower() if m.group(3) else None]
+    if nodes < 1:
+        raise InputError(f"--nodes {nodes}: must be at least 1")
+    return Hardware(int(m.group(1)), int(float(m.group(2)) * unit), nodes, text.strip())
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything the estimator reads. Pure data: build it from flags, a launch, or both.
+
+    Attributes:
+        arch: the model.
+        hardware: the GPUs; None when unknown (the plan then has no verdict).
+        stage: ZeRO stage 0-3.
+        micro_batch: ``train_micro_batch_size_per_gpu`` / ``per_device_train_batch_size``.
+        seq_len: tokens per sample (``cutoff_len``, ``max_seq_length``): the longest batch sets the peak.
+        grad_accum: gradient accumulation steps (keeps the global batch in ``--search``).
+        gradient_checkpointing: activation recomputation on (non-reentrant, per decoder layer).
+        lora_rank: LoRA rank on all linear layers, None for full fine-tuning.
+        offload_optimizer / offload_param: ``none``, ``cpu`` or ``nvme``.
+        overlap_comm: DeepSpeed ``overlap_comm`` (default True for stage 3, False otherwise).
+        reduce_bucket_size / prefetch_bucket_size / param_persistence_threshold / max_live_parameters:
+            ZeRO bucket settings in elements (DeepSpeed defaults; HF "auto" resolves to h², 0.9h², 10h).
+        attn: attention implementation (``sdpa``, ``eager``, ``flash``).
+        expandable_segments: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (LLaMA-Factory sets it).
+        disk_write_bytes_per_s: checkpoint write speed of the disk the run saves to.
+        save_total_limit: checkpoints kept (None: all are kept).
+        save_steps: steps between saves, if known.
+        exclude_frozen: whether saves leave frozen (LoRA base) weights out; None: work it out.
+        gather_16bit_on_save: ``stage3_gather_16bit_weights_on_model_save``.
+        collective_timeout_s: the timeout a save must finish within (NCCL groups DeepSpeed clones keep
+            torch's 10 min, FACTS B).
+        sources: field name -> where its value came from (flag, file:line, default).
+    """
+
+    arch: Architecture
+    hardware: Optional[Hardware] = None
+    stage: int = 2
+    micro_batch: int = 1
+    seq_len: int = 2048
+    grad_accum: int = 1
+    gradient_checkpointing: bool = False
+    lora_rank: Optional[int] = None
+    offload_optimizer: str = "none"
+    offload_param: str = "none"
+    overlap_comm: Optional[bool] = None
+    reduce_bucket_size: int = 500_000_000
+    prefetch_bucket_size: int = 50_000_000
+    param_persistence_threshold: int = 100_000
+    max_live_parameters: int = 1_000_000_000
+    attn: str = "sdpa"
+    expandable_segments: bool = False
+    disk_write_bytes_per_s: float = 1.0 * GB
+    save_total_limit: Optional[int] = None
+    save_steps: Optional[int] = None
+    exclude_frozen: Optional[bool] = None
+    gather_16bit_on_save: bool = False
+    collective_timeout_s: float = 600.0
+    sources: Dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def world_size(self) -> int:
+        return self.hardware.world_size if self.hardware else 1
+
+    @property
+    def overlap(self) -> bool:
+        return self.stage == 3 if self.overlap_comm is None else self.overlap_comm
+
+    def with_(self, **changes) -> "PlanInputs":
+        """A copy with some fields changed (sources of changed fields become ``search``)."""
+        sources = dict(self.sources)
+        sources.update({k: "search" for k in changes})
+        return replace(self, sources=sources, **changes)
+
+    def validate(self) -> None:
+        """Raise one InputError naming every value out of range."""
+        bad = []
+        if self.stage not in (0, 1, 2, 3):
+            bad.append(f"ZeRO stage {self.stage} (0-3)")
+        for name in ("micro_batch", "seq_len", "grad_accum"):
+            if getattr(self, name) < 1:
+                bad.append(f"{name} {getattr(self, name)} (at least 1)")
+        if self.lora_rank is not None and self.lora_rank < 1:
+            bad.append(f"lora_rank {self.lora_rank} (at least 1)")
+        for name in ("offload_optimizer", "offload_param"):
+            if getattr(self, name) not in OFFLOAD_DEVICES:
+                bad.append(f"{name} {getattr(self, name)!r} (none, cpu, nvme)")
+        if self.offload_param != "none" and self.stage != 3:
+            bad.append(f"offload_param {self.offload_param} needs ZeRO stage 3 (stage is {self.stage})")
+        if self.attn not in ATTENTION:
+            bad.append(f"attn {self.attn!r} (sdpa, eager, flash)")
+        if self.disk_write_bytes_per_s <= 0:
+            bad.append("disk write speed must be positive")
+        if bad:
+            raise InputError("plan inputs out of range: " + "; ".join(bad))

@@ -1,0 +1,105 @@
+"""A whole plan: per-GPU memory, host memory, checkpoint size and save time, and the verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from zeropilot.memory.constants import DEFAULT, GIB, Constants
+from zeropilot.memory.disk import Checkpoint, estimate_checkpoint
+from zeropilot.memory.gpu import GpuMemory, estimate_gpu
+from zeropilot.memory.host import HostMemory, estimate_host
+from zeropilot.memory.inputs import PlanInputs
+
+SAFE_MARGIN = 0.10  # headroom --search keeps: the largest hold-out error of the benchmark was below this
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether the peak fits one GPU.
+
+    Attributes:
+        kind: ``fits`` (reserved peak fits), ``tight`` (only the allocated peak fits: the run depends on
+            the caching allocator flushing its cache, and fragmentation can still end it), ``oom``
+            (the allocated peak alone is larger than the GPU), or ``unknown`` (no hardware given).
+        headroom_bytes: GPU memory minus the predicted peak (negative: short by that much).
+        message: one line for people.
+    """
+
+    kind: str
+    headroom_bytes: Optional[int]
+    message: str
+
+
+def verdict_of(gpu: GpuMemory, gpu_bytes: Optional[int]) -> Verdict:
+    """Compare the predicted peak with one GPU's memory."""
+    if gpu_bytes is None:
+        return Verdict("unknown", None, "no --gpus given: no verdict")
+    non_torch = gpu.peak_bytes - gpu.reserved_peak_bytes
+    head = gpu_bytes - gpu.peak_bytes
+    if head >= 0:
+        return Verdict("fits", head, f"fits: {head / GIB:.1f} GiB headroom of {gpu_bytes / GIB:.1f} GiB "
+                                     f"({100 * head / gpu_bytes:.0f}%)")
+    if gpu.allocated_peak_bytes + non_torch <= gpu_bytes:
+        return Verdict("tight", head, f"tight: the peak with allocator overhead is {-head / GIB:.1f} GiB over "
+                                      f"{gpu_bytes / GIB:.1f} GiB; it runs only if PyTorch's allocator flushes its "
+                                      "cache (slower), and fragmentation may still end it with an OOM")
+    return Verdict("oom", head, f"does not fit: {-head / GIB:.1f} GiB over {gpu_bytes / GIB:.1f} GiB per GPU "
+                                f"(allocated peak alone {(gpu.allocated_peak_bytes + non_torch) / GIB:.1f} GiB)")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything ``zeropilot plan`` reports for one configuration."""
+
+    inputs: PlanInputs
+    gpu: GpuMemory
+    host: HostMemory
+    checkpoint: Checkpoint
+    verdict: Verdict
+    after_save_extra_bytes: int
+    notes: Tuple[str, ...]
+
+    @property
+    def gpu_peak_bytes(self) -> int:
+        return self.gpu.peak_bytes
+
+
+def _after_save(inputs: PlanInputs, gpu: GpuMemory) -> Tuple[int, str]:
+    """Extra GPU memory at the first step after a save."""
+    if inputs.stage == 3 and inputs.gather_16bit_on_save:
+        largest = max(c.bytes for c in gpu.components if c.name == "zero_buffers")
+        return largest, "save_16bit_model gathers layer by layer on the GPU (gather_16bit_weights_on_model_save)"
+    return 0, "engine.save_checkpoint copies tensors to the CPU as it writes; peaks unchanged after a save (H200)"
+
+
+def _notes(inputs: PlanInputs, ckpt: Checkpoint) -> List[str]:
+    notes = []
+    if inputs.world_size > 1:
+        notes.append(f"measured at world size 1 (H200); at world size {inputs.world_size} the NCCL buffers are "
+                     "an assumption (unmeasured above 1 GPU)")
+    if inputs.attn == "flash":
+        notes.append("flash attention sized like sdpa (both keep O(seq) per head); not measured separately")
+    if inputs.offload_optimizer == "nvme" or inputs.offload_param == "nvme":
+        notes.append("NVMe offload sized like CPU offload on the GPU side; host buffers not modelled")
+    if inputs.arch.moe is not None:
+        notes.append("mixture-of-experts activations sized by the active experts; not measured")
+    if ckpt.save_seconds > inputs.collective_timeout_s:
+        notes.append(f"a save takes ~{ckpt.save_seconds:.0f} s at {inputs.disk_write_bytes_per_s / 1e9:.2f} GB/s, "
+                     f"longer than the {inputs.collective_timeout_s:.0f} s collective timeout")
+    return notes
+
+
+def make_plan(inputs: PlanInputs, c: Constants = DEFAULT) -> Plan:
+    """The plan for ``inputs``.
+
+    Raises:
+        InputError: values out of range (:meth:`PlanInputs.validate`).
+    """
+    inputs.validate()
+    gpu = estimate_gpu(inputs, c)
+    host = estimate_host(inputs, gpu.params, gpu.trainable, c)
+    ckpt = estimate_checkpoint(inputs, gpu.params, gpu.trainable)
+    verdict = verdict_of(gpu, inputs.hardware.gpu_bytes if inputs.hardware else None)
+    extra, _ = _after_save(inputs, gpu)
+    return Plan(inputs, gpu, host, ckpt, verdict, extra, tuple(_notes(inputs, ckpt)))
