@@ -74,6 +74,19 @@ def engine_probe_main(stage: int) -> dict:
         out["no_sync"] = "ok"
     except AssertionError as exc:
         out["no_sync"] = str(exc)
+    # The batch identity at a data-parallel world size > 1: DeepSpeedConfig takes it from the mpu's
+    # get_data_parallel_world_size() once torch.distributed is up (the Megatron-style interface).
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    for world in (2, 4):
+        mpu = SimpleNamespace(get_data_parallel_world_size=lambda w=world: w)
+        try:
+            DeepSpeedConfig(dict(BATCH), mpu=mpu)
+            out[f"batch_world_{world}"] = "ok"
+        except AssertionError as exc:
+            out[f"batch_world_{world}"] = str(exc)
     return out
 
 
@@ -366,6 +379,17 @@ def test_ds006_witness():
     with pytest.raises(AssertionError, match="train_batch_size is not equal"):
         _ds_config(dict(BATCH))
     _ds_config(dict(BATCH, train_batch_size=16))
+
+
+@pytest.mark.witness
+@pytest.mark.slow
+def test_ds006_witness_world_size(engine_probe, launch_dir):
+    """At data-parallel world size 2 and 4 (gloo up, world size from the mpu) DeepSpeed agrees with DS006."""
+    root = launch_dir({"ds.json": BATCH})
+    assert "train_batch_size is not equal" in engine_probe["batch_world_2"]
+    assert codes(run_check(root, versions=DS_NEW, world_size=2, select={"DS006"})) == ["DS006"]
+    assert engine_probe["batch_world_4"] == "ok"
+    assert run_check(root, versions=DS_NEW, world_size=4, select={"DS006"}) == []
 
 
 # ---- DS007 duplicate keys ---------------------------------------------------------------------------------

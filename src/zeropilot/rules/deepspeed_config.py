@@ -519,7 +519,8 @@ def gradient_clipping_default_changed(launch: Launch) -> Iterator[Hit]:
     (`"auto"` under the HF Trainer, or the number you want).
 
     ## References
-    - DeepSpeed PR #8068 (`GRADIENT_CLIPPING_DEFAULT = 1.0`, `deepspeed/runtime/constants.py`)
+    - DeepSpeed PR #8068; `deepspeed/runtime/constants.py` `GRADIENT_CLIPPING_DEFAULT` (`0.` in the 0.19.0
+      sdist, `1.0` in 0.19.3)
     - `transformers/integrations/deepspeed.py` `fill_match` (fills only keys that are present)
     """
     if not ds_version_in(launch, ">=0.19.3"):
