@@ -547,3 +547,8 @@ def test_ds011_witness():
     assert "allgather_bucket_size" not in inspect.signature(DeepSpeedZeroOptimizer_Stage3.__init__).parameters
     stage3 = inspect.getsource(DeepSpeedEngine._configure_zero_optimizer).split("ZeroStageEnum.weights")[-1]
     assert "allgather_bucket_size" not in stage3
+
+
+def test_ds008_unknown_version_is_a_warning(launch_dir):
+    root = launch_dir({"ds.json": {"train_batch_size": 8, "amp": {"enabled": True}}})
+    assert [f.severity.value for f in run_check(root, select={"DS008"})] == ["warning"]

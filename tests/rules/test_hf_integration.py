@@ -179,3 +179,9 @@ def test_hf001_apex_amp_before_transformers_5(launch_dir):
     assert run_check(root, versions="transformers=5.24.0", select={"HF001"}) == []
     apex = launch_dir({"ds.json": ds, "train.yaml": yaml_text + "fp16_backend: apex\nfp16_opt_level: O2\n"})
     assert run_check(apex, versions="transformers=4.46.1", select={"HF001"}) == []
+
+
+def test_hf003_unknown_version_is_a_warning(launch_dir):
+    root = launch_dir({"train.yaml": "output_dir: o\nlearning_rate: 1.0e-4\nsharded_ddp: zero3\n"})
+    findings = run_check(root, select={"HF003"})
+    assert [(f.key, f.severity.value) for f in findings] == [("sharded_ddp", "warning")]

@@ -399,6 +399,8 @@ def duplicate_json_key(launch: Launch) -> Iterator[Hit]:
 def removed_deepspeed_feature(launch: Launch) -> Iterator[Hit]:
     """A config block for a feature DeepSpeed has removed (`amp`, `sparse_attention`, `elasticity`, ...).
 
+    With an unknown DeepSpeed version the finding is a warning.
+
     ## Why is this bad?
     Since 0.19.7 (more keys in 0.19.8) DeepSpeed refuses these keys with `DeepSpeedConfigError` when it builds its config,
     rather than silently training without the feature. Older configs (Apex `amp`, MoQ
@@ -418,12 +420,14 @@ def removed_deepspeed_feature(launch: Launch) -> Iterator[Hit]:
     ## References
     - DeepSpeed issue #8489; `deepspeed/runtime/config.py` `_reject_removed_config_keys` (0.19.7 and 0.19.8 sdists)
     """
+    severity = None if launch.versions.get("deepspeed") is not None else Severity.WARNING
     for doc in launch.ds_configs:
         for key, (why, since) in REMOVED_TOP_LEVEL.items():
             node = doc.get(key)
             if node is not None and ds_version_in(launch, f">={since}"):
                 yield Hit(doc, node, f"`{key}`: {why}; DeepSpeed >= {since} refuses the config "
-                                     f"(DeepSpeedConfigError) — remove it or pin an older DeepSpeed")
+                                     f"(DeepSpeedConfigError) — remove it or pin an older DeepSpeed",
+                          severity=severity)
         zero = doc.get("zero_optimization")
         if zero is None or not zero.is_mapping:
             continue
@@ -431,7 +435,8 @@ def removed_deepspeed_feature(launch: Launch) -> Iterator[Hit]:
             node = zero.child(key)
             if node is not None and ds_version_in(launch, f">={since}"):
                 yield Hit(doc, node, f"`zero_optimization.{key}`: {why}; DeepSpeed >= {since} refuses "
-                                     f"the config (DeepSpeedConfigError) — remove it")
+                                     f"the config (DeepSpeedConfigError) — remove it",
+                          severity=severity)
 
 
 def zero_stage(doc: Document) -> Optional[int]:

@@ -288,7 +288,7 @@ def removed_training_argument(launch: Launch) -> Iterator[Hit]:
 
     LLaMA-Factory passes its YAML to `HfArgumentParser`, so the same keys fail there (unless
     `ALLOW_EXTRA_ARGS=1`); `overwrite_output_dir` is one LLaMA-Factory still defines itself. With an
-    unknown transformers version the newest behaviour is assumed.
+    unknown transformers version the newest behaviour is assumed and the finding is a warning.
 
     ## Why is this bad?
     `HfArgumentParser.parse_dict` raises "Some keys are not used by the HfArgumentParser" (a `--flag`
@@ -321,6 +321,7 @@ def removed_training_argument(launch: Launch) -> Iterator[Hit]:
                 continue
             if launch.versions.satisfies("transformers", f">={gone.since}") is False:
                 continue
-            assumed = launch.versions.raw("transformers") or "unknown, newest assumed"
+            known = launch.versions.raw("transformers")
             yield Hit(doc, child, f"`{key}` was removed from TrainingArguments in transformers {gone.since} "
-                                  f"(assumed: {assumed}): argument parsing fails before training — use {gone.instead}")
+                                  f"(assumed: {known or 'unknown, newest assumed'}): argument parsing fails before "
+                                  f"training — use {gone.instead}", severity=None if known else Severity.WARNING)
