@@ -1,15 +1,189 @@
-"""`zeropilot plan` (being built: see its issue)."""
+"""`zeropilot plan`: per-GPU memory, host memory, checkpoint size and save time of a ZeRO launch.
+
+Inputs come from a launch (``LAUNCH_PATH``: files or a directory that ``zeropilot check`` reads) and
+from flags; a flag overrides what the launch says. Parse -> build :class:`PlanInputs` -> plan -> render.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from zeropilot.errors import InputError
+
+_FLAG_FIELDS = {"stage": "--stage", "micro_batch": "--micro-batch", "seq_len": "--seq-len",
+                "grad_accum": "--grad-accum", "gradient_checkpointing": "--gradient-checkpointing",
+                "offload_optimizer": "--offload-optimizer", "offload_param": "--offload-param",
+                "overlap_comm": "--overlap-comm", "attn": "--attn", "expandable_segments": "--expandable-segments",
+                "save_total_limit": "--save-total-limit", "reduce_bucket_size": "--reduce-bucket-size",
+                "prefetch_bucket_size": "--prefetch-bucket-size"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("plan", help="(not yet available)")
-    parser.set_defaults(func=run)
+    p = subparsers.add_parser(
+        "plan", help="predict per-GPU memory, host memory, checkpoint size and save time of a ZeRO launch",
+        description="Predict what each GPU will hold, whether it fits, how big each checkpoint is and how "
+                    "long saving takes. Values come from LAUNCH_PATH (DeepSpeed JSON, training YAML, "
+                    "launch script, or a directory of them) and from flags; flags win.")
+    p.add_argument("launch", nargs="?", metavar="LAUNCH_PATH", help="launch files or directory (optional)")
+    p.add_argument("--model", help="config.json, model directory, Hub id or catalogued name (e.g. Qwen/Qwen2-7B)")
+    p.add_argument("--gpus", help="COUNTxMEM per node, e.g. 4x16GiB or 1x139.8GiB (MEM alone: count from the launch)")
+    p.add_argument("--nodes", type=int, help="nodes (default 1)")
+    p.add_argument("--stage", choices=["0", "1", "2", "3", "auto"], help="ZeRO stage (auto: fastest that fits)")
+    p.add_argument("--micro-batch", type=int, help="micro batch per GPU")
+    p.add_argument("--grad-accum", type=int, help="gradient accumulation steps")
+    p.add_argument("--seq-len", type=int, help="tokens per sample (cutoff_len)")
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--lora-rank", type=int, help="LoRA rank on all linear layers (0: full fine-tuning)")
+    p.add_argument("--offload-optimizer", choices=["none", "cpu", "nvme"])
+    p.add_argument("--offload-param", choices=["none", "cpu", "nvme"])
+    p.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--reduce-bucket-size", type=int, help="elements")
+    p.add_argument("--prefetch-bucket-size", type=int, help="elements (ZeRO-3)")
+    p.add_argument("--attn", choices=["sdpa", "eager", "flash"])
+    p.add_argument("--expandable-segments", action=argparse.BooleanOptionalAction, default=None,
+                   help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    p.add_argument("--disk-write", type=float, metavar="GB/s", help="checkpoint write speed (default 1.0)")
+    p.add_argument("--disk-free", type=float, metavar="GB", help="free space where checkpoints go")
+    p.add_argument("--save-total-limit", type=int)
+    p.add_argument("--timeout", type=float, metavar="S", help="collective timeout a save must beat (default 600)")
+    p.add_argument("--search", action="store_true", help="rank configurations that fit with a 10%% margin")
+    p.add_argument("--write-ds-config", metavar="PATH", help="with --search: write the best DeepSpeed JSON here")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(func=run)
+
+
+def _launch_values(path: Optional[str]):
+    if not path:
+        return None
+    from zeropilot.launch import load_launch
+    from zeropilot.memory.from_launch import values_from_launch
+
+    return values_from_launch(load_launch([path], use_installed=False))
+
+
+def _resolve_arch(args: argparse.Namespace, lv):
+    from zeropilot.models import resolve_model
+
+    if args.model:
+        return resolve_model(args.model), "flag --model"
+    if lv is None or not lv.model:
+        raise InputError("no model: pass --model (a config.json, model directory, Hub id or catalogued name)"
+                         + ("" if lv is None else "; the launch names no model_name_or_path"))
+    try:
+        return resolve_model(lv.model, lv.model_base), lv.sources.get("model", "launch")
+    except InputError as exc:
+        raise InputError(f"model_name_or_path {lv.model!r} ({lv.sources.get('model')}) cannot be sized here: "
+                         f"{exc.reason}. Pass --model with its config.json or name (e.g. --model Qwen/Qwen2-7B)"
+                         ) from None
+
+
+def _flag_values(args: argparse.Namespace) -> Dict[str, Any]:
+    out = {name: getattr(args, name) for name in _FLAG_FIELDS if getattr(args, name, None) is not None}
+    if args.stage is not None and args.stage != "auto":
+        out["stage"] = int(args.stage)
+    elif "stage" in out:
+        del out["stage"]
+    if args.lora_rank is not None:
+        out["lora_rank"] = args.lora_rank or None
+    if args.disk_write is not None:
+        out["disk_write_bytes_per_s"] = args.disk_write * 1e9
+    if args.disk_free is not None:
+        out["disk_free_bytes"] = int(args.disk_free * 1e9)
+    if args.timeout is not None:
+        out["collective_timeout_s"] = args.timeout
+    return out
+
+
+def _hardware(args: argparse.Namespace, lv):
+    from zeropilot.memory.inputs import parse_gpus
+
+    nodes = args.nodes or 1
+    if not args.gpus:
+        return None
+    text = args.gpus
+    if "x" not in text.lower() and "*" not in text:
+        if lv is None or not lv.world_size:
+            raise InputError(f"--gpus {text!r}: give COUNTxMEM (the launch does not say how many GPUs)")
+        text = f"{max(lv.world_size // nodes, 1)}x{text}"
+    return parse_gpus(text, nodes)
+
+
+def build_inputs(args: argparse.Namespace):
+    """PlanInputs from the launch (if any) with the flags applied on top."""
+    from zeropilot.memory.from_launch import resolve_auto
+    from zeropilot.memory.inputs import PlanInputs
+
+    lv = _launch_values(args.launch)
+    arch, model_source = _resolve_arch(args, lv)
+    values: Dict[str, Any] = {}
+    sources: Dict[str, str] = {"model": model_source}
+    if lv is not None:
+        launch_vals, _ = resolve_auto(lv.values, arch.hidden)
+        values.update(launch_vals)
+        sources.update({k: v for k, v in lv.sources.items() if k in launch_vals or k in ("model", "world_size")})
+        if lv.world_size:
+            values["world"] = lv.world_size
+    flags = _flag_values(args)
+    values.update(flags)
+    sources.update({k: "flag " + _FLAG_FIELDS.get(k, "--" + k.replace("_", "-")) for k in flags})
+    hardware = _hardware(args, lv)
+    if hardware is not None:
+        sources["hardware"] = f"flag --gpus {args.gpus}"
+    values.pop("world", None) if hardware is not None else None
+    inputs = PlanInputs(arch=arch, hardware=hardware, sources=sources, **values)
+    inputs.validate()
+    return inputs
+
+
+def _auto_stage(inputs):
+    """``--stage auto``: the first of ZeRO-2, 1, 3 that fits with the safe margin (else 3)."""
+    from zeropilot.memory.plan import SAFE_MARGIN, make_plan
+
+    if inputs.hardware is None:
+        raise InputError("--stage auto needs --gpus")
+    for stage in (2, 1, 3):
+        cand = inputs.with_(stage=stage)
+        if make_plan(cand).gpu_peak_bytes <= inputs.hardware.gpu_bytes * (1 - SAFE_MARGIN):
+            return cand
+    return inputs.with_(stage=3)
+
+
+def _write_json_atomic(path: str, data: dict) -> None:
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise InputError("directory does not exist", target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=str(target.parent))
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError(f"cannot write: {exc.strerror}", target) from None
 
 
 def run(args: argparse.Namespace) -> int:
-    print("zeropilot plan is not available yet")
-    return 2
+    from zeropilot.memory.plan import make_plan
+    from zeropilot.memory.render import render_text, to_dict
+    from zeropilot.memory.search import deepspeed_config, search
+
+    inputs = build_inputs(args)
+    if args.stage == "auto":
+        inputs = _auto_stage(inputs)
+    plan = make_plan(inputs)
+    found = search(inputs) if args.search else None
+    if args.write_ds_config:
+        if not found or not found[0]:
+            raise InputError("--write-ds-config needs --search with a configuration that fits")
+        _write_json_atomic(args.write_ds_config, deepspeed_config(found[0][0].plan.inputs))
+    if args.format == "json":
+        print(json.dumps(to_dict(plan, found), indent=2, default=str))
+    else:
+        print(render_text(plan, found), end="")
+    return 0

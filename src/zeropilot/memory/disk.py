@@ -56,6 +56,12 @@ def estimate_checkpoint(inputs: PlanInputs, params: int, trainable: int) -> Chec
     """Bytes and seconds of one ``save_checkpoint`` of ``inputs``."""
     n = inputs.world_size
     frozen = params - trainable
+    if inputs.save_only_model and (inputs.stage < 3 or inputs.gather_16bit_on_save):
+        size = 2 * (trainable if inputs.lora_rank else params)
+        return Checkpoint(size, size, 0, True, size / inputs.disk_write_bytes_per_s,
+                          None if inputs.save_total_limit is None else size * (inputs.save_total_limit + 1),
+                          "save_only_model: only the 16-bit model (the adapter for LoRA), gathered on rank 0; "
+                          "not resumable (FACTS A)")
     excl, why = _excludes_frozen(inputs)
     frozen_written = 0 if excl else frozen
     optim = 12 * trainable

@@ -80,8 +80,11 @@ class PlanInputs:
         save_steps: steps between saves, if known.
         exclude_frozen: whether saves leave frozen (LoRA base) weights out; None: work it out.
         gather_16bit_on_save: ``stage3_gather_16bit_weights_on_model_save``.
+        save_only_model: ``save_only_model`` (skips optimizer state only where gather is on, FACTS A).
         collective_timeout_s: the timeout a save must finish within (NCCL groups DeepSpeed clones keep
             torch's 10 min, FACTS B).
+        disk_free_bytes: free space where checkpoints go, None when unknown.
+        world: processes when no hardware is given (from the launch), else ignored.
         sources: field name -> where its value came from (flag, file:line, default).
     """
 
@@ -107,12 +110,15 @@ class PlanInputs:
     save_steps: Optional[int] = None
     exclude_frozen: Optional[bool] = None
     gather_16bit_on_save: bool = False
+    save_only_model: bool = False
     collective_timeout_s: float = 600.0
+    disk_free_bytes: Optional[int] = None
+    world: int = 1
     sources: Dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def world_size(self) -> int:
-        return self.hardware.world_size if self.hardware else 1
+        return self.hardware.world_size if self.hardware else self.world
 
     @property
     def overlap(self) -> bool:

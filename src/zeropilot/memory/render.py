@@ -1,0 +1,130 @@
+"""A plan (and a search) as text for people and as a JSON-ready dict."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from zeropilot.memory.inputs import GB, GIB, PlanInputs
+from zeropilot.memory.plan import Plan
+from zeropilot.memory.search import Candidate, deepspeed_config, training_changes
+
+_LABELS = {"weights_trainable": "weights (trainable)", "weights_frozen": "weights (frozen)",
+           "gradients": "gradients", "optimizer_master": "fp32 master weights", "optimizer_states": "AdamW states",
+           "zero_buffers": "ZeRO buffers", "activations": "activations", "logits": "logits + loss buffers",
+           "step_temporaries": "optimizer step temporaries", "allocator_overhead": "allocator overhead",
+           "non_torch": "outside PyTorch"}
+_FIELDS = ("stage", "micro_batch", "seq_len", "grad_accum", "gradient_checkpointing", "lora_rank",
+           "offload_optimizer", "offload_param", "overlap_comm", "reduce_bucket_size", "prefetch_bucket_size",
+           "attn", "expandable_segments", "save_total_limit", "gather_16bit_on_save", "save_only_model",
+           "disk_write_bytes_per_s", "collective_timeout_s")
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:6.2f} GiB"
+
+
+def _headline(p: PlanInputs, plan: Plan) -> str:
+    a = p.arch
+    train = (f"LoRA r{p.lora_rank}: {plan.gpu.trainable / 1e6:.1f} M trainable" if p.lora_rank
+             else "full fine-tuning")
+    hw = p.hardware.name if p.hardware else "GPUs not given"
+    bits = [f"ZeRO-{p.stage}", f"micro batch {p.micro_batch} x {p.seq_len} tokens"]
+    if p.gradient_checkpointing:
+        bits.append("gradient checkpointing")
+    if p.offload_optimizer != "none":
+        bits.append(f"optimizer offload {p.offload_optimizer}")
+    if p.offload_param != "none":
+        bits.append(f"parameter offload {p.offload_param}")
+    return (f"{a.name} ({a.model_type}, {plan.gpu.params / 1e9:.2f} B parameters, {train}) on {hw}, "
+            + ", ".join(bits))
+
+
+def render_text(plan: Plan, candidates: Optional[Tuple[List[Candidate], Optional[Candidate]]] = None) -> str:
+    """The plan for people: one line per component with its reason, the verdict, host, disk, inputs."""
+    p = plan.inputs
+    out = [f"zeropilot plan: {_headline(p, plan)}", "", f"Per GPU (world size {p.world_size}):"]
+    for c in plan.gpu.components:
+        if c.bytes or c.name in ("activations", "logits"):
+            out.append(f"  {_LABELS.get(c.name, c.name):28s}{_gib(c.bytes)}   {c.reason}")
+    out.append(f"  {'peak, as nvidia-smi shows it':28s}{_gib(plan.gpu_peak_bytes)}   set by the "
+               f"{plan.gpu.peak_phase} (allocated {plan.gpu.allocated_peak_bytes / GIB:.2f} GiB, reserved "
+               f"{plan.gpu.reserved_peak_bytes / GIB:.2f} GiB)")
+    out += ["", f"Verdict: {plan.verdict.message}", ""]
+    h = plan.host
+    out.append(f"Host memory: {h.per_process_bytes / GIB:.1f} GiB per process, {h.per_node_bytes / GIB:.1f} GiB "
+               f"per node; loading the weights: {h.load_peak_per_node_bytes / GIB:.1f} GiB per node. {h.reason}")
+    k = plan.checkpoint
+    keep = (f"with save_total_limit {p.save_total_limit}: {k.disk_peak_bytes / GB:.1f} GB on disk during a save"
+            if k.disk_peak_bytes is not None else "no save_total_limit: every checkpoint is kept")
+    out.append(f"Each save: {k.total_bytes / GB:.1f} GB ({k.per_rank_bytes / GB:.1f} GB per rank at most, "
+               f"{k.frozen_bytes / GB:.1f} GB of it frozen weights), ~{k.save_seconds:.0f} s at "
+               f"{p.disk_write_bytes_per_s / GB:.2f} GB/s; {keep}. {k.reason}")
+    out.append(f"Steady step peak {plan.gpu_peak_bytes / GIB:.2f} GiB; first step after a save: "
+               f"+{plan.after_save_extra_bytes / GIB:.2f} GiB.")
+    for note in plan.notes:
+        out.append(f"Note: {note}")
+    out += ["", "Inputs:"] + [f"  {name} = {getattr(p, name)}  ({p.sources.get(name, 'default')})"
+                              for name in _FIELDS]
+    out.append(f"  model = {p.arch.name}  ({p.arch.source or 'given'})")
+    if candidates is not None:
+        out += [""] + _search_text(p, *candidates)
+    return "\n".join(out) + "\n"
+
+
+def _search_text(p: PlanInputs, ranked: List[Candidate], closest: Optional[Candidate]) -> List[str]:
+    import json
+
+    if not ranked:
+        msg = ["Search: nothing fits with a 10% margin on these GPUs."]
+        if closest is not None:
+            msg.append(f"  closest: {closest.reason}. More GPUs (ZeRO-3 shards by world size), a shorter "
+                       "sequence or a smaller model are left.")
+        return msg
+    out = ["Search (fastest first; each leaves at least 10% of the GPU free):"]
+    for i, c in enumerate(ranked, 1):
+        out.append(f"  {i}. {c.reason}")
+    best = ranked[0].plan.inputs
+    out += ["", "DeepSpeed config for #1:", json.dumps(deepspeed_config(best), indent=2)]
+    changes = training_changes(p, best)
+    out.append("Training-argument changes for #1: " + (", ".join(f"{k}: {v}" for k, v in changes.items())
+                                                        if changes else "none"))
+    return out
+
+
+def to_dict(plan: Plan, candidates: Optional[Tuple[List[Candidate], Optional[Candidate]]] = None) -> Dict:
+    """The plan as JSON-ready data (``gpu_peak_bytes`` per GPU and the breakdown)."""
+    p = plan.inputs
+    k, h = plan.checkpoint, plan.host
+    data: Dict = {
+        "model": {"name": p.arch.name, "model_type": p.arch.model_type, "source": p.arch.source,
+                  "params": plan.gpu.params, "trainable": plan.gpu.trainable},
+        "hardware": None if p.hardware is None else {"gpus_per_node": p.hardware.gpus_per_node,
+                                                     "nodes": p.hardware.nodes, "gpu_bytes": p.hardware.gpu_bytes},
+        "world_size": p.world_size,
+        "gpu_peak_bytes": plan.gpu_peak_bytes,
+        "gpu_allocated_peak_bytes": plan.gpu.allocated_peak_bytes,
+        "gpu_reserved_peak_bytes": plan.gpu.reserved_peak_bytes,
+        "peak_phase": plan.gpu.peak_phase,
+        "breakdown": {c.name: {"bytes": c.bytes, "phase": c.phase, "reason": c.reason} for c in plan.gpu.components},
+        "verdict": {"kind": plan.verdict.kind, "headroom_bytes": plan.verdict.headroom_bytes,
+                    "message": plan.verdict.message},
+        "host": {"per_process_bytes": h.per_process_bytes, "per_node_bytes": h.per_node_bytes,
+                 "load_peak_per_node_bytes": h.load_peak_per_node_bytes, "reason": h.reason},
+        "checkpoint": {"total_bytes": k.total_bytes, "per_rank_bytes": k.per_rank_bytes,
+                       "frozen_bytes": k.frozen_bytes, "excludes_frozen": k.excludes_frozen,
+                       "save_seconds": round(k.save_seconds, 1), "disk_peak_bytes": k.disk_peak_bytes,
+                       "reason": k.reason},
+        "after_save_extra_bytes": plan.after_save_extra_bytes,
+        "notes": list(plan.notes),
+        "inputs": {name: getattr(p, name) for name in _FIELDS},
+        "sources": dict(p.sources),
+    }
+    if candidates is not None:
+        ranked, closest = candidates
+        data["search"] = [{"rank": i, "reason": c.reason, "gpu_peak_bytes": c.plan.gpu_peak_bytes,
+                           "deepspeed_config": deepspeed_config(c.plan.inputs),
+                           "training_changes": training_changes(p, c.plan.inputs)}
+                          for i, c in enumerate(ranked, 1)]
+        data["search_closest"] = None if closest is None else {"reason": closest.reason,
+                                                               "gpu_peak_bytes": closest.plan.gpu_peak_bytes}
+    return data
