@@ -552,3 +552,41 @@ def test_ds011_witness():
 def test_ds008_unknown_version_is_a_warning(launch_dir):
     root = launch_dir({"ds.json": {"train_batch_size": 8, "amp": {"enabled": True}}})
     assert [f.severity.value for f in run_check(root, select={"DS008"})] == ["warning"]
+
+
+# ---- DS012 deprecated zero keys ---------------------------------------------------------------------------
+
+def test_ds012_fires_and_renames_safely(launch_dir):
+    from zeropilot.fix.edits import apply_to_text
+
+    root = launch_dir({"ds.json": {"zero_optimization": {"stage": 3, "cpu_offload": True,
+                                                         "cpu_offload_use_pin_memory": True,
+                                                         "stage3_gather_fp16_weights_on_model_save": True}}})
+    findings = run_check(root, versions=DS_NEW, select={"DS012"})
+    by_key = {f.key: f for f in findings}
+    assert set(by_key) == {"zero_optimization.cpu_offload", "zero_optimization.cpu_offload_use_pin_memory",
+                           "zero_optimization.stage3_gather_fp16_weights_on_model_save"}
+    assert by_key["zero_optimization.cpu_offload_use_pin_memory"].severity.value == "warning"
+    fixes = [f.fix for f in findings if f.fix is not None]
+    assert len(fixes) == 1 and fixes[0].applicability.value == "safe"
+    path = root / "ds.json"
+    new, _ = apply_to_text(path.read_text(), list(fixes[0].edits))
+    assert json.loads(new)["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+
+
+def test_ds012_quiet_on_new_names(launch_dir):
+    root = launch_dir({"ds.json": {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                                         "stage3_gather_16bit_weights_on_model_save": True}}})
+    assert run_check(root, versions=DS_NEW, select={"DS012"}) == []
+
+
+@pytest.mark.witness
+def test_ds012_witness():
+    """DeepSpeed maps the deprecated names to the new fields, and drops cpu_offload_use_pin_memory."""
+    zc = _ds_config(_cfg(zero_optimization={"stage": 3, "cpu_offload": True, "cpu_offload_param": True,
+                                            "stage3_gather_fp16_weights_on_model_save": True})).zero_config
+    assert zc.offload_optimizer.device == "cpu" and zc.offload_param.device == "cpu"
+    assert zc.gather_16bit_weights_on_model_save is True
+    zc = _ds_config(_cfg(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": False},
+                                            "cpu_offload_use_pin_memory": True})).zero_config
+    assert zc.offload_optimizer.pin_memory is False

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from typing import Iterator, List, Optional, Tuple
 
-from zeropilot.fix.edits import replace_value
+from zeropilot.fix.edits import rename_key, replace_value
 from zeropilot.launch import Launch
 from zeropilot.launch.document import Document, Node
 from zeropilot.rules.data_ds import (NOT_DEEPSPEED_KEYS, REMOVED_TOP_LEVEL, REMOVED_ZERO_KEYS, STRICT_SECTIONS,
@@ -582,3 +582,61 @@ def stage_1_2_setting_at_stage_3(launch: Launch) -> Iterator[Hit]:
         if node is not None and zero_stage(doc) == 3 and not is_auto(node):
             yield Hit(doc, node, "`allgather_bucket_size` does nothing at ZeRO stage 3 (only stages 1-2 read it) "
                                  "— remove it; stage 3 prefetches by stage3_prefetch_bucket_size")
+
+
+# Deprecated zero_optimization keys: (what to write instead, whether DeepSpeed maps the value, safe rename).
+DEPRECATED_ZERO_KEYS = {
+    "cpu_offload": ('"offload_optimizer": {"device": "cpu"}', True, None),
+    "cpu_offload_param": ('"offload_param": {"device": "cpu"}', True, None),
+    "cpu_offload_use_pin_memory": ('"pin_memory" inside offload_optimizer / offload_param', False, None),
+    "stage3_gather_fp16_weights_on_model_save": ('"stage3_gather_16bit_weights_on_model_save"', True,
+                                                 "stage3_gather_16bit_weights_on_model_save"),
+}
+
+
+@rule("DS012", "deprecated-zero-key", Severity.INFO, packages=("deepspeed",),
+      versions="deepspeed >= 0.6 (deprecated fields of DeepSpeedZeroConfig, still accepted in 0.19.8)",
+      witness="tests/rules/test_deepspeed_config.py::test_ds012_witness", fixable=True)
+def deprecated_zero_key(launch: Launch) -> Iterator[Hit]:
+    """A deprecated `zero_optimization` key (`cpu_offload`, `cpu_offload_param`, `cpu_offload_use_pin_memory`,
+    `stage3_gather_fp16_weights_on_model_save`).
+
+    ## Why is this bad?
+    DeepSpeed still maps most of them to the new settings with a warning, but `cpu_offload_use_pin_memory`
+    is dropped (it sets nothing), and configs mixing old and new names fail ("Cannot provide deprecated
+    parameter ... and replacing parameter ... together"). Tools that read the JSON themselves (the HF
+    integration's offload detection) only know the new names.
+
+    ## Example
+    ```json
+    {"zero_optimization": {"stage": 2, "cpu_offload": true}}
+    ```
+
+    ## Use instead
+    ```json
+    {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    ```
+
+    ## Fix safety
+    Only `stage3_gather_fp16_weights_on_model_save` is renamed automatically (safe: DeepSpeed maps it to
+    the same field). The offload keys change shape and are left to you.
+
+    ## References
+    - `deepspeed/runtime/zero/config.py` (fields with `deprecated=True`, `new_param`, `set_new_param`)
+    - `deepspeed/runtime/config_utils.py` `DeepSpeedConfigModel._process_deprecated_field`
+    """
+    for doc in launch.ds_configs:
+        zero = doc.get("zero_optimization")
+        if zero is None or not zero.is_mapping:
+            continue
+        for key, (instead, mapped, rename) in DEPRECATED_ZERO_KEYS.items():
+            node = zero.child(key)
+            if node is None:
+                continue
+            effect = "DeepSpeed maps it with a warning" if mapped else "DeepSpeed ignores its value"
+            fix = None
+            if rename and zero.child(rename) is None:
+                edit = rename_key(doc, node, rename)
+                fix = Fix(f"rename to {rename}", Applicability.SAFE, (edit,)) if edit else None
+            yield Hit(doc, node, f"`zero_optimization.{key}` is deprecated: {effect} — write {instead}", fix=fix,
+                      severity=Severity.WARNING if not mapped else None)
