@@ -1,3 +1,208 @@
-"""Rules: memory (see zeropilot.rules.registry for how to add one)."""
+"""Rules that run ``zeropilot plan`` on a launch: predicted OOM, checkpoints that outgrow the disk, saves
+longer than the collective timeout.
+
+They run when the model and the hardware are known: ``zeropilot check --gpus COUNTxMEM`` and a
+``model_name_or_path`` that resolves (a local config, the HF cache or the built-in catalogue). The plan
+is the one ``zeropilot plan`` prints (``zeropilot.memory``, accuracy in ``bench/plan/results``).
+"""
 
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Iterator, Optional, Tuple
+
+from zeropilot.errors import InputError
+from zeropilot.launch import Document, Launch
+from zeropilot.rules.registry import Hit, Severity, rule
+
+_SOURCES = "bench/plan/data/h200_call1.jsonl, bench/plan/data/h200_call2.jsonl (capped H200 runs)"
+
+
+def unplannable(launch: Launch) -> Optional[Tuple[Document, str]]:
+    """(training args, why) when --gpus is given but the launch's model cannot be sized here."""
+    from zeropilot.memory.from_launch import values_from_launch
+    from zeropilot.models import resolve_model
+
+    pairs = launch.training_pairs()
+    if not launch.gpus or not pairs:
+        return None
+    lv = values_from_launch(launch)
+    if not lv.model:
+        return pairs[0][0], "the training arguments name no model_name_or_path"
+    try:
+        resolve_model(lv.model, lv.model_base)
+    except InputError:
+        return pairs[0][0], (f"model_name_or_path {lv.model!r} is not a config, a cached Hub id or a catalogued "
+                             "name here")
+    return None
+
+
+def _plans(launch: Launch) -> Iterator[Tuple[Document, Document, object]]:
+    """(training args, DeepSpeed config, Plan) for each pair whose model and GPUs are known."""
+    if not launch.gpus:
+        return
+    from zeropilot.memory.from_launch import resolve_auto, values_from_launch
+    from zeropilot.memory.inputs import PlanInputs, parse_gpus
+    from zeropilot.memory.plan import make_plan
+    from zeropilot.models import resolve_model
+
+    lv = values_from_launch(launch)
+    if not lv.model:
+        return
+    try:
+        arch = resolve_model(lv.model, lv.model_base)
+        text = launch.gpus if "x" in launch.gpus.lower() else f"{lv.world_size or 1}x{launch.gpus}"
+        hardware = parse_gpus(text)
+        values, _ = resolve_auto(lv.values, arch.hidden)
+        plan = make_plan(PlanInputs(arch=arch, hardware=hardware, sources=dict(lv.sources), **values))
+    except InputError:
+        return
+    pairs = launch.training_pairs()
+    if pairs:
+        train, ds = pairs[0]
+        yield train, ds, plan
+
+
+def _zero_node(ds: Document):
+    return ds.get("zero_optimization.stage") or ds.get("zero_optimization") or ds.root
+
+
+@rule("MEM001", "predicted-gpu-oom", Severity.ERROR, packages=("deepspeed", "torch", "transformers"),
+      versions="deepspeed 0.19.8, torch 2.11 (measured on H200); other versions by the same code paths",
+      witness=f"fixture:tests/memory/test_rules_memory.py::test_mem001_fires_when_the_plan_does_not_fit; {_SOURCES}")
+def predicted_gpu_oom(launch: Launch) -> Iterator[Hit]:
+    """The plan predicts a per-GPU peak larger than the GPUs given with `--gpus`.
+
+    ## Why is this bad?
+    The launch loads the model, starts training and dies with `CUDA out of memory` at the first step (or,
+    when only the allocator's cache overflows, runs slowly with cache flushes until fragmentation ends it).
+    The plan adds weights, gradients, optimizer state, activations, the logits and loss buffers (large with
+    150k-260k vocabularies), ZeRO buffers, allocator overhead and memory outside PyTorch; on 29 H200
+    configurations it was not tuned on its median error was 3.7% (`bench/plan/results/accuracy.md`).
+
+    ## Example
+    ```yaml
+    # 4x16GiB, Qwen2-7B, ZeRO-2, LoRA: every GPU holds the whole 15 GB of 16-bit weights
+    finetuning_type: lora
+    deepspeed: ds_z2.json
+    ```
+
+    ## Use instead
+    ```bash
+    zeropilot plan LAUNCH --gpus 4x16GiB --search   # ranks stage, micro batch, checkpointing, offload
+    ```
+
+    ## References
+    - `bench/plan/results/accuracy.md` (predicted against measured peaks, with memory-capped runs)
+    - `docs/plan.md` (the formulas)
+    """
+    skipped = unplannable(launch)
+    if skipped is not None:
+        train, why = skipped
+        yield Hit(train, train.get("model_name_or_path") or train.root,
+                  f"memory not planned: {why} — run `zeropilot plan {train.path.parent} --gpus {launch.gpus} "
+                  "--model NAME_OR_CONFIG` with the base model's name or config.json", severity=Severity.INFO)
+    for train, ds, plan in _plans(launch):
+        v = plan.verdict
+        if v.kind in ("oom", "tight"):
+            sev = Severity.ERROR if v.kind == "oom" else Severity.WARNING
+            yield Hit(ds, _zero_node(ds), f"predicted peak {plan.gpu_peak_bytes / 2**30:.1f} GiB per GPU — "
+                                         f"{v.message} — run `zeropilot plan --search` for a configuration "
+                                         "that fits", severity=sev)
+
+
+def _free_bytes(train: Document, output_dir: Optional[str]) -> Optional[int]:
+    """Free space of the filesystem that holds ``output_dir``, if it (or its parent) exists here."""
+    if not output_dir:
+        return None
+    path = Path(output_dir)
+    if not path.is_absolute():
+        path = train.path.parent / path
+    for cand in (path, path.parent):
+        if cand.is_dir():
+            return shutil.disk_usage(cand).free
+    return None
+
+
+@rule("MEM002", "checkpoints-exceed-disk", Severity.ERROR, packages=("deepspeed", "transformers"),
+      versions="deepspeed >= 0.10.1 (exclude_frozen_parameters), layout of 0.19.8",
+      witness="tests/memory/test_disk.py::test_checkpoint_bytes_match_a_real_deepspeed_save")
+def checkpoints_exceed_disk(launch: Launch) -> Iterator[Hit]:
+    """The checkpoints kept by `save_total_limit` (plus the one being written) outgrow the free disk.
+
+    ## Why is this bad?
+    Each `engine.save_checkpoint` writes the fp32 master weights and AdamW state (12 bytes per trainable
+    parameter) and, for LoRA under ZeRO-3 with `stage3_gather_16bit_weights_on_model_save: false`, the
+    whole frozen base again. The save that fills the disk fails part-way, often hours into the run, and
+    the half-written checkpoint is not loadable. Without `save_total_limit` every checkpoint stays.
+
+    ## Example
+    ```yaml
+    save_steps: 100          # and no save_total_limit
+    ```
+
+    ## Use instead
+    ```yaml
+    save_steps: 100
+    save_total_limit: 2
+    ```
+
+    ## References
+    - DeepSpeed `runtime/engine.py` `save_checkpoint(exclude_frozen_parameters=...)`
+    - FACTS C (measured checkpoint sizes), `src/zeropilot/memory/disk.py`
+    """
+    from zeropilot.memory.from_launch import values_from_launch
+
+    for train, ds, plan in _plans(launch):
+        k = plan.checkpoint
+        free = _free_bytes(train, values_from_launch(launch).output_dir)
+        if free is None:
+            continue
+        need = k.disk_peak_bytes if k.disk_peak_bytes is not None else k.total_bytes
+        if need > free:
+            node = train.get("save_total_limit") or train.get("save_steps") or train.root
+            yield Hit(train, node, f"checkpoints need {need / 1e9:.1f} GB ({k.total_bytes / 1e9:.1f} GB per save"
+                                   f"{'' if k.disk_peak_bytes is None else f', {plan.inputs.save_total_limit} kept + 1 being written'}"
+                                   f") but {free / 1e9:.1f} GB is free where output_dir is — the save that fills "
+                                   "the disk fails mid-run — lower save_total_limit, exclude frozen weights or "
+                                   "free space")
+
+
+@rule("MEM003", "save-longer-than-collective-timeout", Severity.WARNING, packages=("deepspeed", "torch"),
+      versions="all (torch's 10-minute default for the NCCL groups DeepSpeed clones, FACTS B)",
+      witness=("fixture:tests/memory/test_rules_memory.py::test_mem003_fires_for_a_slow_save; "
+               "torch/distributed/constants.py default_pg_nccl_timeout; deepspeed/utils/groups.py"))
+def save_longer_than_collective_timeout(launch: Launch) -> Iterator[Hit]:
+    """A checkpoint save that takes longer, at 1 GB/s, than the 10-minute collective timeout.
+
+    ## Why is this bad?
+    While one rank writes, the others wait in the next collective. DeepSpeed's cloned NCCL groups keep
+    torch's 10-minute default whatever `ddp_timeout` says (FACTS B), so a save longer than that kills the
+    run with a watchdog timeout right after the save.
+
+    ## Example
+    ```yaml
+    # 70B full fine-tuning, ZeRO-3: about 1 TB per save
+    finetuning_type: full
+    ```
+
+    ## Use instead
+    ```bash
+    zeropilot plan LAUNCH --gpus 8x80GiB --disk-write 2.0   # check the save time at your disk's speed
+    ```
+
+    ## References
+    - `torch/distributed/constants.py` (default_pg_nccl_timeout, 10 minutes)
+    - transformers #32036, #38933; accelerate #3680
+    """
+    for train, ds, plan in _plans(launch):
+        k = plan.checkpoint
+        if k.save_seconds > plan.inputs.collective_timeout_s:
+            node = train.get("save_steps") or train.root
+            yield Hit(train, node, f"a save writes {k.total_bytes / 1e9:.0f} GB: ~{k.save_seconds / 60:.0f} min at "
+                                   f"{plan.inputs.disk_write_bytes_per_s / 1e9:.1f} GB/s, longer than the "
+                                   f"{plan.inputs.collective_timeout_s / 60:.0f}-minute collective timeout — the "
+                                   "other ranks' next collective times out — save less (LoRA: exclude frozen "
+                                   "weights) or to a faster disk")
+
