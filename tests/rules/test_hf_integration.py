@@ -79,7 +79,7 @@ def test_hf001_reads_flags_on_a_deepspeed_command(launch_dir):
 def _witness_error(ds_config, train_args, world_size=1):
     """Run the real HF integration on the fixture's values; return the mismatch lines it raises."""
     from transformers import TrainingArguments
-    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
     args = TrainingArguments(use_cpu=True, report_to=[], **train_args)
     assert args.world_size == world_size
@@ -90,6 +90,8 @@ def _witness_error(ds_config, train_args, world_size=1):
         hf.trainer_config_finalize(args, model, num_training_steps=args.max_steps)
     except ValueError as exc:
         return re.findall(r"^- (ds .*)$", str(exc), re.M)
+    finally:
+        unset_hf_deepspeed_config()  # the integration keeps a global reference; leave none behind
     return []
 
 

@@ -113,7 +113,7 @@ def test_vr002_witness():
     """The old fill (0.9*h*h) is refused by DeepSpeed 0.19.8; today's transformers fills an int that passes."""
     from deepspeed.runtime.config import DeepSpeedConfig
     from pydantic import ValidationError
-    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
     old_fill = 0.9 * 4096 * 4096
     with pytest.raises(ValidationError, match="int_from_float|fractional"):
@@ -121,7 +121,10 @@ def test_vr002_witness():
                          "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": old_fill}})
     hf = HfTrainerDeepSpeedConfig(json.loads(json.dumps(Z3_AUTO)))
     args = SimpleNamespace(get_warmup_steps=lambda n: 0)
-    hf.trainer_config_finalize(args, SimpleNamespace(config=SimpleNamespace(hidden_size=4096)), 10)
+    try:
+        hf.trainer_config_finalize(args, SimpleNamespace(config=SimpleNamespace(hidden_size=4096)), 10)
+    finally:
+        unset_hf_deepspeed_config()
     filled = hf.config["zero_optimization"]["stage3_prefetch_bucket_size"]
     assert filled == int(old_fill) and isinstance(filled, int)
     DeepSpeedConfig(dict(hf.config, train_micro_batch_size_per_gpu=1))
