@@ -17,8 +17,8 @@ from zeropilot.rules.registry import Severity
 VERSIONS = "deepspeed=0.19.8,transformers=5.24.0,accelerate=1.15.0,torch=2.13.0,peft=0.21.2"
 MINE = ("DS", "HF", "AC", "VR")
 _REMOVED = "DeepSpeed >= 0.19.7/0.19.8 refuses removed feature blocks (DeepSpeedConfigError, issue #8489)"
-_COMPILE = ("pre-0.16 compile keys (disable/backend); DeepSpeed 0.19.8's CompileConfig is strict and has "
-            "neither (ValidationError)")
+_COMPILE = ("compile keys disable/backend: DeepSpeed 0.19.8's CompileConfig (strict since 0.17.0; 0.16 and "
+            "earlier ignored the section) has neither (ValidationError)")
 _WARMUP = ("transformers 5.24 has no warmup_ratio (removed in 5.15.0); LLaMA-Factory hands the YAML to "
            "HfArgumentParser, which refuses it (this LLaMA-Factory commit pins transformers <= 5.8.0)")
 REVIEWED = [

@@ -491,7 +491,7 @@ def test_ds010_witness():
 
 
 def test_ds001_compile_section_by_version(launch_dir):
-    """axolotl's torch_compile configs use the pre-0.16 compile keys: refused since the 0.17.0 CompileConfig."""
+    """axolotl's torch_compile configs use compile keys 0.19.8 lacks: ignored up to 0.16, refused since 0.17.0."""
     root = launch_dir({"ds.json": {"train_micro_batch_size_per_gpu": 1,
                                    "compile": {"disable": False, "backend": "inductor"}}})
     assert {f.key for f in run_check(root, versions=DS_NEW, select={"DS001"})} == {"compile.disable",

@@ -198,8 +198,8 @@ STRICT_SECTIONS: Dict[str, Section] = {
 STRICT_SECTIONS["tensor_parallel.tp"] = STRICT_SECTIONS["tensor_parallel.tensor_parallel"]
 
 # Sections strict only since a given DeepSpeed version (the others: since pydantic configs, 0.7.0).
-# ``compile``: 0.16.0 reads no compile section at all (sdist), 0.17.0 has the strict deepcompile CompileConfig;
-# the older compile section (disable/backend/kwargs) is gone by then.
+# ``compile``: the 0.14.4 and 0.16.0 sdists read no compile section at all (ignored); 0.17.0 has the strict
+# deepcompile ``CompileConfig``.
 STRICT_SINCE: Dict[str, str] = {"fp16": "0.17.1", "bf16": "0.17.1", "compile": "0.17.0"}
 
 # Keys people write that DeepSpeed never had, with what they meant (seed guide 001, FACTS A).
