@@ -89,6 +89,7 @@ def test_al006_fires_on_typo(launch_dir):
     root = script(launch_dir, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segment:True\ntorchrun t.py\n")
     findings = run_check(root, select={"AL006"})
     assert codes(findings) == ["AL006"] and "did you mean expandable_segments" in findings[0].message
+    assert findings[0].severity.value == "error"
     root = script(launch_dir, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,"
                               "roundup_power2_divisions:[256:1,512:2]\ntorchrun t.py\n")
     assert run_check(root, select={"AL006"}) == []

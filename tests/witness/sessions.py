@@ -6,7 +6,9 @@ Every function returns the JSON results of real HF Trainer / DeepSpeed runs on C
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Dict
@@ -17,7 +19,9 @@ from tests.witness.trainer_runs import run_trainer_cases
 
 @functools.lru_cache(maxsize=None)
 def root() -> Path:
-    return Path(tempfile.mkdtemp(prefix="zeropilot-witness-"))
+    path = Path(tempfile.mkdtemp(prefix="zeropilot-witness-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 # One 2-rank Trainer session: every save case the checkpoint rules make a claim about.
@@ -52,10 +56,10 @@ def trainer_resume_other_world() -> Dict[str, Any]:
 
 @functools.lru_cache(maxsize=None)
 def trainer_timeouts() -> Dict[str, Any]:
-    """2 ranks, ZeRO-2, ddp_timeout 5000 s, DEEPSPEED_TIMEOUT=1 (minute); torch.distributed is initialised
-    by accelerate from the training arguments, as under torchrun."""
+    """2 ranks, ZeRO-2, ddp_timeout 5000 s, DEEPSPEED_TIMEOUT=1 (minute). The world group is initialised with
+    the ddp_timeout as accelerate does on GPUs (see trainer_runs: on CPU it passes none)."""
     return run_trainer_cases([dict(name="timeouts", stage=2, ddp_timeout=5000)], root() / "timeouts", world=2,
-                             preinit=False, env={"DEEPSPEED_TIMEOUT": "1"})
+                             pg_timeout=5000, env={"DEEPSPEED_TIMEOUT": "1"})
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,10 +1,11 @@
 """Run HF Trainer + DeepSpeed cases on CPU (gloo) and report what each save wrote.
 
 Run as ``python -m tests.witness.trainer_runs SPEC_JSON OUT_DIR`` (see :func:`run_trainer_cases`). SPEC is
-``{"world": N, "cases": [CASE, ...], "preinit": true}``. With ``preinit`` (the default) each rank calls
-``deepspeed.init_distributed`` before building TrainingArguments, which ZeRO-3's ``zero.Init`` needs on
-CPU; without it accelerate initialises torch.distributed from the training arguments, as in a real
-``torchrun`` launch (needed to see what ``ddp_timeout`` does). Each CASE is a dict:
+``{"world": N, "cases": [CASE, ...], "pg_timeout": seconds}``. Each rank calls ``deepspeed.init_distributed``
+before building TrainingArguments, which ZeRO-3's ``zero.Init`` needs on CPU. With ``pg_timeout`` it passes
+that timeout, as accelerate does on GPUs with ``ddp_timeout`` (``PartialState`` ->
+``deepspeed.comm.init_distributed(timeout=...)``); on CPU (``use_cpu``) accelerate passes no timeout at all,
+so without this the run would not show what a GPU launch does. Each CASE is a dict:
 
     name             folder name under OUT_DIR
     stage            ZeRO stage
@@ -36,10 +37,10 @@ from tests.witness.common import files_under, free_port, run_module, set_rank_en
 
 
 def run_trainer_cases(cases: List[Dict[str, Any]], out: Path, world: int = 2, timeout: float = 400.0,
-                      preinit: bool = True, env: Dict[str, str] = None):
+                      pg_timeout: float = None, env: Dict[str, str] = None):
     """Run the cases with `world` ranks in a child process; returns name -> result dict."""
-    return run_module("tests.witness.trainer_runs", {"world": world, "cases": cases, "preinit": preinit}, out,
-                      timeout=timeout, env=env)
+    spec = {"world": world, "cases": cases, "pg_timeout": pg_timeout}
+    return run_module("tests.witness.trainer_runs", spec, out, timeout=timeout, env=env)
 
 
 def _ds_config(case):
@@ -189,8 +190,12 @@ def _worker(rank: int, spec: Dict[str, Any], out: str, port: int) -> None:
     import torch
 
     torch.set_num_threads(1)
-    if spec.get("preinit", True):
-        # Before TrainingArguments, so that ZeRO-3's zero.Init sees the whole world.
+    # Before TrainingArguments, so that ZeRO-3's zero.Init sees the whole world.
+    if spec.get("pg_timeout"):
+        import datetime
+
+        deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=spec["pg_timeout"]))
+    else:
         deepspeed.init_distributed(dist_backend="gloo")
     results = {c["name"]: _run_case(rank, c, Path(out)) for c in spec["cases"]}
     if rank == 0:

@@ -1,9 +1,10 @@
 """Rules about PyTorch's caching-allocator variables: which one takes effect, options that do nothing,
 and options the installed torch does not support.
 
-Precedence measured on torch 2.13 (``torch._C._accelerator_getAllocatorSettings()`` in a fresh process,
-see the witnesses): when ``PYTORCH_CUDA_ALLOC_CONF`` is set the other two are not even parsed; else
-``PYTORCH_HIP_ALLOC_CONF``; else ``PYTORCH_ALLOC_CONF``. Up to torch 2.8 a CUDA build reads only the CUDA
+Precedence measured on torch 2.13 (CPU: ``torch._C._accelerator_getAllocatorSettings()`` in a fresh process,
+see the witnesses) and on torch 2.11+cu130 on an H200 (``tests/witness/cuda_probe.py``, its output in
+``tests/witness/cuda_probe_h200.json``): when ``PYTORCH_CUDA_ALLOC_CONF`` is set the other two are not even
+parsed; else ``PYTORCH_HIP_ALLOC_CONF`` (read by CUDA builds too); else ``PYTORCH_ALLOC_CONF``. Up to torch 2.8 a CUDA build reads only the CUDA
 variable and a ROCm build falls back to the HIP one when the CUDA one is unset (``c10/cuda/CUDAAllocatorConfig.h``).
 """
 
@@ -115,8 +116,10 @@ def alloc_conf_shadowed(launch: Launch) -> Iterator[Hit]:
 
     ## Why is this bad?
     Torch parses one allocator variable: `PYTORCH_CUDA_ALLOC_CONF` when it is set (the others are then
-    not even read), else `PYTORCH_HIP_ALLOC_CONF`, else `PYTORCH_ALLOC_CONF` (torch 2.13, measured; up to
-    2.8 a CUDA build reads only the CUDA variable and ROCm falls back to HIP only when CUDA is unset).
+    not even read), else `PYTORCH_HIP_ALLOC_CONF`, else `PYTORCH_ALLOC_CONF` (measured on torch 2.13 CPU
+    and 2.11 CUDA on an H200: with `PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6` beside
+    `expandable_segments:True` in either other variable, expandable segments stayed off; up to 2.8 a CUDA
+    build reads only the CUDA variable and ROCm falls back to HIP only when CUDA is unset).
     LLaMA-Factory's launcher sets `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` itself for every
     torchrun launch (unless `OPTIM_TORCH=0`), overwriting yours. So the seed's
     `PYTORCH_HIP_ALLOC_CONF=expandable_segments:True,max_split_size_mb:128` under `FORCE_TORCHRUN=1
@@ -137,6 +140,7 @@ def alloc_conf_shadowed(launch: Launch) -> Iterator[Hit]:
 
     ## References
     - `c10/cuda/CUDAAllocatorConfig.h` (torch <= 2.8: CUDA variable, HIP fallback on ROCm only)
+    - `tests/witness/cuda_probe.py` / `cuda_probe_h200.json` (torch 2.11+cu130, H200)
     - LLaMA-Factory `src/llamafactory/launcher.py` (`env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"`)
     """
     confs = _confs(launch)
@@ -156,7 +160,7 @@ def alloc_conf_shadowed(launch: Launch) -> Iterator[Hit]:
 
 
 @rule("AL002", "hip-alloc-conf-on-cuda-build", Severity.WARNING, packages=("torch",),
-      versions="torch < 2.9 on CUDA builds (2.9+ read it on every build)",
+      versions="torch < 2.9 on CUDA builds (2.11 CUDA and 2.13 read it: measured)",
       witness="fixture:tests/rules/test_allocator.py::test_al002_fires_on_old_cuda_torch; "
               "c10/cuda/CUDAAllocatorConfig.h (torch 2.8: `#ifdef USE_ROCM` around the HIP fallback)")
 def hip_alloc_conf_on_cuda_build(launch: Launch) -> Iterator[Hit]:
@@ -164,8 +168,8 @@ def hip_alloc_conf_on_cuda_build(launch: Launch) -> Iterator[Hit]:
 
     ## Why is this bad?
     Up to torch 2.8 only ROCm builds read `PYTORCH_HIP_ALLOC_CONF` (and only when
-    `PYTORCH_CUDA_ALLOC_CONF` is unset); a CUDA build ignores it silently. Torch 2.9+ reads it on
-    every build (seen on 2.13).
+    `PYTORCH_CUDA_ALLOC_CONF` is unset); a CUDA build ignores it silently. Newer torch reads it on every
+    build (seen on 2.13 CPU and 2.11+cu130 on an H200, where it enabled expandable segments).
 
     ## Example
     ```bash
@@ -196,14 +200,17 @@ def _sets_memory_fraction(launch: Launch) -> bool:
 
 @rule("AL003", "gc-threshold-without-memory-fraction", Severity.WARNING, packages=("torch",), versions="torch >= 1.12",
       witness="fixture:tests/rules/test_allocator.py::test_al003_fires_without_fraction; "
-              "c10/cuda/CUDACachingAllocator.cpp (garbage_collect_cached_blocks only when set_fraction)")
+              "c10/cuda/CUDACachingAllocator.cpp (garbage_collect_cached_blocks only when set_fraction); "
+              "measured on an H200, torch 2.11: tests/witness/cuda_probe_h200.json")
 def gc_threshold_without_memory_fraction(launch: Launch) -> Iterator[Hit]:
     """`garbage_collection_threshold` without `torch.cuda.set_per_process_memory_fraction`.
 
     ## Why is this bad?
     The allocator's threshold-based reclaiming runs only when a per-process memory fraction was set
     (`set_fraction` in `CUDACachingAllocator.cpp`); launches that set the threshold alone get nothing
-    from it.
+    from it. Measured on an H200 (torch 2.11, `garbage_collection_threshold:0.01`, 10 GiB of freed 1 GiB
+    blocks cached, then a 3 GiB allocation): reserved memory went 10 -> 13 GiB without a fraction, and
+    10 -> 3 GiB with `set_per_process_memory_fraction(0.5)`.
 
     ## Example
     ```bash
@@ -255,7 +262,8 @@ def expandable_segments_on_rocm(launch: Launch) -> Iterator[Hit]:
     if conf is None or not conf.on("expandable_segments") or launch.versions.is_rocm is not True:
         return
     build = launch.versions.raw("torch") or launch.versions.raw("deepspeed")
-    yield _hit(conf, f"expandable_segments on a ROCm/DTK build ({build}): unsupported before ROCm 7.0.2 and "
+    origin = " (set by LLaMA-Factory's launcher)" if conf.setting.command is not None else ""
+    yield _hit(conf, f"expandable_segments{origin} on a ROCm/DTK build ({build}): unsupported before ROCm 7.0.2 and "
                      "unknown on DTK, where torch warns and keeps it off; check "
                      "torch.cuda.memory._snapshot()['allocator_settings'] on the machine before relying on it.")
 
@@ -290,15 +298,16 @@ def max_split_size_with_expandable_segments(launch: Launch) -> Iterator[Hit]:
                              "(segments grow instead of splitting); drop one of them.")
 
 
-@rule("AL006", "unknown-allocator-option", Severity.WARNING, packages=("torch",), versions="all",
+@rule("AL006", "unknown-allocator-option", Severity.ERROR, packages=("torch",), versions="all",
       witness="tests/rules/test_allocator.py::test_al006_witness")
 def unknown_allocator_option(launch: Launch) -> Iterator[Hit]:
     """An option in an allocator variable that torch does not know (often a typo).
 
     ## Why is this bad?
-    Depending on the build, torch rejects an unknown key at the first allocation
-    (`Unrecognized key '…' in … allocator config`) or passes it by: torch 2.13's accelerator-wide
-    parser accepts `expandable_segment:True` silently (seen), and the setting the user wanted is off.
+    A CUDA build refuses an unknown key when CUDA initialises, at the first use of the GPU, after the
+    launch started: `ValueError: Unrecognized key 'expandable_segment' in CUDA allocator config.`
+    (measured on torch 2.11+cu130, H200). Torch 2.13's CPU-side parser accepts it silently (seen), so
+    on other devices the option the user wanted is just off.
 
     ## Example
     ```bash
@@ -312,6 +321,7 @@ def unknown_allocator_option(launch: Launch) -> Iterator[Hit]:
 
     ## References
     - `c10/core/AllocatorConfig.cpp` `AcceleratorAllocatorConfig::parseArgs`; `c10/cuda/CUDAAllocatorConfig.cpp`
+    - `tests/witness/cuda_probe_h200.json` (`typo_key`)
     """
     for conf in _confs(launch).values():
         for key in conf.options:
@@ -319,8 +329,8 @@ def unknown_allocator_option(launch: Launch) -> Iterator[Hit]:
                 continue
             close = difflib.get_close_matches(key, sorted(KNOWN_OPTIONS), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            yield _hit(conf, f"{conf.name}: unknown allocator option {key!r}{hint}; torch rejects it or "
-                             "ignores it, so the setting you meant is not applied.")
+            yield _hit(conf, f"{conf.name}: unknown allocator option {key!r}{hint}; a CUDA build raises "
+                             "ValueError (Unrecognized key) at the first GPU use, others ignore it; fix the key.")
 
 
 @rule("AL007", "alloc-conf-ignored-on-torch-2-9", Severity.WARNING, packages=("torch",), versions="torch 2.9.x",

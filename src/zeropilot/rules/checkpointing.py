@@ -323,22 +323,46 @@ def zero3_save_model_writes_no_weights(launch: Launch) -> Iterator[Hit]:
                             "ckpt export` (or zero_to_fp32.py), or set the key true to gather at each save.")
 
 
-def _resume_targets(launch: Launch) -> Iterator[Tuple[Path, Optional[Document], Optional[Node], bool]]:
-    """(checkpoint folder, doc, node, explicit) for each checkpoint a launch resumes from or holds."""
+def _last_checkpoint(train: Document) -> Optional[Path]:
+    """The ``checkpoint-N`` with the highest N in a training document's output_dir (what resume=True takes)."""
+    out = train.value("output_dir")
+    if not isinstance(out, str) or not out.strip():
+        return None
+    raw = Path(out.strip()).expanduser()
+    for base in ([raw] if raw.is_absolute() else [train.path.parent / raw, Path.cwd() / raw]):
+        if base.is_dir():
+            found = [p for p in base.glob("checkpoint-*") if p.is_dir() and p.name[11:].isdigit()]
+            return max(found, key=lambda p: int(p.name[11:])) if found else None
+    return None
+
+
+def _explicit_resume(train: Document) -> Optional[Tuple[Path, Node]]:
+    node = train.get("resume_from_checkpoint")
+    if node is None:
+        return None
+    if is_true(node):
+        last = _last_checkpoint(train)
+        return (last, node) if last is not None else None
+    if not isinstance(node.value, str) or node.value.strip().lower() in ("", "false", "none", "null"):
+        return None
+    raw = Path(node.value.strip()).expanduser()
+    for base in ([raw] if raw.is_absolute() else [train.path.parent / raw, Path.cwd() / raw]):
+        if base.is_dir():
+            return base, node
+    return None
+
+
+def _resume_targets(launch: Launch) -> Iterator[Tuple[Path, Optional[Document], Optional[Node]]]:
+    """(checkpoint folder, doc, node) for each checkpoint a launch resumes from (doc set) or holds."""
     seen = set()
     for train in launch.train_args:
-        node = train.get("resume_from_checkpoint")
-        if node is None or not isinstance(node.value, str) or node.value.strip().lower() in ("", "true", "false"):
-            continue
-        raw = Path(node.value.strip()).expanduser()
-        for base in ([raw] if raw.is_absolute() else [train.path.parent / raw, Path.cwd() / raw]):
-            if base.is_dir():
-                seen.add(base.resolve())
-                yield base, train, node, True
-                break
+        target = _explicit_resume(train)
+        if target is not None:
+            seen.add(target[0].resolve())
+            yield target[0], train, target[1]
     for folder in launch.checkpoint_dirs:
         if folder.resolve() not in seen and folder.resolve().parent not in seen:
-            yield folder, None, None, False
+            yield folder, None, None
 
 
 def _saved_world_size(folder: Path) -> Optional[int]:
@@ -364,9 +388,11 @@ def resume_on_another_world_size(launch: Launch) -> Iterator[Hit]:
 
     ## Why is this bad?
     A ZeRO checkpoint holds one optimizer partition per rank. Loading it on another world size fails
-    when the engine loads the optimizer state (`ZeRORuntimeException` for ZeRO-1/2, and a partition
-    count mismatch for ZeRO-3), after the model and data are loaded. A `checkpoint-N` folder beside the
-    launch is what `resume_from_checkpoint: true` (and LLaMA-Factory's automatic resume) pick up.
+    when the engine loads the optimizer state, after the model and data are loaded: `ZeRORuntimeException:
+    The checkpoint being loaded used a DP world size of 2 but the current world size is 1` (seen for
+    ZeRO-2 and ZeRO-3 through the HF Trainer). `resume_from_checkpoint: true` takes the last
+    `checkpoint-N` of `output_dir`; a `checkpoint-N` folder found beside the launch is reported as a
+    warning, since it is resumed only when asked (or by LLaMA-Factory's automatic resume).
 
     ## Example
     A `checkpoint-500` written by 4 ranks, resumed by `NPROC_PER_NODE=2`.
@@ -384,13 +410,13 @@ def resume_on_another_world_size(launch: Launch) -> Iterator[Hit]:
     (ZeRO-3 needs DeepSpeed >= 0.14.5), or export the weights and start a fresh run.
 
     ## References
-    - `deepspeed/runtime/zero/stage_1_and_2.py` `_load_legacy_checkpoint` / `load_state_dict` (world size check)
+    - `deepspeed/runtime/engine.py` `DeepSpeedEngine._load_zero_checkpoint` (the world-size check)
     - `deepspeed/checkpoint/ds_to_universal.py`; DeepSpeed docs "Universal Checkpointing"
     """
     world = launch.world_size.value
     if world is None or _loads_universal(launch):
         return
-    for folder, doc, node, explicit in _resume_targets(launch):
+    for folder, doc, node in _resume_targets(launch):
         saved = _saved_world_size(folder)
         if saved is None or saved == world:
             continue
@@ -400,5 +426,6 @@ def resume_on_another_world_size(launch: Launch) -> Iterator[Hit]:
         if doc is not None:
             yield Hit(doc, node, message)
         else:
-            yield Hit(None, None, message, file=folder, key="checkpoint",
-                      severity=Severity.ERROR if explicit else Severity.WARNING)
+            # A checkpoint beside the launch is only resumed when asked (resume_from_checkpoint: true,
+            # LLaMA-Factory's automatic resume): a warning, not an error.
+            yield Hit(None, None, message, file=folder, key="checkpoint", severity=Severity.WARNING)

@@ -66,14 +66,15 @@ def destructive_kill_in_launch_script(launch: Launch) -> Iterator[Hit]:
 
 @rule("SH002", "world-size-exceeds-visible-devices", Severity.ERROR, versions="all",
       witness="fixture:tests/rules/test_launch_script.py::test_sh002_fires; "
-              "torch/cuda/__init__.py set_device (CUDA error: invalid device ordinal)")
+              "torch.cuda.set_device: 'CUDA error: invalid device ordinal', measured on an H200 "
+              "(tests/witness/cuda_probe_h200.json, nproc_2_on_1_visible)")
 def world_size_exceeds_visible_devices(launch: Launch) -> Iterator[Hit]:
     """More processes per node than the `*_VISIBLE_DEVICES` list gives devices.
 
     ## Why is this bad?
     Each process binds to device `LOCAL_RANK`; with `NPROC_PER_NODE=8` and
-    `CUDA_VISIBLE_DEVICES=0,1,2,3` ranks 4-7 fail with `invalid device ordinal` (or, with some
-    launchers, share cards and run out of memory), after the others loaded the model.
+    `CUDA_VISIBLE_DEVICES=0,1,2,3` ranks 4-7 fail with `CUDA error: invalid device ordinal` (seen with
+    torchrun, 2 processes and one visible GPU: rank 0 ran, rank 1 failed) and the launch dies.
 
     ## Example
     ```bash

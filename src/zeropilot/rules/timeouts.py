@@ -84,8 +84,9 @@ def ddp_timeout_misses_deepspeed_groups(launch: Launch) -> Iterator[Hit]:
     Under the HF Trainer, `ddp_timeout` sets only the world process group. ZeRO reduces, gathers and
     saves over DeepSpeed's own data-parallel group, a clone made with `dist.new_group` without a
     timeout, which keeps torch's default: 10 minutes on NCCL, 30 on gloo. A ZeRO-3 save or a gather
-    slower than that still fails with a collective timeout, whatever `ddp_timeout` says (seen on a real
-    run: world group 5000 s, ZeRO group 1800 s on gloo).
+    slower than that still fails with a collective timeout, whatever `ddp_timeout` says. Seen on a real
+    HF Trainer + ZeRO-2 run (gloo): world group 5000 s, ZeRO group 1800 s; and on an H200 with NCCL
+    (torch 2.11): world group 5000 s, a group cloned the same way 600 s.
 
     ## Example
     ```yaml
@@ -94,11 +95,12 @@ def ddp_timeout_misses_deepspeed_groups(launch: Launch) -> Iterator[Hit]:
     ```
 
     ## Use instead
-    Make saves fast enough for the default (fewer, smaller saves: `save_only_model` with gather under
-    ZeRO-2, LoRA adapters only), or raise torch's default for new groups before the Trainer is built:
+    Keep each save well under 10 minutes (fewer, smaller saves), or, in your own training script, raise
+    torch's default for new groups before `trainer.train()` (DeepSpeed clones its group then):
     ```python
     import datetime, torch.distributed.distributed_c10d as c10d
-    c10d.default_pg_timeout = datetime.timedelta(hours=2)   # also default_pg_nccl_timeout on NCCL
+    c10d.default_pg_nccl_timeout = datetime.timedelta(hours=2)   # NCCL
+    c10d.default_pg_timeout = datetime.timedelta(hours=2)        # gloo and others
     ```
 
     ## References
@@ -179,7 +181,9 @@ def unread_timeout_variable(launch: Launch) -> Iterator[Hit]:
     and see TO002 for DeepSpeed's own groups.
 
     ## References
-    - NCCL documentation, "Environment Variables" (no NCCL_TIMEOUT)
+    - NCCL documentation, "Environment Variables" (no NCCL_TIMEOUT); NCCL's `libnccl.so.2` shipped with
+      torch 2.11+cu130 holds the string `NCCL_IB_TIMEOUT` but not `NCCL_TIMEOUT`
+      (`tests/witness/cuda_probe_h200.json`)
     - witness: the name is absent from the installed torch, deepspeed, transformers, accelerate, peft
     """
     env = launch.env()
