@@ -43,7 +43,8 @@ class GpuMemory:
         allocated_peak_bytes: PyTorch's ``max_memory_allocated`` at the peak.
         reserved_peak_bytes: PyTorch's ``max_memory_reserved`` at the peak.
         peak_phase: ``backward`` or ``step``: which transient sets the peak.
-        params: total parameters; trainable: those with gradients.
+        params: total parameters (with LoRA: the base model plus the adapters); trainable: those with
+            gradients.
     """
 
     components: Tuple[Component, ...]
@@ -70,22 +71,22 @@ def _gib(n: float) -> str:
 
 
 def _weights(inputs: PlanInputs, counts: ParamCounts, trainable: int) -> List[Component]:
-    """16-bit weights: whole on every GPU for stages 0-2, a 1/N slice for stage 3 (none if offloaded)."""
+    """16-bit weights: whole on every GPU for stages 0-2, a 1/N slice for stage 3 (none if offloaded).
+
+    With LoRA the base model's weights are all frozen and the adapters come on top of them.
+    """
     n = inputs.world_size
-    frozen = counts.total - trainable if inputs.lora_rank else 0
-    base = counts.total - trainable if inputs.lora_rank else counts.total
-    adapters = trainable if inputs.lora_rank else 0
     if inputs.stage == 3:
         share = 0.0 if inputs.offload_param != "none" else 1.0 / n
         why = ("offloaded to CPU (offload_param); only gathered layers are on the GPU"
                if share == 0 else f"bf16, ZeRO-3 keeps 1/{n} of each parameter per GPU")
     else:
         share, why = 1.0, f"bf16, ZeRO-{inputs.stage} keeps every parameter on every GPU"
-    out = [Component("weights_trainable", int(2 * (base if not inputs.lora_rank else adapters) * share),
-                     "resident", f"{(base if not inputs.lora_rank else adapters) / 1e6:.1f} M trainable × 2 B, {why}")]
+    out = [Component("weights_trainable", int(2 * trainable * share), "resident",
+                     f"{trainable / 1e6:.1f} M trainable × 2 B, {why}")]
     if inputs.lora_rank:
-        out.append(Component("weights_frozen", int(2 * frozen * share), "resident",
-                             f"{frozen / 1e6:.1f} M frozen base weights × 2 B, {why}"))
+        out.append(Component("weights_frozen", int(2 * counts.total * share), "resident",
+                             f"{counts.total / 1e6:.1f} M frozen base weights × 2 B, {why}"))
     return out
 
 
@@ -207,4 +208,5 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     non_torch = _non_torch(inputs, c)
     reserved = allocated + gap.bytes
     comps = tuple(resident + backward + [step, gap, non_torch])
-    return GpuMemory(comps, reserved + non_torch.bytes, allocated, reserved, phase, counts.total, trainable)
+    params = counts.total + (trainable if inputs.lora_rank else 0)
+    return GpuMemory(comps, reserved + non_torch.bytes, allocated, reserved, phase, params, trainable)

@@ -1,0 +1,108 @@
+"""The estimator's structure: components add up, each setting moves the component it should."""
+
+import pytest
+
+from zeropilot.errors import InputError
+from zeropilot.memory import PlanInputs, estimate_gpu, make_plan, parse_gpus, verdict_of
+from zeropilot.memory.inputs import GIB
+from zeropilot.models import CATALOGUE, count_params, from_config, lora_trainable
+
+QWEN7 = from_config(CATALOGUE["qwen2.5-7b"], "qwen2.5-7b")
+GEMMA = from_config(CATALOGUE["gemma-2-2b"], "gemma-2-2b")
+
+
+def _inputs(**kw):
+    base = dict(arch=QWEN7, hardware=parse_gpus("1x139.8GiB"), stage=2, micro_batch=1, seq_len=1024)
+    base.update(kw)
+    return PlanInputs(**base)
+
+
+def test_components_add_up_to_the_peak():
+    gpu = estimate_gpu(_inputs(lora_rank=16, gradient_checkpointing=True))
+    parts = gpu.by_name()
+    resident = sum(c.bytes for c in gpu.components if c.phase == "resident")
+    transient = max(parts["activations"] + parts["logits"], parts["step_temporaries"])
+    assert gpu.allocated_peak_bytes == resident + transient
+    assert gpu.peak_bytes == gpu.allocated_peak_bytes + parts["allocator_overhead"] + parts["non_torch"]
+    assert all(c.reason for c in gpu.components)
+
+
+def test_lora_keeps_frozen_weights_and_optimizer_state_only_for_adapters():
+    gpu = estimate_gpu(_inputs(lora_rank=16))
+    parts = gpu.by_name()
+    trainable = lora_trainable(QWEN7, 16)
+    assert gpu.trainable == trainable
+    assert parts["weights_frozen"] == 2 * count_params(QWEN7).total
+    assert gpu.params == count_params(QWEN7).total + trainable
+    assert parts["optimizer_states"] == 8 * trainable and parts["optimizer_master"] == 4 * trainable
+
+
+def test_zero3_shards_weights_and_optimizer_by_world_size():
+    one = estimate_gpu(_inputs(stage=3, hardware=parse_gpus("1x80GiB"))).by_name()
+    four = estimate_gpu(_inputs(stage=3, hardware=parse_gpus("4x80GiB"))).by_name()
+    assert four["weights_trainable"] == pytest.approx(one["weights_trainable"] / 4, rel=1e-6)
+    assert four["optimizer_states"] == pytest.approx(one["optimizer_states"] / 4, rel=1e-6)
+    zero2 = estimate_gpu(_inputs(stage=2, hardware=parse_gpus("4x80GiB"))).by_name()
+    assert zero2["weights_trainable"] == one["weights_trainable"]  # ZeRO-2 keeps every weight
+
+
+def test_offload_moves_optimizer_off_the_gpu():
+    parts = estimate_gpu(_inputs(offload_optimizer="cpu")).by_name()
+    assert parts["optimizer_master"] == parts["optimizer_states"] == parts["step_temporaries"] == 0
+    host = make_plan(_inputs(offload_optimizer="cpu")).host
+    assert host.per_process_bytes > 30 * count_params(QWEN7).total * 0.9
+
+
+def test_checkpointing_shrinks_activations_and_length_grows_them():
+    plain = estimate_gpu(_inputs(seq_len=2048)).by_name()["activations"]
+    ckpt = estimate_gpu(_inputs(seq_len=2048, gradient_checkpointing=True)).by_name()["activations"]
+    longer = estimate_gpu(_inputs(seq_len=4096)).by_name()["activations"]
+    assert ckpt < plain / 5 and longer == pytest.approx(2 * plain, rel=1e-6)
+
+
+def test_logits_scale_with_vocab_and_softcapping_adds():
+    lg = estimate_gpu(_inputs(arch=GEMMA, micro_batch=2)).by_name()["logits"]
+    assert lg > 2 * 1024 * 256000 * 12  # 256k vocabulary, and Gemma 2's soft-capping on top
+
+
+def test_eager_attention_costs_more_than_sdpa():
+    eager = estimate_gpu(_inputs(attn="eager", seq_len=4096)).peak_bytes
+    assert eager > estimate_gpu(_inputs(seq_len=4096)).peak_bytes
+
+
+def test_expandable_segments_reduce_the_allocator_gap():
+    on = estimate_gpu(_inputs(expandable_segments=True)).by_name()["allocator_overhead"]
+    assert on < estimate_gpu(_inputs()).by_name()["allocator_overhead"]
+
+
+def test_world_size_above_one_says_nccl_is_unmeasured():
+    plan = make_plan(_inputs(hardware=parse_gpus("4x16GiB"), stage=3, lora_rank=16))
+    assert "unmeasured" in plan.gpu.components[-1].reason
+    assert any("world size 1" in n for n in plan.notes)
+
+
+def test_verdicts():
+    gpu = estimate_gpu(_inputs(lora_rank=16))
+    assert verdict_of(gpu, gpu.peak_bytes + GIB).kind == "fits"
+    assert verdict_of(gpu, gpu.peak_bytes - 1).kind in ("tight", "oom")
+    assert verdict_of(gpu, gpu.allocated_peak_bytes // 2).kind == "oom"
+    assert verdict_of(gpu, None).kind == "unknown"
+
+
+@pytest.mark.parametrize("text,count,gib", [("4x16GiB", 4, 16), ("1x139.8GiB", 1, 139.8), ("8*80G", 8, 80),
+                                            ("2x24", 2, 24)])
+def test_parse_gpus(text, count, gib):
+    hw = parse_gpus(text)
+    assert hw.gpus_per_node == count and hw.gpu_bytes == int(gib * GIB)
+
+
+@pytest.mark.parametrize("text", ["16GiB", "0x16GiB", "4x", "four by sixteen"])
+def test_parse_gpus_rejects(text):
+    with pytest.raises(InputError, match="COUNTxMEM"):
+        parse_gpus(text)
+
+
+def test_validate_reports_every_bad_value_at_once():
+    with pytest.raises(InputError) as exc:
+        make_plan(_inputs(stage=5, micro_batch=0, offload_param="cpu"))
+    assert "stage 5" in str(exc.value) and "micro_batch 0" in str(exc.value)
