@@ -77,9 +77,10 @@ def _resolve_arch(args: argparse.Namespace, lv):
     try:
         return resolve_model(lv.model, lv.model_base), lv.sources.get("model", "launch")
     except InputError as exc:
-        raise InputError(f"model_name_or_path {lv.model!r} ({lv.sources.get('model')}) cannot be sized here: "
-                         f"{exc.reason}. Pass --model with its config.json or name (e.g. --model Qwen/Qwen2-7B)"
-                         ) from None
+        why = exc.reason.split(";")[0] if exc.path is None else exc.render()
+        raise InputError(f"model_name_or_path {lv.model!r} ({lv.sources.get('model')}) cannot be sized here "
+                         f"({why}): pass --model with the base model's config.json or name, e.g. "
+                         "--model Qwen/Qwen2-7B") from None
 
 
 def _flag_values(args: argparse.Namespace) -> Dict[str, Any]:

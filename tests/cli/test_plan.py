@@ -1,0 +1,78 @@
+"""`zeropilot plan` end to end: flags alone, a launch with flags on top, --search, JSON, errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeropilot.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = str(ROOT / "examples" / "seed")
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("ZEROPILOT_OFFLINE", "1")
+
+
+def _json(capsys, *argv):
+    assert main(["plan", *argv, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_flags_alone_give_a_breakdown_that_adds_up(capsys):
+    data = _json(capsys, "--model", "qwen2.5-7b", "--gpus", "1x139.8GiB", "--stage", "3", "--micro-batch", "2",
+                 "--seq-len", "4096", "--gradient-checkpointing", "--lora-rank", "8")
+    parts = data["breakdown"]
+    assert data["gpu_peak_bytes"] == data["gpu_reserved_peak_bytes"] + parts["non_torch"]["bytes"]
+    assert data["gpu_reserved_peak_bytes"] == data["gpu_allocated_peak_bytes"] + parts["allocator_overhead"]["bytes"]
+    assert data["verdict"]["kind"] == "fits" and data["sources"]["stage"] == "flag --stage"
+    assert data["model"]["source"] == "built-in catalogue"
+
+
+def test_seed_scenario_gets_a_verdict_and_a_search_result(capsys, tmp_path):
+    for seq in ("1024", "768"):
+        out_file = tmp_path / f"ds_{seq}.json"
+        assert main(["plan", SEED, "--model", "Qwen/Qwen2-7B", "--gpus", "4x16GiB", "--seq-len", seq, "--search",
+                     "--write-ds-config", str(out_file)]) == 0
+        text = capsys.readouterr().out
+        assert "Verdict: fits" in text and "Search (fastest first" in text and "DeepSpeed config for #1" in text
+        assert json.loads(out_file.read_text())["zero_optimization"]["stage"] == 3
+    data = _json(capsys, SEED, "--model", "Qwen/Qwen2-7B", "--gpus", "16GiB")
+    assert data["world_size"] == 4 and data["inputs"]["seq_len"] == 1024
+    assert data["sources"]["seq_len"].endswith("cutoff_len") and data["checkpoint"]["frozen_bytes"] > 0
+
+
+def test_flags_override_the_launch(capsys):
+    data = _json(capsys, SEED, "--model", "Qwen/Qwen2-7B", "--gpus", "4x16GiB", "--stage", "2", "--seq-len", "512")
+    assert data["inputs"]["stage"] == 2 and data["inputs"]["seq_len"] == 512
+    assert data["verdict"]["kind"] == "oom"  # ZeRO-2 keeps all 15 GB of weights on each 16 GiB card
+
+
+def test_stage_auto_picks_zero2_when_it_fits(capsys):
+    data = _json(capsys, "--model", "llama-3.2-1b", "--gpus", "8x80GiB", "--stage", "auto", "--lora-rank", "16")
+    assert data["inputs"]["stage"] == 2
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--model", "qwen2.5-7b", "--gpus", "sixteen"], "COUNTxMEM"),
+    (["--model", "acme/unknown"], "not a config file"),
+    ([SEED, "--gpus", "4x16GiB"], "pass --model"),
+    (["--gpus", "4x16GiB"], "no model"),
+    (["--model", "qwen2.5-7b", "--micro-batch", "0"], "micro_batch 0"),
+    (["--model", "qwen2.5-7b", "--write-ds-config", "x.json"], "--search"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, match):
+    assert main(["plan", *argv]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_plan_imports_no_torch():
+    code = ("import sys; from zeropilot.cli import main; main(['plan', '--model', 'qwen2-7b', '--gpus', '4x16GiB', "
+            "'--search']); heavy = [m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'deepspeed', 'transformers', 'peft')]; assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)

@@ -1,0 +1,40 @@
+"""Plan inputs read from real launch files (the seed scenario and a healthy launch), with sources."""
+
+from pathlib import Path
+
+from zeropilot.launch import load_launch
+from zeropilot.memory.from_launch import resolve_auto, values_from_launch
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_seed_launch_values_and_where_they_came_from():
+    lv = values_from_launch(load_launch([EXAMPLES / "seed"], use_installed=False))
+    v = lv.values
+    assert (v["stage"], v["seq_len"], v["micro_batch"], v["grad_accum"], v["lora_rank"]) == (3, 1024, 1, 16, 16)
+    assert v["gradient_checkpointing"] is True  # LLaMA-Factory's default
+    assert v["overlap_comm"] is False and v["reduce_bucket_size"] == 200_000_000
+    assert v["prefetch_bucket_size"] == 20_000_000 and v["gather_16bit_on_save"] is False
+    assert v["expandable_segments"] is False  # ROCm/DCU launch: not known to work there
+    assert lv.world_size == 4
+    assert lv.sources["seq_len"].endswith("binding_paired_000.yaml:16 cutoff_len")
+    assert "deepspeed_z3_offload_4x16g.json" in lv.sources["stage"]
+    assert lv.model == "/public/home/a15657581978/merged_correct_2epoch"
+
+
+def test_auto_bucket_sizes_resolve_from_hidden_size(tmp_path):
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", '
+                                      '"stage3_prefetch_bucket_size": "auto"}}')
+    (tmp_path / "train.yaml").write_text("model_name_or_path: Qwen/Qwen2-7B\nfinetuning_type: full\n"
+                                         "deepspeed: ds.json\ncutoff_len: 2048\n")
+    lv = values_from_launch(load_launch([tmp_path], use_installed=False))
+    values, notes = resolve_auto(lv.values, 3584)
+    assert values["reduce_bucket_size"] == 3584 ** 2 and values["prefetch_bucket_size"] == int(0.9 * 3584 ** 2)
+    assert values["lora_rank"] is None and "reduce_bucket_size" in notes
+
+
+def test_healthy_launch_reads_save_total_limit_and_cuda_expandable_segments():
+    lv = values_from_launch(load_launch([EXAMPLES / "healthy"], use_installed=False))
+    assert lv.values["save_total_limit"] == 2 and lv.values["stage"] == 2 and lv.values["seq_len"] == 768
+    assert lv.values["expandable_segments"] is True  # LLaMA-Factory on CUDA sets it
+    assert lv.model == "Qwen/Qwen2-7B"
