@@ -210,3 +210,21 @@ def test_ck006_witness():
         err = trainer_resume_other_world()[name]["error"]
         assert err["type"] == "ZeRORuntimeException", name
         assert "DP world size of 2 but the current world size is 1" in err["message"]
+
+
+@pytest.mark.slow
+def test_ck006_follows_resume_true_and_checkpoints_beside_the_launch(launch_dir, two_rank_checkpoint):
+    import shutil
+
+    root = launch_dir({"ds.json": {"zero_optimization": {"stage": 2}},
+                       "train.yaml": yaml.safe_dump({**LF, "resume_from_checkpoint": True, "output_dir": "out"}),
+                       "run.sh": "NPROC_PER_NODE=4 FORCE_TORCHRUN=1 llamafactory-cli train train.yaml\n"})
+    shutil.copytree(two_rank_checkpoint, root / "out" / "checkpoint-2")
+    findings = run_check(root, select={"CK006"})
+    assert codes(findings) == ["CK006"] and findings[0].key == "resume_from_checkpoint"
+    assert findings[0].severity.value == "error"
+    # Without resume_from_checkpoint the folder beside the launch is only a warning.
+    (root / "train.yaml").write_text(yaml.safe_dump({**LF, "output_dir": "out"}))
+    findings = run_check(root, select={"CK006"})
+    assert codes(findings) == ["CK006"] and findings[0].severity.value == "warning"
+    assert findings[0].key == "checkpoint"

@@ -15,6 +15,13 @@ def test_sh001_fires_on_seed_cleanup(launch_dir):
     assert [f.line for f in findings] == [2, 3, 4, 5] and findings[0].key == "pkill"
 
 
+def test_sh001_fires_on_kill_by_name(launch_dir):
+    root = launch_dir({"run.sh": "ps aux | grep train.py | awk '{print $2}' | xargs kill -9\n"
+                                 "kill -9 $(pgrep -f llamafactory)\nllamafactory-cli train t.yaml\n"})
+    findings = run_check(root, select={"SH001"})
+    assert codes(findings) == ["SH001", "SH001"] and [f.line for f in findings] == [1, 2]
+
+
 def test_sh001_quiet_on_own_pids(launch_dir):
     root = launch_dir({"run.sh": "kill -TERM -- -\"$(cat train.pid)\"\nkill $PID\nllamafactory-cli train t.yaml\n"})
     assert run_check(root, select={"SH001"}) == []

@@ -36,6 +36,11 @@ def test_py001_fires_on_is_main_process(launch_dir):
     assert codes(run_check(launch_dir({"train.py": text}), select={"PY001"})) == ["PY001"]
 
 
+def test_py001_fires_on_local_rank_in_list(launch_dir):
+    text = "def f(args, engine):\n    if args.local_rank in [-1, 0]:\n        engine.save_checkpoint('o')\n"
+    assert codes(run_check(launch_dir({"train.py": text}), select={"PY001"})) == ["PY001"]
+
+
 def test_py001_quiet_on_all_ranks(launch_dir):
     assert run_check(launch_dir({"train.py": ALL_RANKS}), select={"PY001"}) == []
 

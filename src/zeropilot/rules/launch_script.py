@@ -10,6 +10,8 @@ from zeropilot.launch.shell import Command
 from zeropilot.rules.registry import Hit, Severity, rule
 
 _KILLERS = ("pkill", "killall")
+# Commands that find processes by name; a kill fed by them on the same line kills by name too.
+_FINDERS = ("pgrep", "pidof", "grep")
 
 
 def _kill_target(cmd: Command) -> Optional[str]:
@@ -23,6 +25,10 @@ def _kill_target(cmd: Command) -> Optional[str]:
         return f"every process matching {what!r}{' anywhere in its command line' if broad else ''}"
     if cmd.name == "kill" and len(args) >= 2 and args[-1] == "-1":
         return "every process you own (pid -1)"
+    kills = cmd.name == "kill" or (cmd.name == "xargs" and "kill" in args)
+    finder = next((w for w in cmd.text.replace("|", " ").replace("(", " ").split() if w in _FINDERS), None)
+    if kills and finder is not None:
+        return f"every process that {finder} finds by name"
     return None
 
 
@@ -32,8 +38,9 @@ def destructive_kill_in_launch_script(launch: Launch) -> Iterator[Hit]:
     """`pkill`/`killall` by name, or `kill -1`, in a launch script.
 
     ## Why is this bad?
-    `pkill -9 python` kills every Python process of the user on the node, not the ones this launch
-    started: another training job, a notebook kernel, an evaluation, a data-preparation run, and on a
+    `pkill -9 python` (or `ps aux | grep python | awk '{print $2}' | xargs kill -9`, or
+    `kill -9 $(pgrep -f train.py)`) kills every Python process of the user on the node, not the ones this
+    launch started: another training job, a notebook kernel, an evaluation, a data-preparation run, and on a
     shared account other people's work. `pkill -f` matches whole command lines and hits even more.
     `-9` also denies the victims any cleanup (half-written checkpoints, leaked shared memory).
 

@@ -49,6 +49,11 @@ def _rank_zero_test(test: ast.AST) -> bool:
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
         left, right = test.left, test.comparators[0]
         return (_is_zero(right) and _rank_expr(left)) or (_is_zero(left) and _rank_expr(right))
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.In):
+        # `args.local_rank in [-1, 0]`: rank 0 of a distributed run, or a single process
+        right = test.comparators[0]
+        items = right.elts if isinstance(right, (ast.List, ast.Tuple, ast.Set)) else []
+        return _rank_expr(test.left) and any(_is_zero(e) for e in items)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return _rank_expr(test.operand) and not isinstance(test.operand, ast.Call) or \
             (isinstance(test.operand, ast.Call) and _text(test.operand.func).endswith("get_rank"))
