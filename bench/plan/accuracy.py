@@ -40,7 +40,7 @@ def _row_record(r) -> dict:
         v = verdict_of(est, r.inputs.hardware.gpu_bytes)
         rec["cap_gib"] = r.cap_gib
         rec["verdict"] = v.kind
-        rec["outcome"] = "ran" if r.ok else "oom"
+        rec["outcome"] = "ran" if r.ok else f"oom ({r.raw.get('phase', 'step')})"
         rec["agrees"] = (v.kind == "fits") == r.ok if v.kind != "tight" else None
     return rec
 
@@ -68,11 +68,14 @@ def _summary(recs) -> dict:
                           "max_abs_error_pct": round(max(errs), 1),
                           "deepspeed_median_abs_error_pct": round(statistics.median(ds), 1) if ds else None,
                           "deepspeed_max_abs_error_pct": round(max(ds), 1) if ds else None}
-    unseen = [abs(x["error_pct"]) for x in recs if x["split"] in ("holdout", "new-arch") and "error_pct" in x]
+    unseen = [x for x in recs if x["split"] in ("holdout", "new-arch") and "error_pct" in x]
     if unseen:
-        out["not-tuned (holdout + new-arch)"] = {"rows": len(unseen),
-                                                 "median_abs_error_pct": round(statistics.median(unseen), 1),
-                                                 "max_abs_error_pct": round(max(unseen), 1)}
+        errs = [abs(x["error_pct"]) for x in unseen]
+        ds = [abs(x["deepspeed_error_pct"]) for x in unseen if "deepspeed_error_pct" in x]
+        out["not-tuned (holdout + new-arch)"] = {
+            "rows": len(errs), "median_abs_error_pct": round(statistics.median(errs), 1),
+            "max_abs_error_pct": round(max(errs), 1), "deepspeed_median_abs_error_pct": round(statistics.median(ds), 1),
+            "deepspeed_max_abs_error_pct": round(max(ds), 1)}
     capped = [x for x in recs if x["split"] == "capped"]
     out["capped"] = {"runs": len(capped), "verdict_agrees": sum(1 for x in capped if x["agrees"] is True),
                      "verdict_wrong": sum(1 for x in capped if x["agrees"] is False),
@@ -94,7 +97,9 @@ def _markdown(recs, summary, host) -> str:
                      f"{_pct(s.get('deepspeed_median_abs_error_pct'))} | {_pct(s.get('deepspeed_max_abs_error_pct'))} |")
     c = summary["capped"]
     lines += ["", f"Memory-capped runs (emulated cards): {c['runs']}; verdict right {c['verdict_agrees']}, "
-              f"wrong {c['verdict_wrong']}, 'tight' (fits only if the allocator flushes its cache) {c['verdict_tight']}.",
+              f"wrong {c['verdict_wrong']}, 'tight' (fits only if the allocator flushes its cache) {c['verdict_tight']}. "
+              "An OOM at `init` happened while the probe built the whole bf16 model on the GPU, before "
+              "`deepspeed.initialize` (a launch through the HF Trainer loads on the CPU or with zero.Init).",
               "", "| split | configuration | measured GiB | predicted GiB | error | DeepSpeed GiB | DeepSpeed error |",
               "|---|---|---|---|---|---|---|"]
     for x in recs:
