@@ -138,11 +138,13 @@ def _moe(cfg: Mapping[str, Any], model_type: str) -> Optional[MoE]:
         return MoE(experts or 8, cfg.get("num_experts_per_tok", 2), cfg["intermediate_size"])
     if model_type in ("qwen2_moe", "qwen3_moe"):
         shared = cfg.get("shared_expert_intermediate_size", 0) or 0
-        return MoE(experts or cfg["num_experts"], cfg.get("num_experts_per_tok", 8), cfg["moe_intermediate_size"], shared,
+        return MoE(experts or cfg["num_experts"], cfg.get("num_experts_per_tok", 8), cfg["moe_intermediate_size"],
+                   shared,
                    shared_gate=model_type == "qwen2_moe", sparse_step=cfg.get("decoder_sparse_step", 1) or 1)
     if model_type in ("deepseek_v2", "deepseek_v3"):
         inter = cfg["moe_intermediate_size"]
-        return MoE(cfg.get("n_routed_experts") or experts or cfg["n_routed_experts"], cfg.get("num_experts_per_tok", 6), inter,
+        return MoE(cfg.get("n_routed_experts") or experts or cfg["n_routed_experts"],
+                   cfg.get("num_experts_per_tok", 6), inter,
                    inter * (cfg.get("n_shared_experts") or 0), dense_layers=cfg.get("first_k_dense_replace", 0) or 0,
                    sparse_step=cfg.get("moe_layer_freq", 1) or 1)
     return None

@@ -7,7 +7,8 @@ The counts follow the module layout of the transformers implementations (checked
 PEFT 0.21.2 wraps of them depends on the family (read off ``get_peft_model`` in ``tests/models``):
 Mixtral, Qwen3-MoE and DeepSeek-V2/V3 get LoRA on the router and on the routed experts
 (``gate_up_proj`` with ``2 * rank * experts`` wide A/B, ``down_proj`` with ``rank * experts``), and
-DeepSeek's MLP linear layers (its dense first layers and shared experts) get none; Qwen2-MoE gets it on the shared expert and its gate only.
+DeepSeek's MLP linear layers (its dense first layers and shared experts) get none; Qwen2-MoE gets it
+on the shared expert and its gate only.
 """
 
 from __future__ import annotations

@@ -162,8 +162,8 @@ def checkpoints_exceed_disk(launch: Launch) -> Iterator[Hit]:
         need = k.disk_peak_bytes if k.disk_peak_bytes is not None else k.total_bytes
         if need > free:
             node = train.get("save_total_limit") or train.get("save_steps") or train.root
-            yield Hit(train, node, f"checkpoints need {need / 1e9:.1f} GB ({k.total_bytes / 1e9:.1f} GB per save"
-                                   f"{'' if k.disk_peak_bytes is None else f', {plan.inputs.save_total_limit} kept + 1 being written'}"
+            kept = "" if k.disk_peak_bytes is None else f", {plan.inputs.save_total_limit} kept + 1 being written"
+            yield Hit(train, node, f"checkpoints need {need / 1e9:.1f} GB ({k.total_bytes / 1e9:.1f} GB per save{kept}"
                                    f") but {free / 1e9:.1f} GB is free where output_dir is — the save that fills "
                                    "the disk fails mid-run — lower save_total_limit, exclude frozen weights or "
                                    "free space")
