@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from pathlib import Path
 
 from rows import HERE, load_rows
 
