@@ -93,3 +93,13 @@ def test_save_time_and_disk_peak():
     assert ckpt.disk_peak_bytes == 3 * ckpt.total_bytes
     gathered = estimate_checkpoint(replace(inputs, gather_16bit_on_save=True), params, trainable)
     assert gathered.excludes_frozen and gathered.total_bytes < ckpt.total_bytes / 10
+
+
+def test_disk_free_gives_a_disk_verdict_in_the_plan():
+    from zeropilot.memory import make_plan
+    from zeropilot.models import CATALOGUE
+
+    arch = from_config(CATALOGUE["qwen2.5-7b"], "q")
+    plan = make_plan(PlanInputs(arch, parse_gpus("4x80GiB"), stage=3, lora_rank=16, save_total_limit=3,
+                                disk_free_bytes=int(50e9)))
+    assert any("does NOT fit" in n and "62.9 GB" in n for n in plan.notes)

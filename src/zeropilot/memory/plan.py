@@ -84,6 +84,12 @@ def _notes(inputs: PlanInputs, ckpt: Checkpoint) -> List[str]:
         notes.append("NVMe offload sized like CPU offload on the GPU side; host buffers not modelled")
     if inputs.arch.moe is not None:
         notes.append("mixture-of-experts activations sized by the active experts; not measured")
+    if inputs.disk_free_bytes is not None:
+        need = ckpt.disk_peak_bytes if ckpt.disk_peak_bytes is not None else ckpt.total_bytes
+        what = ("checkpoints kept + the one being written" if ckpt.disk_peak_bytes is not None
+                else "one save (no save_total_limit: every further save adds as much)")
+        fits = "fits" if need <= inputs.disk_free_bytes else "does NOT fit"
+        notes.append(f"disk: {what} need {need / 1e9:.1f} GB; {inputs.disk_free_bytes / 1e9:.1f} GB free: {fits}")
     if ckpt.save_seconds > inputs.collective_timeout_s:
         notes.append(f"a save takes ~{ckpt.save_seconds:.0f} s at {inputs.disk_write_bytes_per_s / 1e9:.2f} GB/s, "
                      f"longer than the {inputs.collective_timeout_s:.0f} s collective timeout")
