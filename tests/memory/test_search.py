@@ -49,3 +49,14 @@ def test_deepspeed_config_keeps_hf_auto_batch_keys_and_offload_sections():
     assert cfg["train_micro_batch_size_per_gpu"] == "auto"
     assert cfg["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": True}
     assert cfg["zero_optimization"]["stage"] == 3
+
+
+def test_training_changes_use_the_launch_dialect():
+    from zeropilot.memory import training_changes
+
+    before = _seed(gradient_checkpointing=True, flavour="llamafactory")
+    after = before.with_(gradient_checkpointing=False, micro_batch=2, grad_accum=8)
+    assert training_changes(before, after) == {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8,
+                                               "disable_gradient_checkpointing": True}
+    hf = _seed(gradient_checkpointing=True, flavour="hf")
+    assert training_changes(hf, hf.with_(gradient_checkpointing=False)) == {"gradient_checkpointing": False}

@@ -129,6 +129,7 @@ def build_inputs(args: argparse.Namespace):
         sources.update({k: v for k, v in lv.sources.items() if k in launch_vals or k in ("model", "world_size")})
         if lv.world_size:
             values["world"] = lv.world_size
+        values["flavour"] = lv.flavour
     flags = _flag_values(args)
     values.update(flags)
     sources.update({k: "flag " + _FLAG_FIELDS.get(k, "--" + k.replace("_", "-")) for k in flags})

@@ -85,6 +85,7 @@ class PlanInputs:
             torch's 10 min, FACTS B).
         disk_free_bytes: free space where checkpoints go, None when unknown.
         world: processes when no hardware is given (from the launch), else ignored.
+        flavour: the training-arguments dialect (``llamafactory``, ``hf``), for naming suggested changes.
         sources: field name -> where its value came from (flag, file:line, default).
     """
 
@@ -114,6 +115,7 @@ class PlanInputs:
     collective_timeout_s: float = 600.0
     disk_free_bytes: Optional[int] = None
     world: int = 1
+    flavour: Optional[str] = None
     sources: Dict[str, str] = field(default_factory=dict, compare=False)
 
     @property

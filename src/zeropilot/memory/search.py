@@ -143,5 +143,8 @@ def training_changes(before: PlanInputs, after: PlanInputs) -> Dict[str, object]
     if after.grad_accum != before.grad_accum:
         out["gradient_accumulation_steps"] = after.grad_accum
     if after.gradient_checkpointing != before.gradient_checkpointing:
-        out["gradient_checkpointing"] = after.gradient_checkpointing
+        if before.flavour == "llamafactory":  # LLaMA-Factory checkpoints unless told not to
+            out["disable_gradient_checkpointing"] = not after.gradient_checkpointing
+        else:
+            out["gradient_checkpointing"] = after.gradient_checkpointing
     return out
