@@ -145,6 +145,8 @@ class PlanInputs:
         for name in ("offload_optimizer", "offload_param"):
             if getattr(self, name) not in OFFLOAD_DEVICES:
                 bad.append(f"{name} {getattr(self, name)!r} (none, cpu, nvme)")
+        if self.offload_optimizer != "none" and self.stage == 0:
+            bad.append(f"offload_optimizer {self.offload_optimizer} needs ZeRO stage 1-3 (stage is 0)")
         if self.offload_param != "none" and self.stage != 3:
             bad.append(f"offload_param {self.offload_param} needs ZeRO stage 3 (stage is {self.stage})")
         if self.attn not in ATTENTION:
