@@ -38,3 +38,12 @@ def test_healthy_launch_reads_save_total_limit_and_cuda_expandable_segments():
     assert lv.values["save_total_limit"] == 2 and lv.values["stage"] == 2 and lv.values["seq_len"] == 768
     assert lv.values["expandable_segments"] is True  # LLaMA-Factory on CUDA sets it
     assert lv.model == "Qwen/Qwen2-7B"
+
+
+def test_accelerate_yaml_zero_settings_without_a_deepspeed_json(tmp_path):
+    (tmp_path / "accel.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n"
+                                         "deepspeed_config:\n  zero_stage: 3\n  offload_optimizer_device: cpu\n"
+                                         "  offload_param_device: none\nnum_processes: 8\n")
+    lv = values_from_launch(load_launch([tmp_path / "accel.yaml"], use_installed=False))
+    assert lv.values["stage"] == 3 and lv.values["offload_optimizer"] == "cpu"
+    assert lv.sources["stage"].endswith("deepspeed_config.zero_stage")

@@ -161,6 +161,19 @@ def _ds_config(out: LaunchValues, doc: Document) -> None:
 _ROCM_VARS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "PYTORCH_HIP_ALLOC_CONF")
 
 
+def _accelerate(out: LaunchValues, doc: Document) -> None:
+    """ZeRO settings written in an accelerate YAML (``deepspeed_config:``) when no DeepSpeed JSON is used."""
+    d = "deepspeed_config."
+    stage = doc.value(d + "zero_stage")
+    if isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= 3:
+        _set(out, "stage", stage, doc, d + "zero_stage")
+    for name, key in (("offload_optimizer", "offload_optimizer_device"), ("offload_param", "offload_param_device")):
+        value = doc.value(d + key)
+        if value in ("none", "cpu", "nvme"):
+            _set(out, name, value, doc, d + key)
+    _set(out, "grad_accum", _int(doc.value(d + "gradient_accumulation_steps")), doc, d + "gradient_accumulation_steps")
+
+
 def _env(out: LaunchValues, launch: Launch) -> None:
     env = launch.env()
     rocm = next((env[v] for v in _ROCM_VARS if v in env), None)
@@ -185,6 +198,8 @@ def values_from_launch(launch: Launch) -> LaunchValues:
     ds: Optional[Document] = pairs[0][1] if pairs else (launch.ds_configs[0] if launch.ds_configs else None)
     if ds is not None:
         _ds_config(out, ds)
+    elif launch.accelerate_configs:
+        _accelerate(out, launch.accelerate_configs[0])
     if train is not None:
         _train_args(out, train)
     _env(out, launch)
