@@ -115,7 +115,7 @@ def _zero_buffers(inputs: PlanInputs, counts: ParamCounts, trainable: int) -> Co
     buckets = 2 if (inputs.overlap and inputs.stage in (1, 2)) else 1
     total = 2 * rbs * buckets
     why = f"{buckets} reduce bucket(s) of {rbs / 1e6:.0f} M bf16 elements"
-    if inputs.stage == 3 and inputs.world_size > 1 or inputs.offload_param != "none":
+    if (inputs.stage == 3 and inputs.world_size > 1) or inputs.offload_param != "none":
         largest_layer = max(counts.per_layer)
         live = max(counts.largest, largest_layer) + min(inputs.prefetch_bucket_size, inputs.max_live_parameters)
         total += 2 * live
@@ -177,7 +177,7 @@ def _non_torch(inputs: PlanInputs, c: Constants) -> Component:
 
 def _gap(inputs: PlanInputs, optimizer_bytes: int, transient: int, c: Constants) -> Component:
     """Reserved but unallocated memory of the caching allocator at the peak (fitted)."""
-    overlap = 2 * min(inputs.reduce_bucket_size, 10**10) if (inputs.overlap and inputs.stage in (1, 2)) else 0
+    overlap = 2 * inputs.reduce_bucket_size if (inputs.overlap and inputs.stage in (1, 2)) else 0
     gap = c.fit_gap_state * optimizer_bytes + c.fit_gap_trans * transient + c.fit_gap_overlap * overlap
     why = (f"caching-allocator fragmentation: {c.fit_gap_state:.2f} × GPU optimizer state + "
            f"{c.fit_gap_trans:.2f} × the peak transient"
