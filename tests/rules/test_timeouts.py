@@ -163,3 +163,20 @@ def test_to002_workaround_witness():
     out = subprocess.run([sys.executable, "-c", GROUP_TIMEOUTS], cwd=str(repo), capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.split() == ["5000", "1800", "7200"], out.stderr[-500:]
+
+
+def test_to005_fires_on_seconds(launch_dir):
+    root = launch_dir({"run.sh": "export DEEPSPEED_TIMEOUT=1800\ndeepspeed train.py\n"})
+    findings = run_check(root, select={"TO005"})
+    assert codes(findings) == ["TO005"] and "30 hours" in findings[0].message
+    root = launch_dir({"run.sh": "export DEEPSPEED_TIMEOUT=30\ndeepspeed train.py\n"})
+    assert run_check(root, select={"TO005"}) == []
+
+
+@pytest.mark.witness
+def test_to005_witness():
+    """DeepSpeed turns DEEPSPEED_TIMEOUT=1800 into 30 hours."""
+    out = subprocess.run([sys.executable, "-c", "import deepspeed.constants as c; print(c.default_pg_timeout)"],
+                         env={"DEEPSPEED_TIMEOUT": "1800", "DS_ACCELERATOR": "cpu", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "1 day, 6:00:00"

@@ -365,15 +365,16 @@ def _resume_targets(launch: Launch) -> Iterator[Tuple[Path, Optional[Document], 
             yield folder, None, None
 
 
-def _saved_world_size(folder: Path) -> Optional[int]:
+def _saved_layout(folder: Path) -> Tuple[Optional[int], Optional[int]]:
+    """(world size, ZeRO stage) of the checkpoint in a folder, from file names and pickle opcodes."""
     from zeropilot.checkpoint.layout import read_layout
     from zeropilot.errors import InputError
 
     try:
         layout = read_layout(folder)
     except (InputError, OSError):
-        return None
-    return layout.world_size
+        return None, None
+    return layout.world_size, layout.stage
 
 
 def _loads_universal(launch: Launch) -> bool:
@@ -417,12 +418,15 @@ def resume_on_another_world_size(launch: Launch) -> Iterator[Hit]:
     if world is None or _loads_universal(launch):
         return
     for folder, doc, node in _resume_targets(launch):
-        saved = _saved_world_size(folder)
+        saved, stage = _saved_layout(folder)
         if saved is None or saved == world:
             continue
+        universal = "convert it with ds_to_universal and set checkpoint.load_universal"
+        if stage == 3 and launch.versions.satisfies("deepspeed", "<0.14.5") is True:
+            universal = "upgrade DeepSpeed to >= 0.14.5 to convert it to a universal checkpoint (ZeRO-3)"
         message = (f"checkpoint {folder.name} was saved by {saved} ranks but this launch starts {world} "
-                   f"({launch.world_size.reason}): DeepSpeed refuses its ZeRO optimizer state on load; resume "
-                   f"with {saved} ranks, or convert it with ds_to_universal and set checkpoint.load_universal.")
+                   f"({launch.world_size.reason}): DeepSpeed refuses its ZeRO optimizer state on load "
+                   f"(ZeRORuntimeException); resume with {saved} ranks, or {universal}.")
         if doc is not None:
             yield Hit(doc, node, message)
         else:

@@ -194,3 +194,36 @@ def unread_timeout_variable(launch: Launch) -> Iterator[Hit]:
         yield Hit(None, None, f"{name} is read by nothing (not NCCL, PyTorch, DeepSpeed, transformers or "
                               "accelerate): it does not change any timeout; set ddp_timeout in the training "
                               "arguments instead.", file=setting.file, line=setting.line, key=name)
+
+
+@rule("TO005", "deepspeed-timeout-never-fires", Severity.WARNING, packages=("deepspeed",),
+      versions="deepspeed >= 0.9 (DEEPSPEED_TIMEOUT is read in minutes)",
+      witness="tests/rules/test_timeouts.py::test_to005_witness")
+def deepspeed_timeout_never_fires(launch: Launch) -> Iterator[Hit]:
+    """`DEEPSPEED_TIMEOUT` written as if it were seconds: more than a day of minutes.
+
+    ## Why is this bad?
+    DeepSpeed reads `DEEPSPEED_TIMEOUT` as **minutes** (`timedelta(minutes=int(...))`): `1800`, meant as
+    30 minutes, is 30 hours, so a hung rank of a raw `deepspeed` launch is not reported for more than a
+    day. (Under the HF Trainer the variable is not used at all: TO003.)
+
+    ## Example
+    ```bash
+    export DEEPSPEED_TIMEOUT=1800
+    ```
+
+    ## Use instead
+    ```bash
+    export DEEPSPEED_TIMEOUT=30   # minutes
+    ```
+
+    ## References
+    - `deepspeed/constants.py` (`default_pg_timeout = timedelta(minutes=int(os.getenv("DEEPSPEED_TIMEOUT", ...)))`)
+    """
+    setting = launch.env().get("DEEPSPEED_TIMEOUT")
+    minutes = _seconds(setting.value) if setting is not None else None
+    if minutes is None or minutes * 60 <= NEVER_FIRES_S:
+        return
+    yield Hit(None, None, f"DEEPSPEED_TIMEOUT is minutes: {setting.value} is {_human(minutes * 60)}, so a hung "
+                          f"rank is not reported for that long; write minutes (30, not 1800).",
+              file=setting.file, line=setting.line, key=setting.name)
