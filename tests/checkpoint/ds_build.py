@@ -100,8 +100,6 @@ def _engine_worker(rank, spec, out, port):
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
     model = _model(spec)
-    if spec.get("size", "tiny") != "tiny":
-        model.gradient_checkpointing_enable() if hasattr(model, "gradient_checkpointing_enable") else None
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-2)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=_ds_config(spec, 2))

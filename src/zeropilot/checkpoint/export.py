@@ -28,7 +28,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from zeropilot.checkpoint import safetensors_writer as stw
 from zeropilot.checkpoint.layout import CheckpointLayout, HF_MODEL_FILES, read_json, read_layout
-from zeropilot.checkpoint.reconstruct import DamagedCheckpoint, TensorEntry, ZeroState, open_checkpoint, release
+from zeropilot.checkpoint.reconstruct import (DamagedCheckpoint, TensorEntry, ZeroState, open_checkpoint,
+                                              release)
 from zeropilot.errors import InputError
 
 PEFT_PREFIX = "base_model.model."
@@ -166,7 +167,10 @@ def _stream(state: ZeroState, entry: TensorEntry, dtype: str) -> Iterator[memory
 
     target = getattr(torch, dtype)
     for piece in state.pieces(entry):
-        if piece.dtype == target:
+        span = state.file_span(piece) if piece.dtype == target else None
+        if span is not None:
+            yield stw.FileSpan(span[0], span[1], piece.numel() * piece.element_size(), lambda p=piece: _bytes(p))
+        elif piece.dtype == target:
             yield _bytes(piece)
         else:
             for start in range(0, piece.numel(), _CAST_BLOCK):

@@ -22,6 +22,7 @@ import ctypes
 import math
 import mmap as _mmap
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from zeropilot.checkpoint import safe_load
@@ -67,6 +68,21 @@ class ZeroState:
     _model_states: List[dict] = field(repr=False, default_factory=list)
     _flat: List[List[object]] = field(repr=False, default_factory=list)  # [rank][group] flat fp32
     _chunks: Dict[str, List[Tuple[int, int, int, int]]] = field(repr=False, default_factory=dict)
+    _maps: List[Tuple[int, int, int, str]] = field(repr=False, default_factory=list)
+
+    def file_span(self, tensor) -> Optional[Tuple[str, int]]:
+        """(file, byte offset) of a contiguous tensor mapped from one of this checkpoint's files.
+
+        Lets export copy stored bytes file to file in the kernel; None when unknown (then callers
+        copy through memory).
+        """
+        if not tensor.is_contiguous():
+            return None
+        ptr, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+        for start, end, offset, path in self._maps:
+            if start <= ptr and ptr + nbytes <= end:
+                return path, offset + ptr - start
+        return None
 
     def entry(self, name: str) -> TensorEntry:
         return self._by_name[name]
@@ -140,6 +156,26 @@ def release(tensor) -> None:
         pass
 
 
+def read_file_maps(paths) -> List[Tuple[int, int, int, str]]:
+    """(start, end, file offset, path) of this process's mappings of `paths`, from /proc/self/maps.
+
+    Read once a checkpoint's files are mapped (they stay mapped while its ZeroState lives), so an
+    address always belongs to the file it names. Empty where /proc is not available.
+    """
+    wanted = {str(Path(p).resolve()) for p in paths}
+    maps = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].strip() in wanted:
+                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                    maps.append((lo, hi, int(parts[2], 16), parts[5].strip()))
+    except OSError:
+        pass
+    return maps
+
+
 def open_checkpoint(layout: CheckpointLayout, *, trust_pickle: bool = False,
                     need_optimizer: bool = True) -> ZeroState:
     """Open the rank files of `layout` (mapped, not read) and work out where every tensor lives.
@@ -165,6 +201,7 @@ def open_checkpoint(layout: CheckpointLayout, *, trust_pickle: bool = False,
         flat, paddings = _open_optimizer(layout, trust_pickle)
         state._flat = flat
         _locate_trainable(state, shapes, paddings)
+    state._maps = read_file_maps(model_files + [layout.optim_file(r) for r in range(world)])
     return state
 
 

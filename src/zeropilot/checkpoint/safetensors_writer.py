@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import struct
 from dataclasses import dataclass
@@ -22,6 +23,37 @@ DTYPES: Dict[str, Tuple[str, int]] = {
     "int64": ("I64", 8), "int32": ("I32", 4), "int16": ("I16", 2), "int8": ("I8", 1), "uint8": ("U8", 1),
     "bool": ("BOOL", 1),
 }
+
+
+@dataclass(frozen=True)
+class FileSpan:
+    """Bytes to copy from another file, in the kernel (``copy_file_range``) where it can."""
+
+    path: str
+    offset: int
+    nbytes: int
+    fallback: Callable[[], memoryview]  # the same bytes through memory, if the kernel copy fails
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+
+def _copy_span(out, span: FileSpan) -> None:
+    """Copy `span` to the end of `out`; what the kernel could not copy goes through memory."""
+    done = 0
+    copy = getattr(os, "copy_file_range", None)
+    if copy is not None:
+        try:
+            with open(span.path, "rb", buffering=0) as src:
+                while done < span.nbytes:
+                    n = copy(src.fileno(), out.fileno(), span.nbytes - done, span.offset + done)
+                    if n <= 0:
+                        break
+                    done += n
+        except OSError:
+            pass
+    if done < span.nbytes:
+        _write_all(out, memoryview(span.fallback()).cast("B")[done:])
 
 
 @dataclass(frozen=True)
@@ -84,15 +116,26 @@ def write_file(path, tensors: List[PlannedTensor], on_tensor: Optional[Callable[
                metadata: Optional[Dict[str, str]] = None) -> int:
     """Write `tensors` to `path` as one safetensors file; returns the bytes of tensor data written."""
     written = 0
-    with open(path, "wb") as f:
+    with open(path, "wb", buffering=0) as f:
         f.write(header(tensors, metadata))
         for t in tensors:
             start = written
             for chunk in t.produce():
-                f.write(chunk)
-                written += len(chunk)
+                if isinstance(chunk, FileSpan):
+                    _copy_span(f, chunk)
+                else:
+                    _write_all(f, chunk)
+                written += len(chunk) if isinstance(chunk, FileSpan) else chunk.nbytes
             if written - start != t.nbytes:
                 raise RuntimeError(f"{t.name}: wrote {written - start} bytes, expected {t.nbytes}")
             if on_tensor:
                 on_tensor(t)
     return written
+
+
+def _write_all(f, chunk: memoryview) -> None:
+    """Unbuffered writes may be short: loop until the whole chunk is written."""
+    view = memoryview(chunk).cast("B")
+    while len(view):
+        n = f.write(view)
+        view = view[n:]

@@ -1,0 +1,177 @@
+"""Benchmark `zeropilot ckpt export` against DeepSpeed's zero_to_fp32.py on the same checkpoints.
+
+For each ZeRO stage asked for, builds a real checkpoint with DeepSpeed on CPU (2 ranks, gloo,
+tests/checkpoint/ds_build.py), then runs, alternately and after one warm-up each (warm page cache):
+
+    python SAVE_DIR/zero_to_fp32.py SAVE_DIR OUT_DS                 (the script DeepSpeed wrote)
+    python -m zeropilot ckpt export SAVE_DIR OUT_ZP --dtype fp32
+
+timing wall clock and peak resident memory of each child (``os.wait4`` rusage), and checks that the
+outputs are bitwise equal tensor for tensor. It also runs ``zero_to_fp32.py --safe_serialization``
+once and records how it ends. Results: ``results-<size>.json`` and ``results-<size>.md`` here.
+
+Usage (from the repo root)::
+
+    python bench/ckpt/bench_export.py --size qwen0.5b --stages 2 3 --reps 3 --work .bench-tmp/ckpt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILDER = ROOT / "tests" / "checkpoint" / "ds_build.py"
+ENV = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT / "src"))
+
+
+def run_child(cmd, log=None):
+    """Run `cmd`; return (exit code, wall seconds, peak RSS bytes, tail of stderr)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = proc.stderr.read()
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    tail = err.decode(errors="replace").strip().splitlines()[-1:] if err else []
+    return proc.returncode, wall, usage.ru_maxrss * 1024, (tail[0] if tail else "")
+
+
+def build(size, stage, dest):
+    spec = dict(stage=stage, world=2, dtype="bf16", arch="qwen2", tied=True, size=size, steps=1, reference=False)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(BUILDER), json.dumps(spec), str(dest)], env=ENV,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"build failed:\n{proc.stderr[-4000:]}")
+    return spec, time.perf_counter() - t0
+
+
+def compare(ds_out: Path, zp_out: Path):
+    """Bitwise comparison of zero_to_fp32's pytorch_model.bin with our safetensors."""
+    import torch
+    from safetensors import safe_open
+
+    theirs = torch.load(str(ds_out / "pytorch_model.bin"), map_location="cpu", weights_only=True, mmap=True)
+    files = sorted(zp_out.glob("*.safetensors"))
+    where = {}
+    handles = [safe_open(str(f), framework="pt") for f in files]
+    for h in handles:
+        for k in h.keys():
+            where[k] = h
+    equal, compared, tied = True, 0, []
+    for key, tensor in theirs.items():
+        name = key if key in where else None
+        if name is None and key == "lm_head.weight":
+            name, _ = "model.embed_tokens.weight", tied.append(key)
+        got = where[name].get_tensor(name)
+        compared += 1
+        if got.dtype != tensor.dtype or not torch.equal(got, tensor):
+            equal = False
+    return {"bitwise_equal": equal, "tensors_compared": compared, "tied_written_once": tied,
+            "zeropilot_tensors": len(where), "zero_to_fp32_tensors": len(theirs)}
+
+
+def bench_stage(size, stage, work: Path, reps: int):
+    ckpt_root = work / f"z{stage}"
+    if ckpt_root.exists():
+        shutil.rmtree(ckpt_root)
+    spec, build_s = build(size, stage, ckpt_root)
+    save_dir = ckpt_root / "run"
+    ckpt_bytes = sum(f.stat().st_size for f in (save_dir).rglob("*.pt"))
+    ds_out, zp_out = work / f"out_ds_z{stage}", work / f"out_zp_z{stage}"
+    cmds = {
+        "zero_to_fp32": [sys.executable, str(save_dir / "zero_to_fp32.py"), str(save_dir), str(ds_out)],
+        "zeropilot": [sys.executable, "-m", "zeropilot", "ckpt", "export", str(save_dir), str(zp_out),
+                      "--dtype", "fp32", "--force", "--no-progress"],
+    }
+    runs = {k: [] for k in cmds}
+    for rep in range(reps + 1):  # rep 0 warms the page cache and is not counted
+        for name, cmd in cmds.items():
+            if name == "zero_to_fp32" and ds_out.exists():
+                shutil.rmtree(ds_out)
+            code, wall, rss, tail = run_child(cmd)
+            if code:
+                raise SystemExit(f"{name} failed ({code}): {tail}")
+            if rep:
+                runs[name].append({"wall_s": round(wall, 3), "peak_rss_bytes": rss})
+    result = {"stage": stage, "spec": spec, "build_s": round(build_s, 1), "checkpoint_bytes": ckpt_bytes,
+              "output_bytes": sum(f.stat().st_size for f in zp_out.glob("*.safetensors")), "runs": runs}
+    for name in cmds:
+        result[name] = {"wall_s_median": statistics.median(r["wall_s"] for r in runs[name]),
+                        "peak_rss_bytes_max": max(r["peak_rss_bytes"] for r in runs[name])}
+    result["wall_ratio"] = round(result["zeropilot"]["wall_s_median"] / result["zero_to_fp32"]["wall_s_median"], 3)
+    result["rss_ratio"] = round(result["zeropilot"]["peak_rss_bytes_max"]
+                                / result["zero_to_fp32"]["peak_rss_bytes_max"], 3)
+    result["equality"] = compare(ds_out, zp_out)
+    safe_out = work / f"out_ds_safe_z{stage}"
+    code, _wall, _rss, tail = run_child(cmds["zero_to_fp32"][:3] + [str(safe_out), "--safe_serialization"])
+    result["zero_to_fp32_safe_serialization"] = {"exit_code": code, "last_line": tail[-400:]}
+    for d in (ds_out, zp_out, safe_out, ckpt_root):
+        shutil.rmtree(d, ignore_errors=True)
+    return result
+
+
+def machine():
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    import deepspeed  # noqa: F401 - for its version only
+    import torch
+
+    return {"cpus": os.cpu_count(), "memory_bytes": mem, "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "deepspeed": sys.modules["deepspeed"].__version__}
+
+
+def markdown(results, size, cmd):
+    lines = [f"# ckpt export vs zero_to_fp32 ({size}, 2 ranks, bf16 training, fp32 output)", "",
+             f"Command: `{cmd}`", "",
+             f"Machine: {results['machine']['cpus']} CPUs, {results['machine']['memory_bytes'] / 2**30:.0f} GiB, "
+             f"torch {results['machine']['torch']}, deepspeed {results['machine']['deepspeed']}", "",
+             "| stage | checkpoint | output | zero_to_fp32 wall | zeropilot wall | wall ratio | zero_to_fp32 peak RSS "
+             "| zeropilot peak RSS | RSS ratio | bitwise equal | zero_to_fp32 --safe_serialization |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results["stages"]:
+        safe = r["zero_to_fp32_safe_serialization"]
+        lines.append(
+            f"| ZeRO-{r['stage']} | {r['checkpoint_bytes'] / 1e9:.2f} GB | {r['output_bytes'] / 1e9:.2f} GB "
+            f"| {r['zero_to_fp32']['wall_s_median']:.2f} s | {r['zeropilot']['wall_s_median']:.2f} s "
+            f"| {r['wall_ratio']:.2f} | {r['zero_to_fp32']['peak_rss_bytes_max'] / 1e9:.2f} GB "
+            f"| {r['zeropilot']['peak_rss_bytes_max'] / 1e9:.2f} GB | {r['rss_ratio']:.2f} "
+            f"| {r['equality']['bitwise_equal']} ({r['equality']['tensors_compared']} tensors) "
+            f"| exit {safe['exit_code']}: {safe['last_line'][:120]} |")
+    lines += ["", f"Wall: median of {results['reps']} runs after a warm-up run each (warm page cache); "
+              "peak RSS: max over those runs (ru_maxrss of the child)."]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", default="qwen0.5b")
+    parser.add_argument("--stages", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=ROOT / ".bench-tmp" / "ckpt")
+    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent)
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    results = {"size": args.size, "reps": args.reps, "machine": machine(), "stages": []}
+    for stage in args.stages:
+        results["stages"].append(bench_stage(args.size, stage, args.work, args.reps))
+        print(json.dumps(results["stages"][-1], indent=1), flush=True)
+    shutil.rmtree(args.work, ignore_errors=True)
+    cmd = "python bench/ckpt/bench_export.py " + " ".join(sys.argv[1:])
+    results["command"] = cmd
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / f"results-{args.size}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.results / f"results-{args.size}.md").write_text(markdown(results, args.size, cmd))
+
+
+if __name__ == "__main__":
+    main()
