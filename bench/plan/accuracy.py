@@ -13,7 +13,7 @@ import json
 import statistics
 import sys
 
-from rows import HERE, load_rows
+from rows import HERE, calibration_drift, load_rows
 
 from zeropilot.memory.gpu import estimate_gpu
 from zeropilot.memory.plan import make_plan, verdict_of
@@ -132,6 +132,9 @@ def compute() -> dict:
 
 
 def main(argv) -> int:
+    drift = calibration_drift()
+    if drift:
+        print(drift, file=sys.stderr)
     result = compute()
     text = json.dumps(result, indent=1) + "\n"
     md = _markdown(result["rows"], result["summary"], result["host"])

@@ -1,7 +1,8 @@
 """The measured rows of the plan benchmark, their split, and the plan inputs each one stands for.
 
-Rows come from ``../shared/calibration/measured_h200.jsonl`` (the calibration file; read from the
-shared folder beside the clone when present, else from the copy in ``data/calibration_h200.jsonl``)
+Rows come from ``../shared/calibration/measured_h200.jsonl`` (the calibration file, as copied into
+``data/calibration_h200.jsonl`` so the committed results stay reproducible; ``calibration_drift()`` says
+when the shared file beside the clone has changed since)
 and from this folder's own H200 runs (``data/h200_call*.jsonl``, made with ``zero_mem_probe_plan.py``).
 
 Splits:
@@ -96,9 +97,16 @@ def _split(r: dict, source: str) -> str:
     return "holdout" if s.get("name") in CALIBRATED_NAMES else "new-arch"
 
 
+def calibration_drift() -> Optional[str]:
+    """A warning when ../shared/calibration/measured_h200.jsonl differs from the copy used here."""
+    if SHARED.is_file() and SHARED.read_bytes() != LOCAL_COPY.read_bytes():
+        return f"note: {SHARED} differs from {LOCAL_COPY}; copy it over and rerun fit.py and accuracy.py"
+    return None
+
+
 def load_rows() -> List[Row]:
     """Every measured row, calibration first."""
-    files = [("calibration", SHARED if SHARED.is_file() else LOCAL_COPY)] + [(p.stem, p) for p in OWN]
+    files = [("calibration", LOCAL_COPY)] + [(p.stem, p) for p in OWN]
     rows = []
     for source, path in files:
         for line in path.read_text().splitlines():
