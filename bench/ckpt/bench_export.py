@@ -91,13 +91,14 @@ def bench_stage(size, stage, work: Path, reps: int):
     cmds = {
         "zero_to_fp32": [sys.executable, str(save_dir / "zero_to_fp32.py"), str(save_dir), str(ds_out)],
         "zeropilot": [sys.executable, "-m", "zeropilot", "ckpt", "export", str(save_dir), str(zp_out),
-                      "--dtype", "fp32", "--force", "--no-progress"],
+                      "--dtype", "fp32", "--no-progress"],
     }
     runs = {k: [] for k in cmds}
     for rep in range(reps + 1):  # rep 0 warms the page cache and is not counted
         for name, cmd in cmds.items():
-            if name == "zero_to_fp32" and ds_out.exists():
-                shutil.rmtree(ds_out)
+            out_dir = ds_out if name == "zero_to_fp32" else zp_out
+            if out_dir.exists():  # removed outside the timed run, for both
+                shutil.rmtree(out_dir)
             code, wall, rss, tail = run_child(cmd)
             if code:
                 raise SystemExit(f"{name} failed ({code}): {tail}")
