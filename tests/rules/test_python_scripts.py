@@ -133,3 +133,12 @@ def test_py003_witness():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     with pytest.raises(RuntimeError, match="size mismatch"):
         model.load_state_dict(sd["module"])
+
+
+def test_py003_follows_assigned_paths(launch_dir):
+    text = ('import glob, torch\nfrom transformers import AutoModelForCausalLM\n'
+            'model = AutoModelForCausalLM.from_pretrained("base")\n'
+            'for f in glob.glob("ckpt/global_step9/*_optim_states.pt"):\n'
+            '    model.load_state_dict(torch.load(f), strict=False)\n')
+    findings = run_check(launch_dir({"merge.py": text}), select={"PY003"})
+    assert codes(findings) == ["PY003"] and findings[0].line == 5

@@ -187,18 +187,36 @@ def _shard_path(node: ast.AST) -> Optional[str]:
     text = _text(node)
     if OPTIM_STATES_SUFFIX in text:
         return "optimizer shard"
-    if MODEL_STATES_SUFFIX in text and ZERO12_MODEL_FILE not in text:
-        return "ZeRO-3 model shard"
-    if ZERO12_MODEL_FILE in text or "mp_rank_" in text and MODEL_STATES_SUFFIX in text:
+    if ZERO12_MODEL_FILE in text:
         return "engine model-states file"
+    if MODEL_STATES_SUFFIX in text:
+        return "model-states shard"
     return None
 
 
+def _assigned(tree: ast.AST) -> dict:
+    """name -> the value expressions assigned to it anywhere in the module (``x = ...``, ``for x in ...``)."""
+    out: dict = {}
+    for node in ast.walk(tree):
+        pairs = []
+        if isinstance(node, ast.Assign):
+            pairs = [(t, node.value) for t in node.targets]
+        elif isinstance(node, (ast.For, ast.comprehension)):
+            pairs = [(node.target, node.iter)]
+        for target, value in pairs:
+            if isinstance(target, ast.Name):
+                out.setdefault(target.id, []).append(value)
+    return out
+
+
 def _torch_loads(tree: ast.AST) -> Iterator[tuple]:
-    """(call, kind) for each torch.load of a ZeRO rank file."""
+    """(call, kind) for each torch.load of a ZeRO rank file (a literal path, or a name assigned one)."""
+    names = _assigned(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _text(node.func) in ("torch.load", "load") and node.args:
-            kind = _shard_path(node.args[0])
+            arg = node.args[0]
+            candidates = [arg] + (names.get(arg.id, []) if isinstance(arg, ast.Name) else [])
+            kind = next((k for k in map(_shard_path, candidates) if k is not None), None)
             if kind is not None:
                 yield node, kind
 
