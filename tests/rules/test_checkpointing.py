@@ -118,7 +118,11 @@ def test_ck004_fires_on_seed_with_4x(launch_dir):
 def test_ck004_fires_on_any_save_before_4_37(launch_dir):
     root = launch_dir({"ds.json": {"zero_optimization": {"stage": 2}},
                        "train.yaml": yaml.safe_dump(LF)})
-    assert codes(run_check(root, versions="transformers=4.36.2", select={"CK004"})) == ["CK004"]
+    findings = run_check(root, versions="transformers=4.36.2", select={"CK004"})
+    assert codes(findings) == ["CK004"] and findings[0].key == "finetuning_type"
+    # ... but not with save_only_model at ZeRO-2: no engine save at all then.
+    (root / "train.yaml").write_text(yaml.safe_dump({**LF, "save_only_model": True}))
+    assert run_check(root, versions="transformers=4.36.2", select={"CK004"}) == []
 
 
 def test_ck004_quiet(launch_dir):

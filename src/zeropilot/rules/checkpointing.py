@@ -223,20 +223,22 @@ def _frozen_base_case(launch: Launch, train: Document, ds: Document, stage: int)
     """Why this launch writes the frozen base into its checkpoints, or None when it does not."""
     old = launch.versions.satisfies("transformers", "<4.37")
     new = launch.versions.satisfies("transformers", ">=5.0")
+    only_model = is_true(train.get("save_only_model"))
+    fallback = stage == 3 and not gathers_16bit(ds)
     if new is True:
         return None
-    if old is True:
-        return "transformers < 4.37 saves PEFT models with engine.save_checkpoint without exclude_frozen_parameters"
-    if stage == 3 and not gathers_16bit(ds) and is_true(train.get("save_only_model")):
-        version = "" if old is False else " (transformers 4.37–4.x)"
+    if old is True and not only_model:
+        return "transformers < 4.37 saves every checkpoint with engine.save_checkpoint without exclude_frozen_parameters"
+    if fallback and only_model:
+        version = "" if old is not None else " (transformers 4.37–4.x)"
         return ("with save_only_model and no gather, Trainer.save_model falls back to engine.save_checkpoint "
                 f"without exclude_frozen_parameters{version}")
     return None
 
 
 @rule("CK004", "frozen-base-in-every-checkpoint", Severity.WARNING, packages=("transformers", "deepspeed", "peft"),
-      versions="transformers < 4.37 (every ZeRO save); 4.37 <= transformers < 5.0 (ZeRO-3, no gather, "
-               "save_only_model); not transformers >= 5.0",
+      versions="transformers < 4.37: every save without save_only_model; < 5.0: ZeRO-3 without gather "
+               "with save_only_model; never from 5.0 (4.57.6 and 5.0.0 trainer.py read)",
       witness="tests/rules/test_checkpointing.py::test_ck004_witness")
 def frozen_base_in_every_checkpoint(launch: Launch) -> Iterator[Hit]:
     """A LoRA/PEFT run whose DeepSpeed checkpoints hold the whole frozen base model, on every save.
@@ -279,7 +281,8 @@ def frozen_base_in_every_checkpoint(launch: Launch) -> Iterator[Hit]:
         why = _frozen_base_case(launch, train, ds, stage)
         if why is None:
             continue
-        node = train.get("save_only_model") or train.get("finetuning_type") or train.get("deepspeed")
+        node = (train.get("save_only_model") if is_true(train.get("save_only_model")) else None) \
+            or train.get("finetuning_type") or train.get("adapter") or train.get("deepspeed")
         yield Hit(train, node, f"every checkpoint of this LoRA run holds the whole frozen base model: {why}; "
                                "set stage3_gather_16bit_weights_on_model_save: true and save_only_model: false, "
                                "or upgrade transformers to >= 5.0.")
