@@ -43,6 +43,13 @@ def test_al001_quiet(launch_dir):
     assert run_check(root, select={"AL001"}) == []
 
 
+def test_al001_quiet_before_llamafactory_0_9_3(launch_dir):
+    """LLaMA-Factory's launcher sets PYTORCH_CUDA_ALLOC_CONF since 0.9.3 (commit 7c61b35)."""
+    root = script(launch_dir, SEED)
+    assert run_check(root, versions="llamafactory=0.9.2", select={"AL001"}) == []
+    assert codes(run_check(root, versions="llamafactory=0.9.3", select={"AL001"})) == ["AL001"]
+
+
 @pytest.mark.witness
 def test_al001_witness():
     """torch 2.13: with PYTORCH_CUDA_ALLOC_CONF set the HIP and generic variables are not even parsed

@@ -77,6 +77,10 @@ def _confs(launch: Launch) -> Dict[str, AllocConf]:
 
 def _llamafactory_sets_cuda_conf(launch: Launch) -> Optional[EnvSetting]:
     """The LLaMA-Factory command whose launcher overwrites PYTORCH_CUDA_ALLOC_CONF, as a setting."""
+    # The launcher sets it since LLaMA-Factory 0.9.3 (commit 7c61b35, "[misc] upgrade cli", 2025-04-14);
+    # an unknown version is taken as the newest.
+    if launch.versions.satisfies("llamafactory", ">=0.9.3") is False:
+        return None
     env = {k: v.value for k, v in launch.env().items()}
     for lc in launch.commands:
         if lc.launcher != "llamafactory":
@@ -141,7 +145,8 @@ def alloc_conf_shadowed(launch: Launch) -> Iterator[Hit]:
     ## References
     - `c10/cuda/CUDAAllocatorConfig.h` (torch <= 2.8: CUDA variable, HIP fallback on ROCm only)
     - `tests/witness/cuda_probe.py` / `cuda_probe_h200.json` (torch 2.11+cu130, H200)
-    - LLaMA-Factory `src/llamafactory/launcher.py` (`env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"`)
+    - LLaMA-Factory `src/llamafactory/launcher.py` (`env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"`),
+      since 0.9.3 (commit 7c61b35, 2025-04-14); 0.9.2 and older leave the variable alone
     """
     confs = _confs(launch)
     winner = effective(launch)
