@@ -56,3 +56,13 @@ def test_errors_raised_on_corpus_are_the_reviewed_ones(results):
     assert found == sorted((e["file"], e["code"]) for e in reviewed), \
         "errors on the corpus changed: review them and update tests/data/corpus_errors.json"
     assert all(e.get("why") for e in reviewed)
+
+
+def test_llamafactory_yaml_quiet_under_its_own_pins():
+    """LLaMA-Factory at the corpus commit pins transformers <= 5.8.0, where warmup_ratio still exists."""
+    lf = [p for p in FILES if p.parent.name == "hiyouga__LlamaFactory" and p.suffix == ".yaml"]
+    assert lf
+    for path in lf:
+        result, _ = check([path], versions="transformers=5.8.0,accelerate=1.11.0,deepspeed=0.19.8",
+                          use_installed=False)
+        assert [f.code for f in result.findings if f.severity == Severity.ERROR] == [], path
