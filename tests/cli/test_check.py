@@ -130,3 +130,30 @@ def test_fuzz_check_any_bytes(tmp_path, data, suffix):
     path.write_bytes(data)
     result, _ = check([path], use_installed=False)
     assert result.exit_code(None) in (0, 2)
+
+
+SEED_VERSIONS = "deepspeed=0.14.2+das.opt1.dtk25041,torch=2.4.1+das.opt1.dtk25041,transformers=4.46.1"
+
+
+def test_diff_then_fix_on_the_seed(tmp_path, capsys):
+    import shutil
+
+    seed = tmp_path / "seed"
+    shutil.copytree(ROOT / "examples" / "seed", seed)
+    before = {p.name: (p.read_text(), p.stat().st_mtime_ns) for p in seed.iterdir()}
+    assert main(["check", str(seed), "--diff", "--versions", SEED_VERSIONS]) == 1
+    diff = capsys.readouterr().out
+    assert '-  "gradient_accumulation_steps": 1,' in diff and '+  "gradient_accumulation_steps": "auto",' in diff
+    assert {p.name: p.read_text() for p in seed.iterdir()} == {k: v[0] for k, v in before.items()}
+
+    main(["check", str(seed), "--fix", "--versions", SEED_VERSIONS, "--format", "json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["fixed"] == 1 and "HF001" not in {f["code"] for f in out["findings"]}
+    ds = seed / "deepspeed_z3_offload_4x16g.json"
+    old = before[ds.name][0]
+    assert ds.read_text() == old.replace('"gradient_accumulation_steps": 1,', '"gradient_accumulation_steps": "auto",')
+    for p in seed.iterdir():  # nothing else was touched
+        if p != ds:
+            assert p.stat().st_mtime_ns == before[p.name][1]
+    assert sorted(p.name for p in seed.iterdir()) == sorted(before)  # no temporary files left
+    assert main(["check", str(seed), "--diff", "--versions", SEED_VERSIONS]) == 0  # nothing left to fix
