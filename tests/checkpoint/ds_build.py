@@ -11,7 +11,9 @@ Run as a script: ``python ds_build.py SPEC_JSON OUT_DIR``. SPEC_JSON is a JSON o
     exclude_frozen  save with exclude_frozen_parameters=True
     trainer      build through the HF Trainer instead of the raw engine
     gather       (trainer) stage3_gather_16bit_weights_on_model_save
-    steps        optimizer steps before the save
+    steps        optimizer steps before the save (0: save right after deepspeed.initialize)
+    optimizer    "adamw" (default) or "sgd" (no optimizer state beyond the fp32 master: big benchmarks)
+    init_dtype   "fp32" (default) or "bf16": dtype the model is created in before DeepSpeed takes it
     size         "tiny" (hidden 64, 2 layers, vocab 256) or "qwen0.5b" / "7b" (benchmarks)
     reference    write reference.pt (trained weights and logits); default true
 
@@ -32,6 +34,8 @@ from pathlib import Path
 SIZES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=256, max_position_embeddings=64),
+    "small": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                  num_key_value_heads=2, vocab_size=32000, max_position_embeddings=128),
     "qwen0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                      num_key_value_heads=2, vocab_size=151936, max_position_embeddings=512),
     "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
@@ -55,12 +59,24 @@ def _config(spec):
     return config
 
 
+def _no_shm_op():
+    """Skip DeepSpeed's CPU shared-memory all-reduce: a speed path only (it compiles with gcc on first
+    use, about a minute); gloo does the same collectives and the checkpoint files do not change."""
+    import deepspeed.comm.torch as ds_torch
+
+    ds_torch.build_shm_op = lambda: None
+
+
 def _model(spec):
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(1234)
-    model = AutoModelForCausalLM.from_config(_config(spec), torch_dtype=torch.float32)
+    import transformers
+
+    dtype = torch.bfloat16 if spec.get("init_dtype") == "bf16" else torch.float32
+    key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    model = AutoModelForCausalLM.from_config(_config(spec), **{key: dtype})
     if spec.get("lora"):
         from peft import LoraConfig, get_peft_model
 
@@ -97,11 +113,15 @@ def _engine_worker(rank, spec, out, port):
     import deepspeed
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(1 if spec.get("size", "tiny") == "tiny" else max(1, os.cpu_count() // spec["world"]))
+    _no_shm_op()
     deepspeed.init_distributed(dist_backend="gloo")
     model = _model(spec)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    if spec.get("optimizer") == "sgd":
+        optimizer = torch.optim.SGD(params, lr=1e-2)
+    else:
+        optimizer = torch.optim.AdamW(params, lr=1e-2)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=_ds_config(spec, 2))
     gen = torch.Generator().manual_seed(100 + rank)
     vocab = SIZES[spec.get("size", "tiny")]["vocab_size"]
@@ -156,6 +176,7 @@ def _trainer_worker(rank, spec, out, port):
     from transformers import Trainer, TrainingArguments
 
     torch.set_num_threads(1)
+    _no_shm_op()
     # Initialised before TrainingArguments so that zero.Init (ZeRO-3) sees the whole world.
     deepspeed.init_distributed(dist_backend="gloo")
     ds = {
