@@ -42,7 +42,7 @@ class ExportOptions:
     """What `export` should write (the CLI flags)."""
 
     tag: Optional[str] = None
-    dtype: Optional[str] = None  # "bf16" | "fp16" | "fp32"; None: the training dtype
+    dtype: Optional[str] = None  # "bf16" | "fp16" | "fp32"; None: the dtype of the saved module
     max_shard_size: str = "5GB"
     adapter_only: bool = False
     merge_into: Optional[Path] = None
@@ -125,6 +125,8 @@ def _output_dtype(flag: Optional[str], state: ZeroState) -> str:
         if flag not in DTYPE_NAMES:
             raise InputError(f"--dtype {flag}: expected one of {', '.join(DTYPE_NAMES)}")
         return DTYPE_NAMES[flag]
+    if state.module_dtype in ("bfloat16", "float16", "float32"):
+        return state.module_dtype  # the dtype the engine's module held: what it trained with
     return {"bf16": "bfloat16", "fp16": "float16"}.get(state.layout.optim_dtype or "", "float32")
 
 

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("out", type=Path, help="new folder to write (refused if it exists, unless --force)")
     p.add_argument("--tag")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
-                   help="output dtype of floating tensors (default: the training dtype)")
+                   help="output dtype of floating tensors (default: the dtype of the saved module)")
     p.add_argument("--max-shard-size", default="5GB")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--adapter-only", action="store_true", help="write the PEFT adapter only")
