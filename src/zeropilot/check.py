@@ -25,13 +25,18 @@ def check(
         versions: ``NAME=VER,...`` overrides of the installed versions.
         world_size: overrides the world size the launch implies.
         select, ignore: rule codes to run only / to skip.
-        gpus: ``COUNTxMEM`` for the memory rules (``4x16GiB``).
+        gpus: ``COUNTxMEM`` for the memory rules (``4x16GiB``); by default the NVIDIA GPUs of this machine
+            (``nvidia-smi``), if any.
         use_installed: read installed versions (off in tests that pin versions).
 
     Returns:
         The result and the launch that was read.
     """
     launch = load_launch(paths, versions=versions, world_size=world_size, use_installed=use_installed)
+    if gpus is None and use_installed:
+        from zeropilot.launch.hardware import visible_gpus
+
+        gpus = visible_gpus()  # the GPUs of this machine, when it has NVIDIA ones; else the memory rules wait
     launch.gpus = gpus
     select: Set[str] = set(select)
     ignore: Set[str] = set(ignore)
