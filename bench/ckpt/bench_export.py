@@ -55,7 +55,8 @@ def run_child(cmd):
             text = open(rss_file.name).read().split()
             rss = int(text[-1]) * 1024 if text and text[-1].isdigit() else rss
     lines = err.decode(errors="replace").strip().splitlines() if err else []
-    return code, wall, rss, (lines[-1] if lines else "")
+    errors = [ln.strip() for ln in lines if "Error" in ln or "share memory" in ln]
+    return code, wall, rss, (errors[-1] if errors else (lines[-1] if lines else ""))
 
 
 def build(size, stage, dest, big=False):
@@ -207,7 +208,7 @@ def machine():
 def markdown(results, size, cmd):
     lines = [f"# ckpt export vs zero_to_fp32 ({size}, 2 ranks, bf16 training, fp32 output)", "",
              f"Command: `{cmd}`", "",
-             f"Machine: {results['machine'].get('gpu') or 'no GPU'} host (CPU side used), {results['machine']['cpus']} CPUs, {results['machine']['memory_bytes'] / 2**30:.0f} GiB, "
+             f"Machine: {(results['machine'].get('gpu') + ' host, CPU side: ') if results['machine'].get('gpu') else ''}{results['machine']['cpus']} CPUs, {results['machine']['memory_bytes'] / 2**30:.0f} GiB, "
              f"torch {results['machine']['torch']}, deepspeed {results['machine']['deepspeed']}", "",
              "| stage | checkpoint | output | zero_to_fp32 wall | zeropilot wall | wall ratio | zero_to_fp32 peak RSS "
              "| zeropilot peak RSS | RSS ratio | bitwise equal | zero_to_fp32 --safe_serialization |",
@@ -228,6 +229,12 @@ def markdown(results, size, cmd):
     return "\n".join(lines) + "\n"
 
 
+def render(json_path: Path) -> None:
+    """Rewrite the markdown table of a results JSON (after a change of this renderer)."""
+    results = json.loads(json_path.read_text())
+    json_path.with_suffix(".md").write_text(markdown(results, results["size"], results["command"]))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--size", default="qwen0.5b")
@@ -240,7 +247,10 @@ def main():
                         help="hash zero_to_fp32's output and delete it before zeropilot writes its own; no warm-up")
     parser.add_argument("--no-safe-check", action="store_true", help="skip the --safe_serialization run")
     parser.add_argument("--big", action="store_true", help=">=7B: SGD, no step, bf16 creation, untied")
+    parser.add_argument("--render", type=Path, help="only re-render this results JSON as markdown")
     args = parser.parse_args()
+    if args.render:
+        return render(args.render)
     args.work.mkdir(parents=True, exist_ok=True)
     outputs = args.outputs or args.work
     outputs.mkdir(parents=True, exist_ok=True)
