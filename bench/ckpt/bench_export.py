@@ -64,8 +64,15 @@ def build(size, stage, dest, big=False):
     if big:  # >= 7B on a machine of 128 GiB: no Adam state, no step, created in bf16, untied (Qwen2.5-7B)
         spec.update(steps=0, optimizer="sgd", init_dtype="bf16", tied=False)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(BUILDER), json.dumps(spec), str(dest)], env=ENV,
-                          capture_output=True, text=True)
+    log = os.environ.get("BENCH_BUILD_LOG")  # stream the build's output there (a run that times out shows how far)
+    if log:
+        with open(log, "a") as f:
+            proc = subprocess.run([sys.executable, str(BUILDER), json.dumps(spec), str(dest)], env=ENV, stdout=f,
+                                  stderr=subprocess.STDOUT, text=True)
+        proc.stderr = open(log).read()
+    else:
+        proc = subprocess.run([sys.executable, str(BUILDER), json.dumps(spec), str(dest)], env=ENV,
+                              capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"build failed:\n{proc.stderr[-4000:]}")
     return spec, time.perf_counter() - t0

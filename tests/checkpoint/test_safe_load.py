@@ -91,6 +91,16 @@ def test_the_planted_pickle_is_really_malicious(tmp_path):
     assert marker.exists()
 
 
+def test_trust_pickle_loads_the_same_structure(checkpoints):
+    layout = read_layout(checkpoints("z3_w2_bf16_tied").path)
+    safe = safe_load.load(layout.optim_file(0))
+    trusted = safe_load.load(layout.optim_file(0), trust_pickle=True)
+    assert set(safe["optimizer_state_dict"]) == set(trusted["optimizer_state_dict"])
+    flat_safe = safe["optimizer_state_dict"]["fp32_flat_groups"][0]
+    assert torch.equal(flat_safe, trusted["optimizer_state_dict"]["fp32_flat_groups"][0])
+    assert int(safe["optimizer_state_dict"]["zero_stage"]) == 3
+
+
 def test_damaged_file_is_a_clear_error(tmp_path):
     f = tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     f.write_bytes(b"PK\x03\x04 not really")

@@ -34,6 +34,7 @@ from zeropilot.errors import InputError
 
 PEFT_PREFIX = "base_model.model."
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_FLOATS = ("float32", "float16", "bfloat16")
 _CAST_BLOCK = 1 << 24  # elements cast at a time when the output dtype differs from the stored one
 
 
@@ -160,7 +161,7 @@ def _model_plan(state: ZeroState, layout: CheckpointLayout, dtype: str) -> Tuple
 
 
 def _planned(state: ZeroState, entry: TensorEntry, name: str, dtype: str) -> stw.PlannedTensor:
-    out_dtype = dtype if entry.dtype in ("float32", "float16", "bfloat16") else entry.dtype
+    out_dtype = dtype if entry.dtype in _FLOATS else entry.dtype
     return stw.PlannedTensor(name, entry.shape, out_dtype, lambda: _stream(state, entry, out_dtype))
 
 
@@ -341,10 +342,14 @@ class _BaseFromCheckpoint:
     def shape(self, name: str) -> Tuple[int, ...]:
         return self.by_out[name].shape
 
+    def dtype(self, name: str) -> str:
+        return self.by_out[name].dtype
+
     def read(self, name: str):
         import torch
 
-        return self.state.read(self.by_out[name], torch.float32)
+        entry = self.by_out[name]
+        return self.state.read(entry, torch.float32 if entry.dtype in _FLOATS else None)
 
 
 class _BaseFromDir:
@@ -366,10 +371,15 @@ class _BaseFromDir:
     def shape(self, name: str) -> Tuple[int, ...]:
         return tuple(self.where[name].get_slice(name).get_shape())
 
+    def dtype(self, name: str) -> str:
+        code = self.where[name].get_slice(name).get_dtype()
+        return next((k for k, (c, _n) in stw.DTYPES.items() if c == code), "float32")
+
     def read(self, name: str):
         import torch
 
-        return self.where[name].get_tensor(name).to(torch.float32)
+        tensor = self.where[name].get_tensor(name)
+        return tensor.to(torch.float32) if tensor.is_floating_point() else tensor
 
 
 def _plain_name(name: str) -> str:
@@ -393,5 +403,5 @@ def _merged_tensor(base, name: str, lora: Dict[str, TensorEntry], state: ZeroSta
             weight = weight + delta.view(weight.shape) * scaling
         yield _bytes(weight.to(getattr(torch, dtype)) if weight.is_floating_point() else weight)
 
-    out_dtype = dtype if name not in () else dtype
+    out_dtype = dtype if base.dtype(name) in _FLOATS else base.dtype(name)
     return stw.PlannedTensor(name, shape, out_dtype, produce)
