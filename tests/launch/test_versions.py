@@ -44,3 +44,18 @@ def test_installed_versions_read_from_metadata():
     versions = resolve_versions()
     assert versions.packages["deepspeed"].source == "installed"
     assert versions.get("deepspeed") is not None
+
+
+def test_matches_agrees_with_packaging_specifiers():
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    from zeropilot.launch.versions import matches
+
+    specs = [">=0.15", "<0.15.0", ">=4.46,<4.47.1", "==4.46.*", "!=5.6.0", "~=0.19.3", ">2.9", "<=1.9.0",
+             ">=2.9,<2.10", "==0.16.0"]
+    versions = ["0.14.2", "0.15.0", "0.16.0", "0.19.8", "4.46.0", "4.46.1", "4.47.0", "4.47.1", "5.6.0",
+                "2.9.0", "2.9.1", "2.10.0", "1.9.0", "0.19.3", "0.20.0", "5.0.0rc1"]
+    for spec in specs:
+        for v in versions:
+            assert matches(Version(v), spec) == (Version(v) in SpecifierSet(spec, prereleases=True)), (spec, v)

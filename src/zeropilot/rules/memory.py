@@ -21,12 +21,12 @@ _SOURCES = "bench/plan/data/h200_call1.jsonl, bench/plan/data/h200_call2.jsonl (
 
 def unplannable(launch: Launch) -> Optional[Tuple[Document, str]]:
     """(training args, why) when --gpus is given but the launch's model cannot be sized here."""
-    from zeropilot.memory.from_launch import values_from_launch
-    from zeropilot.models import resolve_model
-
     pairs = launch.training_pairs()
     if not launch.gpus or not pairs:
         return None
+    from zeropilot.memory.from_launch import values_from_launch
+    from zeropilot.models import resolve_model
+
     lv = values_from_launch(launch)
     if not lv.model:
         return pairs[0][0], "the training arguments name no model_name_or_path"
@@ -152,9 +152,9 @@ def checkpoints_exceed_disk(launch: Launch) -> Iterator[Hit]:
     - DeepSpeed `runtime/engine.py` `save_checkpoint(exclude_frozen_parameters=...)`
     - FACTS C (measured checkpoint sizes), `src/zeropilot/memory/disk.py`
     """
-    from zeropilot.memory.from_launch import values_from_launch
-
     for train, ds, plan in _plans(launch):
+        from zeropilot.memory.from_launch import values_from_launch
+
         k = plan.checkpoint
         free = _free_bytes(train, values_from_launch(launch).output_dir)
         if free is None:
