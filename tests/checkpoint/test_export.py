@@ -12,7 +12,10 @@ from safetensors.torch import load_file
 
 from zeropilot.checkpoint.export import ExportOptions, export_checkpoint
 
-from .conftest import FULL, SPECS
+from zeropilot.checkpoint.layout import read_layout
+from zeropilot.checkpoint.reconstruct import open_checkpoint
+
+from .conftest import FULL, LORA, SPECS
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +56,21 @@ def test_fp32_export_equals_zero_to_fp32_tensor_for_tensor(checkpoints, tmp_path
         assert got.dtype == torch.float32
         assert torch.equal(got, tensor.float()), key
     assert result.dropped_tied == list(aliases)
+
+
+@pytest.mark.parametrize("name", LORA)
+def test_lora_runs_every_tensor_equals_zero_to_fp32(checkpoints, name):
+    """Trainable LoRA weights (fp32 partitions) and frozen base fragments (ZeRO-2 whole, ZeRO-3 cut per rank)."""
+    built = checkpoints(name)
+    state = open_checkpoint(read_layout(built.path))
+    theirs = _deepspeed_fp32(built.save_dir)
+    ours = {e.name: state.read(e) for e in state.entries}
+    # DeepSpeed adds a tied alias only when its target was saved (not with exclude_frozen_parameters).
+    assert set(ours) | {a for a, t in state.aliases.items() if t in ours} == set(theirs)
+    for key, tensor in ours.items():
+        assert tensor.dtype == theirs[key].dtype and torch.equal(tensor, theirs[key]), key
+    frozen = [e for e in state.entries if e.source == "frozen"]
+    assert bool(frozen) == (not SPECS[name].get("exclude_frozen") and not SPECS[name].get("trainer"))
 
 
 @pytest.mark.parametrize("name", FULL)
@@ -106,11 +124,12 @@ def test_lora_adapter_only_export_loads_with_peft(checkpoints, tmp_path):
     torch.testing.assert_close(_logits(model, ref["input_ids"]), ref["logits"], rtol=1e-4, atol=1e-4)
 
 
-def test_lora_with_frozen_base_exports_a_merged_model(checkpoints, tmp_path):
+@pytest.mark.parametrize("name", ["z2_w3_bf16_lora_frozen", "z3_w3_bf16_lora_frozen"])
+def test_lora_with_frozen_base_exports_a_merged_model(checkpoints, tmp_path, name):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    built = checkpoints("z2_w3_bf16_lora_frozen")
+    built = checkpoints(name)
     ref = built.reference()
     result = export_checkpoint(built.path, tmp_path / "merged", ExportOptions(dtype="fp32", progress=False))
     assert result.product == "merged-model"

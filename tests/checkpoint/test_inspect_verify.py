@@ -17,7 +17,7 @@ from .conftest import FULL, SPECS
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("name", FULL + ["z2_w3_bf16_lora_frozen", "z3_w2_fp32_lora_excl"])
+@pytest.mark.parametrize("name", FULL + ["z2_w3_bf16_lora_frozen", "z3_w3_bf16_lora_frozen", "z3_w2_fp32_lora_excl"])
 def test_inspect_counts_match_the_trained_module(checkpoints, name):
     built = checkpoints(name)
     ref = built.reference()["state"]

@@ -97,7 +97,10 @@ def export_checkpoint(path, out, options: ExportOptions) -> ExportResult:
 
 def _check_out(out: Path, layout: CheckpointLayout, force: bool) -> None:
     target = out.resolve()
-    for inside in {layout.path.resolve(), layout.tag_dir.resolve(), *( [layout.save_dir.resolve()] if layout.save_dir else [])}:
+    folders = {layout.path.resolve(), layout.tag_dir.resolve()}
+    if layout.save_dir:
+        folders.add(layout.save_dir.resolve())
+    for inside in folders:
         if target == inside or inside in target.parents:
             raise InputError(f"OUT is inside the checkpoint folder {inside}: export never writes there", out)
         if target in inside.parents:

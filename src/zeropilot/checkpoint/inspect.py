@@ -111,8 +111,10 @@ def _count(n: int) -> str:
 def render_text(report: Report, max_shapes: int = 12) -> str:
     """The human-readable report."""
     lay = report.layout
-    lines = [f"checkpoint: {lay.path}", f"  kind: {lay.kind}" + (f" ({len(lay.hf_checkpoints)} checkpoint-N folders, "
-                                                               f"took {lay.save_dir.name})" if lay.hf_checkpoints else "")]
+    kind = f"  kind: {lay.kind}"
+    if lay.hf_checkpoints:
+        kind += f" ({len(lay.hf_checkpoints)} checkpoint-N folders, took {lay.save_dir.name})"
+    lines = [f"checkpoint: {lay.path}", kind]
     lines.append(f"  tag: {lay.tag}   latest: {lay.latest if lay.latest is not None else '(no latest file)'}"
                  + (f"   tags: {', '.join(lay.tags)}" if len(lay.tags) > 1 else ""))
     stage = f"ZeRO-{lay.stage}" if lay.stage else f"unknown ({lay.unknown.get('stage', '')})"
