@@ -30,10 +30,11 @@ SPECS = {
     "z3_w3_bf16_lora_frozen": dict(stage=3, world=3, dtype="bf16", arch="qwen2", tied=True, lora=True),
     "z3_w2_fp32_lora_excl": dict(stage=3, world=2, dtype="fp32", arch="qwen2", tied=True, lora=True,
                                  exclude_frozen=True),
+    "trainer_z2_full": dict(stage=2, world=2, dtype="bf16", arch="qwen2", tied=True, trainer=True),
     "trainer_z3_lora": dict(stage=3, world=2, dtype="bf16", arch="qwen2", tied=True, lora=True, trainer=True,
                             gather=False),
 }
-FULL = ["z1_w1_fp32", "z2_w2_bf16_tied", "z3_w2_bf16_tied", "z3_w3_fp32"]
+FULL = ["z1_w1_fp32", "z2_w2_bf16_tied", "z3_w2_bf16_tied", "z3_w3_fp32", "trainer_z2_full"]
 LORA = ["z2_w3_bf16_lora_frozen", "z3_w3_bf16_lora_frozen", "z3_w2_fp32_lora_excl", "trainer_z3_lora"]
 
 

@@ -48,7 +48,7 @@ def test_fp32_export_equals_zero_to_fp32_tensor_for_tensor(checkpoints, tmp_path
     built = checkpoints(name)
     result = export_checkpoint(built.path, tmp_path / "out", ExportOptions(dtype="fp32", progress=False))
     ours = load_file(str(tmp_path / "out" / "model.safetensors"))
-    theirs = _deepspeed_fp32(built.path)
+    theirs = _deepspeed_fp32(built.save_dir)
     aliases = {a: t for a, t in [("lm_head.weight", "model.embed_tokens.weight")] if SPECS[name]["tied"]}
     assert set(ours) | set(aliases) == set(theirs)
     for key, tensor in theirs.items():
@@ -87,7 +87,7 @@ def test_export_loads_with_from_pretrained_and_gives_the_trained_logits(checkpoi
         assert torch.equal(tensor, ref["state"][key]), key
     if SPECS[name]["tied"]:
         assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
-    trained = _plain_model(built.path, ref["state"], dtype)
+    trained = _plain_model(built.save_dir, ref["state"], dtype)
     assert torch.equal(_logits(loaded, ref["input_ids"]), _logits(trained, ref["input_ids"]))
     # The DeepSpeed engine's own forward (ZeRO-3 computes in another order: close, not bitwise).
     torch.testing.assert_close(_logits(loaded, ref["input_ids"]), ref["logits"], rtol=2e-2, atol=2e-2)
