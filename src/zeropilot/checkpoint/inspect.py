@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from zeropilot.checkpoint.layout import CheckpointLayout, read_json, read_layout
@@ -191,8 +189,4 @@ def to_json(report: Report) -> dict:
     }
 
 
-def parameter_count(shapes: Dict[str, List[int]]) -> int:
-    return sum(math.prod(s) for s in shapes.values())
-
-
-__all__ = ["Report", "TensorFacts", "inspect_checkpoint", "render_text", "to_json", "Path"]
+__all__ = ["Report", "TensorFacts", "inspect_checkpoint", "render_text", "to_json"]

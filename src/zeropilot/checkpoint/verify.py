@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from zeropilot.checkpoint.export import PEFT_PREFIX, _LORA_RE, _adapter_key
+from zeropilot.checkpoint.export import _LORA_RE, _adapter_key
 from zeropilot.checkpoint.layout import read_layout
 from zeropilot.checkpoint.reconstruct import DamagedCheckpoint, open_checkpoint
 from zeropilot.errors import InputError
@@ -116,4 +116,4 @@ def _load_and_run(out: Path, adapter: bool, result: VerifyResult) -> None:
         result.load_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
 
-__all__ = ["VerifyResult", "verify", "PEFT_PREFIX"]
+__all__ = ["VerifyResult", "verify"]
