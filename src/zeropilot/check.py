@@ -36,7 +36,9 @@ def check(
     if gpus is None and use_installed:
         from zeropilot.launch.hardware import visible_gpus
 
-        gpus = visible_gpus()  # the GPUs of this machine, when it has NVIDIA ones; else the memory rules wait
+        detected = visible_gpus()  # this machine's NVIDIA GPUs, if any; else the memory rules wait for --gpus
+        # The card size is this machine's; how many ranks share the work is the launch's world size.
+        gpus = detected.split("x", 1)[1] if detected else None
     launch.gpus = gpus
     select: Set[str] = set(select)
     ignore: Set[str] = set(ignore)

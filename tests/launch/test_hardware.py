@@ -1,4 +1,12 @@
+from pathlib import Path
+
 from zeropilot.launch.hardware import parse_nvidia_smi, visible_gpus
+
+
+def test_parse_real_h200_output():
+    """What `nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits` printed on the lent H200."""
+    text = (Path(__file__).parents[1] / "data" / "nvidia_smi_h200.txt").read_text()
+    assert parse_nvidia_smi(text) == "1x143771MiB"
 
 
 def test_parse_nvidia_smi_output():
