@@ -21,6 +21,8 @@ os.environ.setdefault("RANK", "0"); os.environ.setdefault("WORLD_SIZE", "1"); os
 import torch, deepspeed
 from transformers import AutoConfig, AutoModelForCausalLM
 GB = 1024**3
+LOCAL_RANK = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(LOCAL_RANK)  # one GPU per rank under torchrun; GPU 0 alone otherwise
 
 
 def snap(tag):
@@ -34,7 +36,7 @@ def snap(tag):
 def nvml_own_gb():
     try:
         import pynvml
-        pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(LOCAL_RANK)
         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
             if p.pid == os.getpid() and p.usedGpuMemory:
                 return p.usedGpuMemory / GB
@@ -45,8 +47,8 @@ def nvml_own_gb():
 
 cfg = AutoConfig.for_model(**spec["model"])
 stage = spec["stage"]; mb = spec["mb"]; seq = spec["seq"]
-total_gb = torch.cuda.get_device_properties(0).total_memory / GB
-out = dict(spec=spec)
+total_gb = torch.cuda.get_device_properties(LOCAL_RANK).total_memory / GB
+out = dict(spec=spec, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 if spec.get("cap_gib"):
     cap_alloc = spec["cap_gib"] - (1.68 if stage == 3 else 1.30)
     torch.cuda.set_per_process_memory_fraction(cap_alloc / total_gb)
@@ -81,9 +83,9 @@ try:
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
     if stage == 3:
-        _, g, _ = estimate_zero3_model_states_mem_needs(n_params, largest, 1, 1, cpu_offload=bool(spec.get("offload")), cpu_offload_params=bool(spec.get("offload_param")), zero_init=True)
+        _, g, _ = estimate_zero3_model_states_mem_needs(n_params, largest, int(os.environ["WORLD_SIZE"]), 1, cpu_offload=bool(spec.get("offload")), cpu_offload_params=bool(spec.get("offload_param")), zero_init=True)
     else:
-        _, g = estimate_zero2_model_states_mem_needs(n_params, 1, 1, cpu_offload=bool(spec.get("offload")))
+        _, g = estimate_zero2_model_states_mem_needs(n_params, int(os.environ["WORLD_SIZE"]), 1, cpu_offload=bool(spec.get("offload")))
     out["ds_estimate_gpu_gb"] = g/GB
     engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds)
     out["init_s"] = time.time()-t0
