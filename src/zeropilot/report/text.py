@@ -70,6 +70,7 @@ def _footer(result: CheckResult, paint) -> List[str]:
                                                            else "")
                          for n, pv in result.versions.packages.items())
     out = [paint(counts, "bold")]
-    out.extend(textwrap.wrap(world, WIDTH, subsequent_indent="  "))
-    out.extend(textwrap.wrap(f"versions assumed: {versions}", WIDTH, subsequent_indent="  "))
+    out.extend(textwrap.wrap(world, WIDTH, subsequent_indent="  ", break_on_hyphens=False))
+    out.extend(textwrap.wrap(f"versions assumed: {versions}", WIDTH, subsequent_indent="  ",
+                             break_on_hyphens=False))
     return out
