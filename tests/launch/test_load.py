@@ -60,3 +60,10 @@ def test_symlink_loop(tmp_path):
     with pytest.raises(InputError, match="loop"):
         load_launch([tmp_path / "a"], use_installed=False)
     assert load_launch([tmp_path], use_installed=False).documents == []
+
+
+def test_fp16_flag_is_a_training_argument_and_fp16_section_a_deepspeed_key(tmp_path):
+    root = write_files(tmp_path, {"args.yaml": "output_dir: out\nlearning_rate: 1.0e-4\nfp16: true\nbf16: false\n",
+                                  "ds.json": {"fp16": {"enabled": True}, "bf16": {"enabled": False}}})
+    kinds = {d.path.name: d.kind for d in load_launch([root], use_installed=False).documents}
+    assert kinds == {"args.yaml": "train_args", "ds.json": "ds_config"}

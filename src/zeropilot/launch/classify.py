@@ -38,18 +38,21 @@ def _score(keys: Iterable[str], markers: frozenset) -> int:
     return sum(1 for k in keys if k in markers)
 
 
-def classify(keys: Iterable[str], fmt: str) -> Tuple[str, Optional[str]]:
+def classify(keys: Iterable[str], fmt: str, scalar_keys: Iterable[str] = ()) -> Tuple[str, Optional[str]]:
     """(kind, flavour) of a config file from its top-level keys.
 
     kind is ``ds_config``, ``train_args``, ``accelerate`` or ``other``; flavour (train_args only) is
-    ``llamafactory``, ``axolotl`` or ``hf``.
+    ``llamafactory``, ``axolotl`` or ``hf``. ``scalar_keys`` are the keys whose values are not mappings:
+    ``fp16: true`` is a training argument, ``fp16: {enabled: true}`` a DeepSpeed section.
     """
     keys = set(keys)
+    flags = {"fp16", "bf16"} & set(scalar_keys)
+    keys -= flags
     # NeoX writes its own keys with hyphens as often as with underscores (num-layers, hidden-size).
     if _score({k.replace("-", "_") for k in keys}, NEOX_MARKERS) >= 2:
         return "other", "gpt-neox"
     ds = _score(keys, DS_MARKERS)
-    train = _score(keys, TRAIN_MARKERS)
+    train = _score(keys, TRAIN_MARKERS) + len(flags)
     acc = _score(keys, ACCELERATE_MARKERS)
     if acc >= 2 and ("distributed_type" in keys or "compute_environment" in keys):
         return "accelerate", None

@@ -172,7 +172,8 @@ def _read_file(launch: Launch, path: Path) -> Optional[Document]:
 
         root, fmt = parse_yaml(text, path), "yaml"
     keys = root.value.keys() if isinstance(root.value, dict) else ()
-    kind, flavour = classify(keys, fmt)
+    scalars = [k for k, v in root.value.items() if not isinstance(v.value, dict)] if keys else []
+    kind, flavour = classify(keys, fmt, scalars)
     if not isinstance(root.value, dict):
         kind = "other"
     doc = Document(path, kind, fmt, root, text, flavour)
