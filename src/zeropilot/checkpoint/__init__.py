@@ -2,7 +2,8 @@
 
 Modules (import the one you need; only ``layout`` is torch-free):
 
-* ``layout``: the only place that knows DeepSpeed's checkpoint file names and folder layout;
+* ``names``: DeepSpeed's and the HF Trainer's checkpoint file and folder names, spelled only there.
+* ``layout``: the folder layout built on those names;
   ``read_layout(path) -> CheckpointLayout`` (tag, stage, world size, rank files present, missing,
   empty or truncated, HF/PEFT files beside). Imports no torch: ``zeropilot check`` uses it.
 * ``safe_load``: ``torch.load(weights_only=True)`` with the DeepSpeed allowlist.

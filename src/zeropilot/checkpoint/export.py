@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from zeropilot.checkpoint import safetensors_writer as stw
-from zeropilot.checkpoint.layout import CheckpointLayout, HF_MODEL_FILES, read_json, read_layout
+from zeropilot.checkpoint.layout import CheckpointLayout, read_json, read_layout
+from zeropilot.checkpoint.names import HF_MODEL_FILES
 from zeropilot.checkpoint.reconstruct import (DamagedCheckpoint, TensorEntry, ZeroState, open_checkpoint,
                                               release)
 from zeropilot.errors import InputError

@@ -1,7 +1,7 @@
 """What a DeepSpeed checkpoint folder holds, read from names, sizes and pickle opcodes — no torch.
 
-This module is the only place in zeropilot that knows DeepSpeed's checkpoint file names and folder
-layout (DeepSpeed 0.19.8, FACTS.md C). It never unpickles anything: a few scalar facts (ZeRO stage,
+This module and :mod:`zeropilot.checkpoint.names` (the file and folder names themselves) are the only
+places in zeropilot that know DeepSpeed's checkpoint layout (DeepSpeed 0.19.8, FACTS.md C). It never unpickles anything: a few scalar facts (ZeRO stage,
 partition count, DeepSpeed version) are read with :mod:`pickletools`, which walks opcodes without
 executing them. Everything here is importable without torch, so ``zeropilot check`` can use it.
 
@@ -25,37 +25,15 @@ from __future__ import annotations
 
 import json
 import pickletools
-import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from zeropilot.checkpoint.names import (_GLOBAL_STEP_RE, _HF_CHECKPOINT_RE, _MODEL_RE, _OPTIM_RE, HF_MODEL_FILES,
+                                       HF_WEIGHT_FILES, LATEST_FILE, MODEL_STATES_SUFFIX, OPTIM_STATES_SUFFIX,
+                                       PEFT_FILES, TRAINER_FILES, ZERO12_MODEL_FILE)
 from zeropilot.errors import InputError
-
-LATEST_FILE = "latest"
-ZERO_TO_FP32_SCRIPT = "zero_to_fp32.py"
-MODEL_STATES_SUFFIX = "_model_states.pt"
-OPTIM_STATES_SUFFIX = "_optim_states.pt"
-# ZeRO-1/2 write one module file, from data-parallel rank 0.
-ZERO12_MODEL_FILE = "mp_rank_00_model_states.pt"
-OPTIM_PREFIXES = ("bf16_", "fp16_", "")
-
-_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
-_OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-_HF_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-_GLOBAL_STEP_RE = re.compile(r"^global_step(\d+)$")
-
-# Files of the Hugging Face / PEFT world that export copies or inspect reports.
-HF_MODEL_FILES = (
-    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
-    "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
-)
-PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
-TRAINER_FILES = ("trainer_state.json", "training_args.bin", "scheduler.pt", "rng_state.pth")
-HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                   "pytorch_model.bin.index.json")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
 
+from zeropilot.checkpoint.names import is_checkpoint_dir
 from zeropilot.errors import InputError
 from zeropilot.launch.classify import classify
 from zeropilot.launch.commands import (VISIBLE_DEVICE_VARS, LaunchCommand, as_int, count_devices, interpret,
@@ -26,7 +27,6 @@ _SKIP_DIRS = {".git", ".hg", "__pycache__", "node_modules", ".venv", "venv", "si
 _CONFIG_SUFFIXES = {".json", ".yaml", ".yml", ".conf"}
 _SCRIPT_SUFFIXES = {".sh", ".bash"}
 _REQ_NAME = re.compile(r"^(requirements.*|.*freeze.*|constraints.*)\.txt$", re.I)
-_CKPT_DIR = re.compile(r"^(checkpoint-\d+|global_step\d+)$")
 
 
 def load_launch(
@@ -98,7 +98,7 @@ def _discover(root: Path, launch: Launch) -> List[Path]:
         for d in sorted(dirnames):
             if d in _SKIP_DIRS or d.startswith("."):
                 continue
-            if _CKPT_DIR.match(d):
+            if is_checkpoint_dir(d):
                 launch.checkpoint_dirs.append(Path(dirpath) / d)
                 continue
             kept.append(d)

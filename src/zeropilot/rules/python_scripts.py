@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator, List, Optional
 
-from zeropilot.checkpoint.layout import MODEL_STATES_SUFFIX, OPTIM_STATES_SUFFIX, ZERO12_MODEL_FILE
+from zeropilot.checkpoint.names import MODEL_STATES_SUFFIX, OPTIM_STATES_SUFFIX, ZERO12_MODEL_FILE
 from zeropilot.launch import Launch, PythonFile
 from zeropilot.rules.registry import Hit, Severity, rule
 
