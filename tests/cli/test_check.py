@@ -80,6 +80,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, content, expect):
     (["check", "examples/seed", "--versions", "deepspeed"], "expected NAME=VERSION"),
     (["check", "examples/seed", "--world-size", "0"], "at least 1"),
     (["explain", "XX999"], "no rule"),
+    (["check", "examples/healthy", "--gpus", "banana"], "--gpus"),
 ])
 def test_bad_arguments(args, expect):
     proc = run_cli(*args)
