@@ -62,13 +62,13 @@ def run_child(cmd):
 def build(size, stage, dest, big=False):
     spec = dict(stage=stage, world=2, dtype="bf16", arch="qwen2", tied=True, size=size, steps=1, reference=False)
     if big:  # >= 7B on a machine of 128 GiB: no Adam state, no step, created in bf16, untied (Qwen2.5-7B)
-        spec.update(steps=0, optimizer="sgd", init_dtype="bf16", tied=False)
+        spec.update(steps=0, optimizer="sgd", init_dtype="bf16", tied=False, fast_init=True)
     t0 = time.perf_counter()
     log = os.environ.get("BENCH_BUILD_LOG")  # stream the build's output there (a run that times out shows how far)
     if log:
         with open(log, "a") as f:
-            proc = subprocess.run([sys.executable, str(BUILDER), json.dumps(spec), str(dest)], env=ENV, stdout=f,
-                                  stderr=subprocess.STDOUT, text=True)
+            proc = subprocess.run([sys.executable, str(BUILDER), json.dumps(spec), str(dest)],
+                                  env=dict(ENV, DS_BUILD_TIMES="1"), stdout=f, stderr=subprocess.STDOUT, text=True)
         proc.stderr = open(log).read()
     else:
         proc = subprocess.run([sys.executable, str(BUILDER), json.dumps(spec), str(dest)], env=ENV,
@@ -147,11 +147,17 @@ def compare(ds_out: Path, zp_out: Path):
 
 
 def bench_stage(size, stage, work: Path, reps: int, outputs: Path, low_disk: bool, safe_check: bool,
-                big: bool):
+                big: bool, keep: bool = False):
     ckpt_root = work / f"z{stage}"
-    if ckpt_root.exists():
-        shutil.rmtree(ckpt_root)
-    spec, build_s = build(size, stage, ckpt_root, big)
+    done = ckpt_root / "built.json"  # written after a whole build: --keep reuses it (a later call, same machine)
+    if keep and done.exists():
+        spec, build_s = json.loads(done.read_text())
+    else:
+        if ckpt_root.exists():
+            shutil.rmtree(ckpt_root)
+        spec, build_s = build(size, stage, ckpt_root, big)
+        done.write_text(json.dumps([spec, build_s]))
+        print(f"built ZeRO-{stage} in {build_s:.0f} s", flush=True)
     save_dir = ckpt_root / "run"
     ckpt_bytes = sum(f.stat().st_size for f in (save_dir).rglob("*.pt"))
     ds_out, zp_out = outputs / f"out_ds_z{stage}", outputs / f"out_zp_z{stage}"
@@ -197,7 +203,7 @@ def bench_stage(size, stage, work: Path, reps: int, outputs: Path, low_disk: boo
         result["zero_to_fp32_safe_serialization"] = {"exit_code": code, "last_line": tail[-400:]}
     else:
         result["zero_to_fp32_safe_serialization"] = {"exit_code": None, "last_line": "not run"}
-    for d in (ds_out, zp_out, safe_out, ckpt_root):
+    for d in (ds_out, zp_out, safe_out) + (() if keep else (ckpt_root,)):
         shutil.rmtree(d, ignore_errors=True)
     return result
 
@@ -254,6 +260,8 @@ def main():
                         help="hash zero_to_fp32's output and delete it before zeropilot writes its own; no warm-up")
     parser.add_argument("--no-safe-check", action="store_true", help="skip the --safe_serialization run")
     parser.add_argument("--big", action="store_true", help=">=7B: SGD, no step, bf16 creation, untied")
+    parser.add_argument("--keep", action="store_true",
+                        help="reuse a checkpoint a previous run built whole in --work, and keep it")
     parser.add_argument("--render", type=Path, help="only re-render this results JSON as markdown")
     args = parser.parse_args()
     if args.render:
@@ -264,9 +272,10 @@ def main():
     results = {"size": args.size, "reps": args.reps, "machine": machine(), "stages": []}
     for stage in args.stages:
         results["stages"].append(bench_stage(args.size, stage, args.work, args.reps, outputs, args.low_disk,
-                                             not args.no_safe_check, args.big))
+                                             not args.no_safe_check, args.big, args.keep))
         print(json.dumps(results["stages"][-1], indent=1), flush=True)
-    shutil.rmtree(args.work, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(args.work, ignore_errors=True)
     cmd = "python bench/ckpt/bench_export.py " + " ".join(sys.argv[1:])
     results["command"] = cmd
     args.results.mkdir(parents=True, exist_ok=True)

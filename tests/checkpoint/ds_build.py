@@ -14,6 +14,9 @@ Run as a script: ``python ds_build.py SPEC_JSON OUT_DIR``. SPEC_JSON is a JSON o
     steps        optimizer steps before the save (0: save right after deepspeed.initialize)
     optimizer    "adamw" (default) or "sgd" (no optimizer state beyond the fp32 master: big benchmarks)
     init_dtype   "fp32" (default) or "bf16": dtype the model is created in before DeepSpeed takes it
+    fast_init    create the model on the meta device and fill every parameter with tiles of one random
+                 block (a prime number of values) instead of transformers' per-module init: minutes
+                 saved at 7B; buffers are left unset, so only for steps=0 and reference=false
     size         "tiny" (hidden 64, 2 layers, vocab 256) or "qwen0.5b" / "7b" (benchmarks)
     reference    write reference.pt (trained weights and logits); default true
 
@@ -62,9 +65,11 @@ def _config(spec):
 def _no_shm_op():
     """Skip DeepSpeed's CPU shared-memory all-reduce: a speed path only (it compiles with gcc on first
     use, about a minute); gloo does the same collectives and the checkpoint files do not change."""
-    import deepspeed.comm.torch as ds_torch
+    import importlib
 
-    ds_torch.build_shm_op = lambda: None
+    # Not `import deepspeed.comm.torch as m`: that resolves the attribute deepspeed.comm.torch, which is
+    # the torch package deepspeed.comm imported, and the patch would miss DeepSpeed's module.
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
 def _model(spec):
@@ -76,7 +81,15 @@ def _model(spec):
 
     dtype = torch.bfloat16 if spec.get("init_dtype") == "bf16" else torch.float32
     key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    model = AutoModelForCausalLM.from_config(_config(spec), **{key: dtype})
+    if spec.get("fast_init"):
+        if spec.get("steps", 2) or spec.get("reference", True):
+            raise SystemExit("fast_init leaves buffers unset: only with steps=0 and reference=false")
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(_config(spec), **{key: dtype})
+        model = model.to_empty(device="cpu")
+        _fill(model, dtype)
+    else:
+        model = AutoModelForCausalLM.from_config(_config(spec), **{key: dtype})
     if spec.get("lora"):
         from peft import LoraConfig, get_peft_model
 
@@ -84,6 +97,32 @@ def _model(spec):
                           init_lora_weights=False)
         model = get_peft_model(model, lora)
     return model
+
+
+def _fill(model, dtype, block_len=16_777_259):
+    """Every parameter: tiles of one normal(0, 0.02) block of a prime length (so no two tensors, or
+    offsets within one, line up the same values unless they are block_len apart)."""
+    import torch
+
+    block = (torch.randn(block_len, generator=torch.Generator().manual_seed(1234)) * 0.02).to(dtype)
+    shift = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            flat = p.data.view(-1)
+            for start in range(0, flat.numel(), block_len):
+                n = min(block_len, flat.numel() - start)
+                first = min(n, block_len - shift)
+                flat[start:start + first].copy_(block[shift:shift + first])
+                if n > first:
+                    flat[start + first:start + n].copy_(block[:n - first])
+            shift = (shift + 7919) % block_len
+
+
+def _log(rank, t0, what):
+    if rank == 0 and os.environ.get("DS_BUILD_TIMES"):
+        import time
+
+        print(f"[ds_build] {time.perf_counter() - t0:7.1f} s  {what}", flush=True)
 
 
 def _ds_config(spec, batch):
@@ -110,19 +149,25 @@ def _input_ids(spec):
 def _engine_worker(rank, spec, out, port):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(spec["world"]),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import time
+
+    t0 = time.perf_counter()
     import deepspeed
     import torch
 
     torch.set_num_threads(1 if spec.get("size", "tiny") == "tiny" else max(1, os.cpu_count() // spec["world"]))
     _no_shm_op()
     deepspeed.init_distributed(dist_backend="gloo")
+    _log(rank, t0, "process group up")
     model = _model(spec)
+    _log(rank, t0, f"model created ({sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters)")
     params = [p for p in model.parameters() if p.requires_grad]
     if spec.get("optimizer") == "sgd":
         optimizer = torch.optim.SGD(params, lr=1e-2)
     else:
         optimizer = torch.optim.AdamW(params, lr=1e-2)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=_ds_config(spec, 2))
+    _log(rank, t0, "deepspeed.initialize done")
     gen = torch.Generator().manual_seed(100 + rank)
     vocab = SIZES[spec.get("size", "tiny")]["vocab_size"]
     seq = 16 if spec.get("size", "tiny") == "tiny" else 8
@@ -133,6 +178,7 @@ def _engine_worker(rank, spec, out, port):
         engine.step()
     save_dir = Path(out) / "run"
     engine.save_checkpoint(str(save_dir), exclude_frozen_parameters=bool(spec.get("exclude_frozen")))
+    _log(rank, t0, "checkpoint saved")
     if spec.get("reference", True):
         _write_reference(spec, engine, out, rank)
     if rank == 0:

@@ -29,8 +29,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 from zeropilot.checkpoint import safetensors_writer as stw
 from zeropilot.checkpoint.layout import CheckpointLayout, read_json, read_layout
 from zeropilot.checkpoint.names import HF_MODEL_FILES
-from zeropilot.checkpoint.reconstruct import (DamagedCheckpoint, TensorEntry, ZeroState, open_checkpoint,
-                                              release)
+from zeropilot.checkpoint.reconstruct import DamagedCheckpoint, TensorEntry, ZeroState, open_checkpoint
 from zeropilot.errors import InputError
 
 PEFT_PREFIX = "base_model.model."
@@ -170,19 +169,21 @@ def _planned(state: ZeroState, entry: TensorEntry, name: str, dtype: str) -> stw
 
 
 def _stream(state: ZeroState, entry: TensorEntry, dtype: str) -> Iterator[memoryview]:
-    import torch
-
-    target = getattr(torch, dtype)
+    """The bytes of `entry` in `dtype`: stored bytes copied file to file when no cast is needed (no torch)."""
     for piece in state.pieces(entry):
-        span = state.file_span(piece) if piece.dtype == target else None
-        if span is not None:
-            yield stw.FileSpan(span[0], span[1], piece.numel() * piece.element_size(), lambda p=piece: _bytes(p))
-        elif piece.dtype == target:
-            yield _bytes(piece)
+        if piece.dtype == dtype:
+            span = piece.span()
+            if span is not None:
+                yield stw.FileSpan(span[0], span[1], piece.nbytes)
+            else:
+                yield from piece.blocks()
         else:
-            for start in range(0, piece.numel(), _CAST_BLOCK):
-                yield _bytes(piece[start:start + _CAST_BLOCK].to(target))
-        release(piece)
+            import torch
+
+            target = getattr(torch, dtype)
+            for start in range(0, piece.numel, _CAST_BLOCK):
+                part = piece.narrow(start, min(_CAST_BLOCK, piece.numel - start))
+                yield _bytes(part.to_torch().to(target))
 
 
 def _bytes(tensor) -> memoryview:

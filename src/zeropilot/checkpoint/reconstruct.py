@@ -1,9 +1,12 @@
 """Reassemble full tensors from ZeRO rank files, one tensor at a time.
 
-The rank files are opened with ``torch.load(mmap=True, weights_only=True)``: their flat fp32
-partitions stay on disk and only the slices one tensor needs are read. After each tensor the pages
-read are dropped from this process (``madvise(MADV_DONTNEED)`` on the clean, read-only mapping), so
-resident memory stays about one tensor, whatever the model size. The full fp32 state is never held.
+The rank files are opened by :mod:`torchzip`, which unpickles their structure without torch and
+without running pickled code: every tensor is a :class:`~torchzip.StoredTensor`, a byte range of its
+file. A tensor's pieces are then copied file to file or read in bounded blocks, so resident memory
+stays about one block, whatever the model size; the full fp32 state is never held, and torch is not
+imported unless values must be cast or computed. A file torchzip does not understand (the legacy
+non-zip format, a global outside the DeepSpeed set) falls back to ``torch.load(weights_only=True)``
+through :mod:`safe_load`, its tensors wrapped as :class:`LoadedTensor`.
 
 The layout of the flat partitions is DeepSpeed's (0.19.8, the same rules as its
 ``zero_to_fp32.py``):
@@ -18,14 +21,12 @@ The layout of the flat partitions is DeepSpeed's (0.19.8, the same rules as its
 
 from __future__ import annotations
 
-import ctypes
 import math
-import mmap as _mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from zeropilot.checkpoint import safe_load
+from zeropilot.checkpoint import safe_load, torchzip
 from zeropilot.checkpoint.layout import CheckpointLayout
 
 TRAINABLE, FROZEN, BUFFER = "trainable", "frozen", "buffer"
@@ -68,21 +69,6 @@ class ZeroState:
     _model_states: List[dict] = field(repr=False, default_factory=list)
     _flat: List[List[object]] = field(repr=False, default_factory=list)  # [rank][group] flat fp32
     _chunks: Dict[str, List[Tuple[int, int, int, int]]] = field(repr=False, default_factory=dict)
-    _maps: List[Tuple[int, int, int, str]] = field(repr=False, default_factory=list)
-
-    def file_span(self, tensor) -> Optional[Tuple[str, int]]:
-        """(file, byte offset) of a contiguous tensor mapped from one of this checkpoint's files.
-
-        Lets export copy stored bytes file to file in the kernel; None when unknown (then callers
-        copy through memory).
-        """
-        if not tensor.is_contiguous():
-            return None
-        ptr, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
-        for start, end, offset, path in self._maps:
-            if start <= ptr and ptr + nbytes <= end:
-                return path, offset + ptr - start
-        return None
 
     def entry(self, name: str) -> TensorEntry:
         return self._by_name[name]
@@ -92,37 +78,36 @@ class ZeroState:
         return {e.name: e for e in self.entries}
 
     def read(self, entry: TensorEntry, dtype=None):
-        """The full tensor of `entry`, cast to `dtype` (floating tensors only) if given."""
+        """The full tensor of `entry` as a torch tensor, cast to `dtype` (floating tensors only) if given."""
         torch = safe_load._torch()
         target = dtype if (dtype is not None and _is_float(entry.dtype)) else getattr(torch, entry.dtype)
         out = torch.empty(entry.numel, dtype=target)
         pos = 0
         for piece in self.pieces(entry):
-            out[pos:pos + piece.numel()].copy_(piece)
-            pos += piece.numel()
-            release(piece)
+            out[pos:pos + piece.numel].copy_(piece.to_torch())
+            pos += piece.numel
         return out.view(entry.shape)
 
-    def pieces(self, entry: TensorEntry) -> Iterator[object]:
-        """1-D views of the stored values of `entry`, in order (mapped from the files, not copied)."""
+    def pieces(self, entry: TensorEntry) -> Iterator["Piece"]:
+        """1-D pieces of the stored values of `entry`, in order (where they lie; nothing read yet)."""
         if entry.source == TRAINABLE:
             for rank, group, start, length in self._chunks[entry.name]:
-                yield self._flat[rank][group].narrow(0, start, length)
+                yield self._flat[rank][group].narrow(start, length)
         elif entry.source == FROZEN:
             yield from self._frozen_pieces(entry)
         else:
-            yield self._model_states[0]["module"][entry.name].reshape(-1)
+            yield self._model_states[0]["module"][entry.name].flat()
 
     def _frozen_pieces(self, entry: TensorEntry) -> Iterator[object]:
         if self.stage <= 2:
-            yield self._model_states[0]["frozen_param_fragments"][entry.name].reshape(-1)
+            yield self._model_states[0]["frozen_param_fragments"][entry.name].flat()
             return
         left = entry.numel
         for states in self._model_states:
-            frag = states["frozen_param_fragments"][entry.name].reshape(-1)
-            take = min(left, frag.numel())
+            frag = states["frozen_param_fragments"][entry.name].flat()
+            take = min(left, frag.numel)
             if take:
-                yield frag.narrow(0, 0, take)
+                yield frag.narrow(0, take)
             left -= take
 
 
@@ -130,50 +115,80 @@ def _is_float(dtype_name: str) -> bool:
     return dtype_name in ("float32", "float16", "bfloat16", "float64")
 
 
-def _dtype_name(tensor) -> str:
-    return str(tensor.dtype).replace("torch.", "")
+class LoadedTensor:
+    """A tensor loaded by torch (the fallback reader), with :class:`torchzip.StoredTensor`'s interface."""
+
+    def __init__(self, tensor) -> None:
+        self.tensor = tensor
+
+    @property
+    def dtype(self) -> str:
+        return str(self.tensor.dtype).replace("torch.", "")
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(self.tensor.shape)
+
+    @property
+    def numel(self) -> int:
+        return self.tensor.numel()
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+    def is_floating_point(self) -> bool:
+        return self.tensor.is_floating_point()
+
+    def flat(self) -> "LoadedTensor":
+        return LoadedTensor(self.tensor.reshape(-1))
+
+    def narrow(self, start: int, length: int) -> "LoadedTensor":
+        return LoadedTensor(self.tensor.narrow(0, start, length))
+
+    def span(self) -> None:
+        return None
+
+    def blocks(self, block_bytes: int = 64 << 20) -> Iterator[memoryview]:
+        import torch
+
+        raw = self.tensor.contiguous().reshape(-1).view(torch.uint8)
+        for start in range(0, raw.numel(), block_bytes):
+            yield memoryview(raw[start:start + block_bytes].numpy())
+
+    def to_torch(self):
+        return self.tensor
 
 
-_libc = None
+Piece = object  # torchzip.StoredTensor or LoadedTensor: dtype, numel, nbytes, narrow, span, blocks, to_torch
 
 
-def release(tensor) -> None:
-    """Drop the pages behind a tensor mapped from a file from this process (re-read on next use)."""
-    global _libc
-    try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes < (1 << 20):
-            return
-        page = _mmap.PAGESIZE
-        start = tensor.data_ptr()
-        lo = (start + page - 1) // page * page  # only whole pages inside this tensor
-        hi = (start + nbytes) // page * page
-        if hi > lo:
-            _libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
-    except (OSError, AttributeError):
-        pass
+def _wrap(obj):
+    """`obj` as loaded by torch, its tensors wrapped as :class:`LoadedTensor`."""
+    if hasattr(obj, "data_ptr") and hasattr(obj, "dtype"):
+        return LoadedTensor(obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, _wrap(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_wrap(v) for v in obj)
+    return obj
 
 
-def read_file_maps(paths) -> List[Tuple[int, int, int, str]]:
-    """(start, end, file offset, path) of this process's mappings of `paths`, from /proc/self/maps.
+def load_file(path, *, trust_pickle: bool = False):
+    """A checkpoint file's object, tensors as pieces: torch-free where possible, else through torch.
 
-    Read once a checkpoint's files are mapped (they stay mapped while its ZeroState lives), so an
-    address always belongs to the file it names. Empty where /proc is not available.
+    Raises:
+        safe_load.UnsafePickleError: (fallback) the file needs a global outside the allowlist.
+        safe_load.DamagedFileError: the file cannot be read.
     """
-    wanted = {str(Path(p).resolve()) for p in paths}
-    maps = []
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                parts = line.split(None, 5)
-                if len(parts) == 6 and parts[5].strip() in wanted:
-                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                    maps.append((lo, hi, int(parts[2], 16), parts[5].strip()))
-    except OSError:
-        pass
-    return maps
+    if not trust_pickle:
+        try:
+            return torchzip.load(path)
+        except torchzip.Unsupported:
+            pass
+        except OSError as exc:
+            raise safe_load.DamagedFileError(f"cannot read this file ({exc})", path) from None
+    return _wrap(safe_load.load(path, trust_pickle=trust_pickle))
 
 
 def open_checkpoint(layout: CheckpointLayout, *, trust_pickle: bool = False,
@@ -190,7 +205,7 @@ def open_checkpoint(layout: CheckpointLayout, *, trust_pickle: bool = False,
             [str(f.path) for f in layout.rank_files])
     stage, world = layout.stage, layout.world_size
     model_files = [layout.model_file(0)] if stage <= 2 else [layout.model_file(r) for r in range(world)]
-    model_states = [safe_load.load(f, trust_pickle=trust_pickle) for f in model_files]
+    model_states = [load_file(f, trust_pickle=trust_pickle) for f in model_files]
     first = model_states[0]
     state = ZeroState(layout=layout, stage=stage, world_size=world, ds_version=first.get("ds_version"),
                       entries=[], aliases=dict(first.get("shared_params") or {}), absent=[],
@@ -201,14 +216,13 @@ def open_checkpoint(layout: CheckpointLayout, *, trust_pickle: bool = False,
         flat, paddings = _open_optimizer(layout, trust_pickle)
         state._flat = flat
         _locate_trainable(state, shapes, paddings)
-    state._maps = read_file_maps(model_files + [layout.optim_file(r) for r in range(world)])
     return state
 
 
 def _module_dtype(model_states: dict) -> Optional[str]:
     for v in (model_states.get("module") or {}).values():
-        if hasattr(v, "dtype") and v.is_floating_point():
-            return _dtype_name(v)
+        if hasattr(v, "is_floating_point") and v.is_floating_point():
+            return v.dtype
     return None
 
 
@@ -226,10 +240,10 @@ def _build_entries(state: ZeroState, shapes: List[dict]) -> None:
             state.entries.append(TensorEntry(name, trainable[name], TRAINABLE, "float32"))
         elif name in frozen:
             frag = first["frozen_param_fragments"][name]
-            state.entries.append(TensorEntry(name, frozen[name], FROZEN, _dtype_name(frag)))
+            state.entries.append(TensorEntry(name, frozen[name], FROZEN, frag.dtype))
         elif name in buffers:
             t = module[name]
-            state.entries.append(TensorEntry(name, tuple(t.shape), BUFFER, _dtype_name(t)))
+            state.entries.append(TensorEntry(name, tuple(t.shape), BUFFER, t.dtype))
         else:
             state.absent.append(name)
 
@@ -239,7 +253,7 @@ def _open_optimizer(layout: CheckpointLayout, trust_pickle: bool):
     key = "single_partition_of_fp32_groups" if layout.stage <= 2 else "fp32_flat_groups"
     for rank in range(layout.world_size):
         path = layout.optim_file(rank)
-        osd = safe_load.load(path, trust_pickle=trust_pickle)["optimizer_state_dict"]
+        osd = load_file(path, trust_pickle=trust_pickle)["optimizer_state_dict"]
         count = osd.get("partition_count")
         count = max(count) if isinstance(count, list) else count
         if count is not None and int(count) != layout.world_size:
@@ -248,10 +262,10 @@ def _open_optimizer(layout: CheckpointLayout, trust_pickle: bool):
                 "mixed in one tag folder", [str(path)])
         if key not in osd:
             raise DamagedCheckpoint(f"{path} has no {key}: not a ZeRO-{layout.stage} optimizer file", [str(path)])
-        flat.append(list(osd[key]))
+        flat.append([t.flat() for t in osd[key]])
         if rank == 0:
             paddings = osd.get("param_alignment_paddings")
-    sizes = [[t.numel() for t in groups] for groups in flat]
+    sizes = [[t.numel for t in groups] for groups in flat]
     # ZeRO-1/2 partitions may differ (the last rank gets the remainder); ZeRO-3's never do.
     if any(len(s) != len(sizes[0]) for s in sizes) or (layout.stage == 3 and any(s != sizes[0] for s in sizes)):
         bad = [str(layout.optim_file(r)) for r, s in enumerate(sizes) if s != sizes[0]]
@@ -271,7 +285,7 @@ def _locate_zero12(state: ZeroState, shapes: List[dict], paddings) -> None:
     for g, group in enumerate(shapes):
         starts = [0]
         for r in range(world):
-            starts.append(starts[-1] + state._flat[r][g].numel())
+            starts.append(starts[-1] + state._flat[r][g].numel)
         offset = 0
         for i, (name, shape) in enumerate(group.items()):
             n = math.prod(shape)
@@ -293,7 +307,7 @@ def _locate_zero3(state: ZeroState, shapes: List[dict]) -> None:
     world = state.world_size
     bounds = [0]
     for t in state._flat[0]:
-        bounds.append(bounds[-1] + t.numel())
+        bounds.append(bounds[-1] + t.numel)
     offset = 0
     for name, shape in ((n, s) for g in shapes for n, s in g.items()):
         n = math.prod(shape)

@@ -27,33 +27,44 @@ DTYPES: Dict[str, Tuple[str, int]] = {
 
 @dataclass(frozen=True)
 class FileSpan:
-    """Bytes to copy from another file, in the kernel (``copy_file_range``) where it can."""
+    """Bytes to copy from another file: in the kernel where it can, else through a bounded buffer."""
 
     path: str
     offset: int
     nbytes: int
-    fallback: Callable[[], memoryview]  # the same bytes through memory, if the kernel copy fails
 
     def __len__(self) -> int:
         return self.nbytes
 
 
+_COPY_BLOCK = 64 << 20
+
+
 def _copy_span(out, span: FileSpan) -> None:
-    """Copy `span` to the end of `out`; what the kernel could not copy goes through memory."""
+    """Append `span` to `out`: ``copy_file_range`` (same file system), else ``sendfile``, else read/write."""
     done = 0
-    copy = getattr(os, "copy_file_range", None)
-    if copy is not None:
-        try:
-            with open(span.path, "rb", buffering=0) as src:
+    with open(span.path, "rb", buffering=0) as src:
+        for name in ("copy_file_range", "sendfile"):
+            copy = getattr(os, name, None)
+            if copy is None or done == span.nbytes:
+                continue
+            try:
                 while done < span.nbytes:
-                    n = copy(src.fileno(), out.fileno(), span.nbytes - done, span.offset + done)
+                    if name == "sendfile":
+                        n = copy(out.fileno(), src.fileno(), span.offset + done, span.nbytes - done)
+                    else:
+                        n = copy(src.fileno(), out.fileno(), span.nbytes - done, span.offset + done)
                     if n <= 0:
                         break
                     done += n
-        except OSError:
-            pass
-    if done < span.nbytes:
-        _write_all(out, memoryview(span.fallback()).cast("B")[done:])
+            except OSError:
+                pass
+        while done < span.nbytes:
+            chunk = os.pread(src.fileno(), min(_COPY_BLOCK, span.nbytes - done), span.offset + done)
+            if not chunk:
+                raise EOFError(f"{span.path} ends inside a tensor (truncated)")
+            _write_all(out, memoryview(chunk))
+            done += len(chunk)
 
 
 @dataclass(frozen=True)
