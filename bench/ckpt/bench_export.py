@@ -146,8 +146,18 @@ def compare(ds_out: Path, zp_out: Path):
             "zeropilot_tensors": len(where), "zero_to_fp32_tensors": len(theirs)}
 
 
+def move_optim(save_dir: Path, dest: Path) -> None:
+    """Move the optimizer files to `dest` (another file system), leaving symlinks: where the disk cannot
+    hold the checkpoint and an export at once. Both tools read them through the same links."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in save_dir.rglob("*optim_states.pt"):
+        target = dest / f"{f.parent.name}-{f.name}"
+        shutil.move(str(f), str(target))
+        f.symlink_to(target)
+
+
 def bench_stage(size, stage, work: Path, reps: int, outputs: Path, low_disk: bool, safe_check: bool,
-                big: bool, keep: bool = False):
+                big: bool, keep: bool = False, optim_dir: Path = None):
     ckpt_root = work / f"z{stage}"
     done = ckpt_root / "built.json"  # written after a whole build: --keep reuses it (a later call, same machine)
     if keep and done.exists():
@@ -156,10 +166,13 @@ def bench_stage(size, stage, work: Path, reps: int, outputs: Path, low_disk: boo
         if ckpt_root.exists():
             shutil.rmtree(ckpt_root)
         spec, build_s = build(size, stage, ckpt_root, big)
+        if optim_dir:
+            move_optim(ckpt_root / "run", optim_dir / f"z{stage}")
+        os.sync()  # no dirty pages of the build left to write back during the timed runs
         done.write_text(json.dumps([spec, build_s]))
         print(f"built ZeRO-{stage} in {build_s:.0f} s", flush=True)
     save_dir = ckpt_root / "run"
-    ckpt_bytes = sum(f.stat().st_size for f in (save_dir).rglob("*.pt"))
+    ckpt_bytes = sum(f.stat().st_size for f in (save_dir).rglob("*.pt"))  # stat follows --optim-dir links
     ds_out, zp_out = outputs / f"out_ds_z{stage}", outputs / f"out_zp_z{stage}"
     cmds = {
         "zero_to_fp32": [sys.executable, str(save_dir / "zero_to_fp32.py"), str(save_dir), str(ds_out)],
@@ -184,7 +197,7 @@ def bench_stage(size, stage, work: Path, reps: int, outputs: Path, low_disk: boo
                 if name == "zero_to_fp32":
                     shutil.rmtree(out_dir)
     result = {"stage": stage, "spec": spec, "build_s": round(build_s, 1), "checkpoint_bytes": ckpt_bytes,
-              "warm_cache": not low_disk,
+              "warm_cache": not low_disk, "optimizer_files_in": str(optim_dir) if optim_dir else "the checkpoint",
               "output_bytes": sum(f.stat().st_size for f in zp_out.glob("*.safetensors")), "runs": runs}
     for name in cmds:
         result[name] = {"wall_s_median": statistics.median(r["wall_s"] for r in runs[name]),
@@ -239,6 +252,11 @@ def markdown(results, size, cmd):
     lines += ["", f"Wall: median of {results['reps']} runs" + (" after a warm-up run each (warm page cache)"
               if warm else ", no warm-up run (outputs do not fit twice on disk)")
               + "; peak RSS: max over those runs (/usr/bin/time %M of the command)."]
+    where = {r.get("optimizer_files_in", "the checkpoint") for r in results["stages"]} - {"the checkpoint"}
+    if where:
+        lines += ["", f"Optimizer files kept in {', '.join(sorted(where))} (tmpfs), linked from the checkpoint folder: "
+                  "the machine's disk cannot hold the checkpoint and an export at once. Both tools read them "
+                  "through the same links."]
     return "\n".join(lines) + "\n"
 
 
@@ -262,6 +280,9 @@ def main():
     parser.add_argument("--big", action="store_true", help=">=7B: SGD, no step, bf16 creation, untied")
     parser.add_argument("--keep", action="store_true",
                         help="reuse a checkpoint a previous run built whole in --work, and keep it")
+    parser.add_argument("--optim-dir", type=Path,
+                        help="keep the optimizer files there (e.g. a tmpfs), linked from the checkpoint")
+    parser.add_argument("--name", help="results file name: results-NAME.json (default: the size)")
     parser.add_argument("--render", type=Path, help="only re-render this results JSON as markdown")
     args = parser.parse_args()
     if args.render:
@@ -272,15 +293,16 @@ def main():
     results = {"size": args.size, "reps": args.reps, "machine": machine(), "stages": []}
     for stage in args.stages:
         results["stages"].append(bench_stage(args.size, stage, args.work, args.reps, outputs, args.low_disk,
-                                             not args.no_safe_check, args.big, args.keep))
+                                             not args.no_safe_check, args.big, args.keep, args.optim_dir))
         print(json.dumps(results["stages"][-1], indent=1), flush=True)
     if not args.keep:
         shutil.rmtree(args.work, ignore_errors=True)
     cmd = "python bench/ckpt/bench_export.py " + " ".join(sys.argv[1:])
     results["command"] = cmd
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"results-{args.size}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.results / f"results-{args.size}.md").write_text(markdown(results, args.size, cmd))
+    name = args.name or args.size
+    (args.results / f"results-{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.results / f"results-{name}.md").write_text(markdown(results, args.size, cmd))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ def _same(ours, theirs, where=""):
         assert type(ours) is type(theirs) and list(ours) == list(theirs), where
         return sum(_same(ours[k], v, f"{where}.{k}") for k, v in theirs.items())
     if isinstance(theirs, (list, tuple)):
-        assert type(ours) is type(theirs) and len(ours) == len(theirs), where
+        expected = tuple if isinstance(theirs, torch.Size) else type(theirs)  # torch.Size reads as a tuple
+        assert type(ours) is expected and len(ours) == len(theirs), where
         return sum(_same(a, b, f"{where}[{i}]") for i, (a, b) in enumerate(zip(ours, theirs)))
     if isinstance(theirs, safe_load.DeepSpeedObject):
         assert type(ours) is type(theirs) and vars(ours) == vars(theirs), where
