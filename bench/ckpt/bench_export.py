@@ -157,7 +157,7 @@ def move_optim(save_dir: Path, dest: Path) -> None:
 
 
 def bench_stage(size, stage, work: Path, reps: int, outputs: Path, low_disk: bool, safe_check: bool,
-                big: bool, keep: bool = False, optim_dir: Path = None):
+                big: bool, keep: bool = False, optim_dir: Path = None, z2f_args=()):
     ckpt_root = work / f"z{stage}"
     done = ckpt_root / "built.json"  # written after a whole build: --keep reuses it (a later call, same machine)
     if keep and done.exists():
@@ -175,7 +175,7 @@ def bench_stage(size, stage, work: Path, reps: int, outputs: Path, low_disk: boo
     ckpt_bytes = sum(f.stat().st_size for f in (save_dir).rglob("*.pt"))  # stat follows --optim-dir links
     ds_out, zp_out = outputs / f"out_ds_z{stage}", outputs / f"out_zp_z{stage}"
     cmds = {
-        "zero_to_fp32": [sys.executable, str(save_dir / "zero_to_fp32.py"), str(save_dir), str(ds_out)],
+        "zero_to_fp32": [sys.executable, str(save_dir / "zero_to_fp32.py"), str(save_dir), str(ds_out), *z2f_args],
         "zeropilot": [sys.executable, "-m", "zeropilot", "ckpt", "export", str(save_dir), str(zp_out),
                       "--dtype", "fp32", "--no-progress"],
     }
@@ -197,7 +197,7 @@ def bench_stage(size, stage, work: Path, reps: int, outputs: Path, low_disk: boo
                 if name == "zero_to_fp32":
                     shutil.rmtree(out_dir)
     result = {"stage": stage, "spec": spec, "build_s": round(build_s, 1), "checkpoint_bytes": ckpt_bytes,
-              "warm_cache": not low_disk, "optimizer_files_in": str(optim_dir) if optim_dir else "the checkpoint",
+              "warm_cache": not low_disk, "zero_to_fp32_args": list(z2f_args), "optimizer_files_in": str(optim_dir) if optim_dir else "the checkpoint",
               "output_bytes": sum(f.stat().st_size for f in zp_out.glob("*.safetensors")), "runs": runs}
     for name in cmds:
         result[name] = {"wall_s_median": statistics.median(r["wall_s"] for r in runs[name]),
@@ -252,6 +252,11 @@ def markdown(results, size, cmd):
     lines += ["", f"Wall: median of {results['reps']} runs" + (" after a warm-up run each (warm page cache)"
               if warm else ", no warm-up run (outputs do not fit twice on disk)")
               + "; peak RSS: max over those runs (/usr/bin/time %M of the command)."]
+    extra = {" ".join(r.get("zero_to_fp32_args") or []) for r in results["stages"]} - {""}
+    if extra:
+        lines += ["", f"zero_to_fp32.py ran with `{', '.join(sorted(extra))}`: one output file. With its default 5GB "
+                  "shards, DeepSpeed 0.19.8 writes the whole fp32 vector of a ZeRO-1/2 checkpoint into every shard "
+                  "(its shards are views of one torch.cat; torch.save keeps whole storages)."]
     where = {r.get("optimizer_files_in", "the checkpoint") for r in results["stages"]} - {"the checkpoint"}
     if where:
         lines += ["", f"Optimizer files kept in {', '.join(sorted(where))} (tmpfs), linked from the checkpoint folder: "
@@ -282,6 +287,8 @@ def main():
                         help="reuse a checkpoint a previous run built whole in --work, and keep it")
     parser.add_argument("--optim-dir", type=Path,
                         help="keep the optimizer files there (e.g. a tmpfs), linked from the checkpoint")
+    parser.add_argument("--z2f-args", default="", help="extra arguments for zero_to_fp32.py, e.g. "
+                        "'--max_shard_size 100GB' (0.19.8 writes the whole fp32 vector into every ZeRO-1/2 shard)")
     parser.add_argument("--name", help="results file name: results-NAME.json (default: the size)")
     parser.add_argument("--render", type=Path, help="only re-render this results JSON as markdown")
     args = parser.parse_args()
@@ -293,7 +300,8 @@ def main():
     results = {"size": args.size, "reps": args.reps, "machine": machine(), "stages": []}
     for stage in args.stages:
         results["stages"].append(bench_stage(args.size, stage, args.work, args.reps, outputs, args.low_disk,
-                                             not args.no_safe_check, args.big, args.keep, args.optim_dir))
+                                             not args.no_safe_check, args.big, args.keep, args.optim_dir,
+                                             args.z2f_args.split()))
         print(json.dumps(results["stages"][-1], indent=1), flush=True)
     if not args.keep:
         shutil.rmtree(args.work, ignore_errors=True)

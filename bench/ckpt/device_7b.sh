@@ -7,8 +7,9 @@
 # Room (seen 2026-11-29): / has 67 GB free, /dev/shm is a 137 GB tmpfs, RAM 128 GiB. Qwen2.5-7B shapes,
 # 7.62 B parameters: fp32 optimizer partitions 30.5 GB, ZeRO-2's bf16 module file 15.2 GB, each fp32
 # export 30.5 GB. The optimizer files go to tmpfs (linked from the checkpoint), the rest stays on disk:
-# with the exports in tmpfs instead, zero_to_fp32 (15 GB module + 30 GB torch.cat + mapped partitions)
-# was killed for memory at its 3rd of 7 shards.
+# zero_to_fp32 runs with --max_shard_size 100GB: with its default 5GB, 0.19.8 writes the whole 30.5 GB fp32
+# vector into each of its 7 ZeRO-2 shards (views of one torch.cat, and torch.save keeps whole storages):
+# tried, it filled the disk at shard 3, and in tmpfs it was killed for memory at shard 3.
 set -uo pipefail
 STAGE=${STAGE:-2}
 [ -d /tmp/site/deepspeed ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -20,7 +21,8 @@ for s in 2 3; do [ "$s" = "$STAGE" ] || rm -rf "/tmp/b7/z$s" "/dev/shm/b7optim/z
 export BENCH_BUILD_LOG="$OUT/build.txt"
 timeout "${BENCH_TIMEOUT:-560}" python3 bench/ckpt/bench_export.py --size 7b --name "7b-z$STAGE" --stages "$STAGE" \
   --reps "${BENCH_REPS:-1}" --big --low-disk --no-safe-check --keep --work /tmp/b7 --optim-dir /dev/shm/b7optim \
-  --outputs /tmp/b7out --results "$OUT" 2>&1 | grep -v "WARNING\|warn" > "$OUT/log.txt"
+  --outputs /tmp/b7out --results "$OUT" \
+  --z2f-args "--max_shard_size 100GB" 2>&1 | grep -v "WARNING\|warn" > "$OUT/log.txt"
 echo "exit ${PIPESTATUS[0]}" >> "$OUT/log.txt"
 { date; df -k /tmp /dev/shm; free -g; } >> "$OUT/env.txt" 2>&1
 rm -rf /tmp/b7out
