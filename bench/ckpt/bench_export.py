@@ -192,13 +192,15 @@ def bench_stage(size, stage, work: Path, reps: int, outputs: Path, low_disk: boo
                 raise SystemExit(f"{name} failed ({code}): {tail}")
             if rep:
                 runs[name].append({"wall_s": round(wall, 3), "peak_rss_bytes": rss})
-            if low_disk:
+            if low_disk:  # hash, then delete: the next run (either tool) needs the room
                 hashes[name] = tensor_hashes(out_dir)
-                if name == "zero_to_fp32":
-                    shutil.rmtree(out_dir)
+                if name == "zeropilot":
+                    out_bytes = sum(f.stat().st_size for f in zp_out.glob("*.safetensors"))
+                shutil.rmtree(out_dir)
     result = {"stage": stage, "spec": spec, "build_s": round(build_s, 1), "checkpoint_bytes": ckpt_bytes,
               "warm_cache": not low_disk, "zero_to_fp32_args": list(z2f_args), "optimizer_files_in": str(optim_dir) if optim_dir else "the checkpoint",
-              "output_bytes": sum(f.stat().st_size for f in zp_out.glob("*.safetensors")), "runs": runs}
+              "output_bytes": out_bytes if low_disk else sum(f.stat().st_size for f in zp_out.glob("*.safetensors")),
+              "runs": runs}
     for name in cmds:
         result[name] = {"wall_s_median": statistics.median(r["wall_s"] for r in runs[name]),
                         "peak_rss_bytes_max": max(r["peak_rss_bytes"] for r in runs[name])}

@@ -106,6 +106,26 @@ def test_sharded_export_writes_an_index_transformers_loads(checkpoints, tmp_path
         assert torch.equal(tensor, ref["state"][key]), key
 
 
+def test_zero_to_fp32_shards_of_zero2_each_hold_the_whole_model_ours_do_not(checkpoints, tmp_path):
+    """Witness for the README: DeepSpeed's zero_to_fp32 (0.19.8) writes ZeRO-1/2 shards as views of one
+    torch.cat, and torch.save keeps whole storages, so every shard file holds the whole fp32 vector."""
+    import subprocess
+    import sys
+
+    built = checkpoints("z2_w2_bf16_tied")
+    fp32_bytes = sum(t.numel() * 4 for k, t in _deepspeed_fp32(built.save_dir).items() if k != "lm_head.weight")
+    proc = subprocess.run([sys.executable, str(built.path / "zero_to_fp32.py"), str(built.path), str(tmp_path / "ds"),
+                           "--max_shard_size", "100KB"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    theirs = sorted((tmp_path / "ds").glob("pytorch_model-*.bin"))
+    assert len(theirs) >= 3
+    assert all(f.stat().st_size >= fp32_bytes for f in theirs)  # each shard: the whole model, at least
+    export_checkpoint(built.path, tmp_path / "zp", ExportOptions(dtype="fp32", max_shard_size="100KB", progress=False))
+    ours = list((tmp_path / "zp").glob("model-*.safetensors"))
+    assert len(ours) >= 3
+    assert fp32_bytes <= sum(f.stat().st_size for f in ours) < fp32_bytes + 4096 * len(ours)
+
+
 def test_lora_adapter_only_export_loads_with_peft(checkpoints, tmp_path):
     from peft import PeftModel
 

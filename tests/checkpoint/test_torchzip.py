@@ -8,11 +8,9 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from zeropilot.checkpoint import reconstruct, safe_load, torchzip
 from zeropilot.checkpoint import safetensors_writer as stw
-from zeropilot.checkpoint.export import ExportOptions, export_checkpoint
 from zeropilot.checkpoint.layout import read_layout
 
 from .conftest import FULL, LORA, zeropilot
@@ -79,18 +77,19 @@ def test_a_malicious_pickle_is_not_understood_and_nothing_runs(checkpoints, tmp_
     assert not marker.exists()
 
 
-def test_legacy_format_falls_back_to_torch_and_exports_the_same(checkpoints, tmp_path):
-    built = checkpoints("z3_w2_bf16_tied")
-    legacy = built.copy(tmp_path / "legacy")
+def test_legacy_non_zip_files_are_refused_with_a_verdict_not_a_traceback(checkpoints, tmp_path):
+    """torch < 1.6's format (no zip) is not read: inspect names the files, export stops with exit 2."""
+    legacy = checkpoints("z3_w2_bf16_tied").copy(tmp_path / "legacy")
     for f in read_layout(legacy).rank_files:  # DeepSpeed is installed here: load its objects for real
         obj = torch.load(str(f.path), weights_only=False)
         torch.save(obj, str(f.path), _use_new_zipfile_serialization=False)
         with pytest.raises(torchzip.Unsupported, match="not a zip"):
             torchzip.load(f.path)
-    export_checkpoint(built.path, tmp_path / "a", ExportOptions(dtype="fp32", progress=False))
-    export_checkpoint(legacy, tmp_path / "b", ExportOptions(dtype="fp32", progress=False))
-    a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(tmp_path / "b" / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    inspect = zeropilot("ckpt", "inspect", legacy)
+    assert inspect.returncode == 1 and "not written by torch.save" in inspect.stdout
+    export = zeropilot("ckpt", "export", legacy, tmp_path / "out")
+    assert export.returncode != 0 and "Traceback" not in export.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_global_torch_allows_but_torchzip_does_not_know_falls_back(checkpoints, tmp_path):

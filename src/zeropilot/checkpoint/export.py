@@ -29,6 +29,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 from zeropilot.checkpoint import safetensors_writer as stw
 from zeropilot.checkpoint.layout import CheckpointLayout, read_json, read_layout
 from zeropilot.checkpoint.names import HF_MODEL_FILES
+from zeropilot.checkpoint.safe_load import require_torch
 from zeropilot.checkpoint.reconstruct import DamagedCheckpoint, TensorEntry, ZeroState, open_checkpoint
 from zeropilot.errors import InputError
 
@@ -178,8 +179,7 @@ def _stream(state: ZeroState, entry: TensorEntry, dtype: str) -> Iterator[memory
             else:
                 yield from piece.blocks()
         else:
-            import torch
-
+            torch = require_torch()
             target = getattr(torch, dtype)
             for start in range(0, piece.numel, _CAST_BLOCK):
                 part = piece.narrow(start, min(_CAST_BLOCK, piece.numel - start))
@@ -187,8 +187,7 @@ def _stream(state: ZeroState, entry: TensorEntry, dtype: str) -> Iterator[memory
 
 
 def _bytes(tensor) -> memoryview:
-    import torch
-
+    torch = require_torch()
     return memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
@@ -351,8 +350,7 @@ class _BaseFromCheckpoint:
         return self.by_out[name].dtype
 
     def read(self, name: str):
-        import torch
-
+        torch = require_torch()
         entry = self.by_out[name]
         return self.state.read(entry, torch.float32 if entry.dtype in _FLOATS else None)
 
@@ -381,8 +379,7 @@ class _BaseFromDir:
         return next((k for k, (c, _n) in stw.DTYPES.items() if c == code), "float32")
 
     def read(self, name: str):
-        import torch
-
+        torch = require_torch()
         tensor = self.where[name].get_tensor(name)
         return tensor.to(torch.float32) if tensor.is_floating_point() else tensor
 
@@ -400,8 +397,7 @@ def _merged_tensor(base, name: str, lora: Dict[str, TensorEntry], state: ZeroSta
     shape = base.shape(name)
 
     def produce() -> Iterator[memoryview]:
-        import torch
-
+        torch = require_torch()
         weight = base.read(name)
         if a is not None and b is not None and name.endswith(".weight"):
             delta = state.read(b, torch.float32) @ state.read(a, torch.float32)

@@ -79,7 +79,7 @@ class ZeroState:
 
     def read(self, entry: TensorEntry, dtype=None):
         """The full tensor of `entry` as a torch tensor, cast to `dtype` (floating tensors only) if given."""
-        torch = safe_load._torch()
+        torch = safe_load.require_torch()
         target = dtype if (dtype is not None and _is_float(entry.dtype)) else getattr(torch, entry.dtype)
         out = torch.empty(entry.numel, dtype=target)
         pos = 0

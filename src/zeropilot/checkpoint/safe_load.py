@@ -93,7 +93,8 @@ class DamagedFileError(InputError):
     """A file torch cannot read: truncated, empty or not written by torch.save."""
 
 
-def _torch():
+def require_torch():
+    """The torch module, or an InputError naming the extra to install."""
     try:
         import torch
     except ImportError as exc:  # pragma: no cover - torch is in the ckpt extra
@@ -121,7 +122,7 @@ def load(path, *, trust_pickle: bool = False, mmap: bool = True) -> Any:
         UnsafePickleError: the file needs a global outside :data:`DEEPSPEED_GLOBALS`.
         DamagedFileError: torch cannot read the file.
     """
-    torch = _torch()
+    torch = require_torch()
     path = Path(path)
     try:
         if trust_pickle:
