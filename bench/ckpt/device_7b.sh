@@ -9,7 +9,7 @@
 # export 30.5 GB. The optimizer files go to tmpfs (linked from the checkpoint), the rest stays on disk:
 # zero_to_fp32 runs with --max_shard_size 100GB: with its default 5GB, 0.19.8 writes the whole 30.5 GB fp32
 # vector into each of its 7 ZeRO-2 shards (views of one torch.cat, and torch.save keeps whole storages):
-# tried, it filled the disk at shard 3, and in tmpfs it was killed for memory at shard 3.
+# tried, it filled the disk before finishing, and in tmpfs it was killed for memory at its 3rd of 7 shards.
 set -uo pipefail
 STAGE=${STAGE:-2}
 [ -d /tmp/site/deepspeed ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
