@@ -170,6 +170,8 @@ def _size(*args) -> tuple:
 
 _TORCH_GLOBALS: Dict[str, Any] = {
     "collections.OrderedDict": OrderedDict,
+    "builtins.set": set,  # DeepSpeed 0.14's model states; protocol 2 names it __builtin__.set
+    "__builtin__.set": set,
     "torch._utils._rebuild_tensor_v2": _rebuild_tensor_v2,
     "torch._utils._rebuild_parameter": _rebuild_parameter,
     "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
