@@ -71,10 +71,10 @@ class FragmentAddress(DeepSpeedObject):
 # were seen in. DynamicLossScaler is what fp16 runs pickle instead of LossScaler (same module);
 # fp16 training does not run on the CPU accelerator, so it is taken from DeepSpeed's source.
 DEEPSPEED_GLOBALS: Dict[str, Tuple[type, str]] = {
-    "deepspeed.runtime.zero.config.ZeroStageEnum": (ZeroStageEnum, "0.19.8: every optimizer file"),
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler": (LossScaler, "0.19.8: bf16/fp32 optimizer files"),
+    "deepspeed.runtime.zero.config.ZeroStageEnum": (ZeroStageEnum, "0.14.4, 0.19.8: every optimizer file"),
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler": (LossScaler, "0.14.4, 0.19.8: bf16/fp32 optimizer files"),
     "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": (DynamicLossScaler, "fp16 optimizer files"),
-    "deepspeed.utils.tensor_fragment.fragment_address": (FragmentAddress, "0.19.8: ZeRO-1/2 optimizer files"),
+    "deepspeed.utils.tensor_fragment.fragment_address": (FragmentAddress, "0.14.4, 0.19.8: ZeRO-1/2 optimizer files"),
 }
 
 
