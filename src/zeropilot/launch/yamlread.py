@@ -54,11 +54,14 @@ def parse_yaml(text: str, path: Path) -> Node:
     """
     loader = _Loader(text)
     try:
-        root = loader.get_single_node()
-    except yaml.composer.ComposerError:
-        loader.dispose()
-        loader = _Loader(text)
-        root = loader.get_node() if loader.check_node() else None
+        try:
+            root = loader.get_single_node()
+        except yaml.composer.ComposerError as exc:
+            if "single document" not in str(exc.context or ""):
+                raise
+            loader.dispose()  # several documents: the first one is the config
+            loader = _Loader(text)
+            root = loader.get_node() if loader.check_node() else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
