@@ -47,6 +47,9 @@ def test_errors_are_input_errors_with_position(text):
 @given(st.text(max_size=200))
 @example("*0")  # an undefined alias: found by this test once
 @example("a: 1\n---\n*x")
+@example("!!int ")  # PyYAML raises IndexError / AttributeError on these: found by a longer run
+@example("!!float ")
+@example("a: !!timestamp x")
 def test_fuzz_never_crashes(text):
     try:
         parse_yaml(text, P)

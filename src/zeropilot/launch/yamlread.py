@@ -16,7 +16,9 @@ _MAX_DEPTH = 200
 def _scalar(node: yaml.ScalarNode, constructor: yaml.constructor.SafeConstructor):
     try:
         return constructor.construct_object(node, deep=True)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, TypeError, IndexError, AttributeError, OverflowError):
+        # PyYAML's safe constructor raises plain Python errors on some explicitly tagged scalars
+        # ("!!int " with no value: IndexError; "!!timestamp x": AttributeError): keep the text.
         return node.value
 
 
