@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Protocol, Tuple
 
 from zeropilot.checkpoint import safe_load, torchzip
 from zeropilot.checkpoint.layout import CheckpointLayout
@@ -54,6 +54,22 @@ class TensorEntry:
         return math.prod(self.shape)
 
 
+class Piece(Protocol):
+    """Stored values of a tensor: a :class:`torchzip.StoredTensor` or, from the fallback, a :class:`LoadedTensor`."""
+
+    dtype: str
+    numel: int
+    nbytes: int
+
+    def narrow(self, start: int, length: int) -> "Piece": ...
+
+    def span(self) -> Optional[Tuple[str, int]]: ...
+
+    def blocks(self, block_bytes: int = ...) -> Iterator[memoryview]: ...
+
+    def to_torch(self): ...
+
+
 @dataclass
 class ZeroState:
     """An opened ZeRO checkpoint: what tensors it holds and how to read each one."""
@@ -67,7 +83,7 @@ class ZeroState:
     absent: List[str]  # module keys with no values in the checkpoint (frozen, excluded at save)
     module_dtype: Optional[str]  # dtype of the saved 16-bit module (training dtype)
     _model_states: List[dict] = field(repr=False, default_factory=list)
-    _flat: List[List[object]] = field(repr=False, default_factory=list)  # [rank][group] flat fp32
+    _flat: List[List[Piece]] = field(repr=False, default_factory=list)  # [rank][group] flat fp32
     _chunks: Dict[str, List[Tuple[int, int, int, int]]] = field(repr=False, default_factory=dict)
 
     def entry(self, name: str) -> TensorEntry:
@@ -88,7 +104,7 @@ class ZeroState:
             pos += piece.numel
         return out.view(entry.shape)
 
-    def pieces(self, entry: TensorEntry) -> Iterator["Piece"]:
+    def pieces(self, entry: TensorEntry) -> Iterator[Piece]:
         """1-D pieces of the stored values of `entry`, in order (where they lie; nothing read yet)."""
         if entry.source == TRAINABLE:
             for rank, group, start, length in self._chunks[entry.name]:
@@ -98,7 +114,7 @@ class ZeroState:
         else:
             yield self._model_states[0]["module"][entry.name].flat()
 
-    def _frozen_pieces(self, entry: TensorEntry) -> Iterator[object]:
+    def _frozen_pieces(self, entry: TensorEntry) -> Iterator[Piece]:
         if self.stage <= 2:
             yield self._model_states[0]["frozen_param_fragments"][entry.name].flat()
             return
@@ -158,9 +174,6 @@ class LoadedTensor:
 
     def to_torch(self):
         return self.tensor
-
-
-Piece = object  # torchzip.StoredTensor or LoadedTensor: dtype, numel, nbytes, narrow, span, blocks, to_torch
 
 
 def _wrap(obj):
