@@ -97,7 +97,9 @@ def test_trust_pickle_loads_the_same_structure(checkpoints):
     trusted = safe_load.load(layout.optim_file(0), trust_pickle=True)
     assert set(safe["optimizer_state_dict"]) == set(trusted["optimizer_state_dict"])
     flat_safe = safe["optimizer_state_dict"]["fp32_flat_groups"][0]
-    assert torch.equal(flat_safe, trusted["optimizer_state_dict"]["fp32_flat_groups"][0])
+    # bitwise: the flat group ends in alignment padding DeepSpeed never writes (torch.empty), NaN at times
+    flat_trusted = trusted["optimizer_state_dict"]["fp32_flat_groups"][0]
+    assert torch.equal(flat_safe.view(torch.uint8), flat_trusted.view(torch.uint8))
     assert int(safe["optimizer_state_dict"]["zero_stage"]) == 3
 
 

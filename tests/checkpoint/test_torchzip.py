@@ -19,12 +19,17 @@ from .test_safe_load import _Evil, _plant
 pytestmark = pytest.mark.slow
 
 
+def _raw(tensor):
+    return tensor.reshape(-1).view(torch.uint8)
+
+
 def _same(ours, theirs, where=""):
     """Walk both objects; returns how many tensors were compared byte for byte."""
     if isinstance(theirs, torch.Tensor):
         assert isinstance(ours, torchzip.StoredTensor), where
         assert (ours.dtype, ours.shape) == (str(theirs.dtype).replace("torch.", ""), tuple(theirs.shape)), where
-        assert torch.equal(ours.to_torch(), theirs), where
+        # bitwise: flat partitions end in alignment padding DeepSpeed never writes (torch.empty), NaN at times
+        assert torch.equal(_raw(ours.to_torch()), _raw(theirs)), where
         blocks = b"".join(bytes(b) for b in ours.blocks(block_bytes=4096)) if theirs.numel() else b""
         assert blocks == theirs.contiguous().view(-1).view(torch.uint8).numpy().tobytes(), where
         return 1
