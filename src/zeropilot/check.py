@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional, Sequence, Set, Tuple
 
+from zeropilot.errors import InputError
 from zeropilot.launch import Launch, load_launch
 from zeropilot.report import CheckResult
 from zeropilot.rules import all_rules, run_rules
@@ -31,7 +32,12 @@ def check(
 
     Returns:
         The result and the launch that was read.
+
+    Raises:
+        InputError: a path cannot be read, or `gpus` is not ``COUNTxMEM`` / ``MEM``.
     """
+    if gpus:
+        _check_gpus(gpus)
     launch = load_launch(paths, versions=versions, world_size=world_size, use_installed=use_installed)
     if gpus is None and use_installed:
         from zeropilot.launch.hardware import visible_gpus
@@ -48,3 +54,14 @@ def check(
                    | {str(p.path) for p in launch.python_files})
     result = CheckResult(findings, launch.versions, launch.world_size, list(launch.read_errors), files)
     return result, launch
+
+
+def _check_gpus(gpus: str) -> None:
+    """Refuse a `gpus` value the memory rules could not read (they would skip it, silently)."""
+    from zeropilot.memory.inputs import parse_gpus
+
+    try:
+        parse_gpus(gpus if "x" in gpus.lower() else f"1x{gpus}")
+    except InputError:
+        raise InputError(f"--gpus {gpus!r}: expected COUNTxMEM such as 4x16GiB, or MEM such as 16GiB "
+                         "(the count is then the launch's world size)") from None

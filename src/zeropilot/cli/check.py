@@ -43,15 +43,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.world_size is not None and args.world_size < 1:
         raise InputError(f"--world-size must be at least 1, got {args.world_size}")
-    if args.gpus:
-        from zeropilot.memory.inputs import parse_gpus
-
-        # Validate now: the memory rules would otherwise skip a value they cannot read, silently.
-        try:
-            parse_gpus(args.gpus if "x" in args.gpus.lower() else f"1x{args.gpus}")
-        except InputError:
-            raise InputError(f"--gpus {args.gpus!r}: expected COUNTxMEM such as 4x16GiB, or MEM such as 16GiB "
-                             "(the count is then the launch's world size)") from None
     result, launch = check(args.paths, versions=args.versions, world_size=args.world_size,
                            select=_codes(args.select), ignore=_codes(args.ignore), gpus=args.gpus)
     if args.fix or args.diff:
