@@ -1,9 +1,10 @@
 """What a DeepSpeed checkpoint folder holds, read from names, sizes and pickle opcodes — no torch.
 
 This module and :mod:`zeropilot.checkpoint.names` (the file and folder names themselves) are the only
-places in zeropilot that know DeepSpeed's checkpoint layout (DeepSpeed 0.19.8, FACTS.md C). It never unpickles anything: a few scalar facts (ZeRO stage,
-partition count, DeepSpeed version) are read with :mod:`pickletools`, which walks opcodes without
-executing them. Everything here is importable without torch, so ``zeropilot check`` can use it.
+places in zeropilot that know DeepSpeed's checkpoint layout (DeepSpeed 0.19.8, FACTS.md C). It never
+unpickles anything: a few scalar facts (ZeRO stage, partition count, DeepSpeed version) are read with
+:mod:`pickletools`, which walks opcodes without executing them. Everything here is importable without
+torch, so ``zeropilot check`` can use it.
 
 Layout (``save_dir`` is what ``engine.save_checkpoint(save_dir)`` was given)::
 
@@ -30,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from zeropilot.checkpoint.names import (_GLOBAL_STEP_RE, _HF_CHECKPOINT_RE, _MODEL_RE, _OPTIM_RE, HF_MODEL_FILES,
-                                       HF_WEIGHT_FILES, LATEST_FILE, MODEL_STATES_SUFFIX, OPTIM_STATES_SUFFIX,
+from zeropilot.checkpoint.names import (GLOBAL_STEP_RE, HF_CHECKPOINT_RE, HF_MODEL_FILES, HF_WEIGHT_FILES,
+                                       LATEST_FILE, MODEL_RE, MODEL_STATES_SUFFIX, OPTIM_RE, OPTIM_STATES_SUFFIX,
                                        PEFT_FILES, TRAINER_FILES, ZERO12_MODEL_FILE)
 from zeropilot.errors import InputError
 
@@ -179,8 +180,8 @@ def _classify(root: Path) -> Tuple[str, Optional[Path], List[Path]]:
         parent = root.parent
         return "tag-dir", (parent if (parent / LATEST_FILE).is_file() else None), []
     checkpoints = sorted(
-        (p for p in root.iterdir() if p.is_dir() and _HF_CHECKPOINT_RE.match(p.name)),
-        key=lambda p: int(_HF_CHECKPOINT_RE.match(p.name).group(1)),
+        (p for p in root.iterdir() if p.is_dir() and HF_CHECKPOINT_RE.match(p.name)),
+        key=lambda p: int(HF_CHECKPOINT_RE.match(p.name).group(1)),
     )
     if checkpoints:
         return "hf-output-dir", checkpoints[-1], checkpoints
@@ -203,7 +204,7 @@ def _list_tags(save_dir: Path) -> List[str]:
 
 
 def _tag_order(tag: str) -> Tuple[int, int, str]:
-    m = _GLOBAL_STEP_RE.match(tag)
+    m = GLOBAL_STEP_RE.match(tag)
     return (0, int(m.group(1)), tag) if m else (1, 0, tag)
 
 
@@ -237,7 +238,7 @@ def _resolve_tag(root, kind, save_dir, latest, tags, tag, problems) -> Tuple[str
             f"{save_dir / LATEST_FILE}: points to {latest!r}, which does not exist "
             f"(tags here: {', '.join(tags) or 'none'}); pass --tag to choose one")
         return latest, save_dir / latest
-    newer = [t for t in tags if _tag_order(t) > _tag_order(latest) and _GLOBAL_STEP_RE.match(t)]
+    newer = [t for t in tags if _tag_order(t) > _tag_order(latest) and GLOBAL_STEP_RE.match(t)]
     if newer:
         problems.append(
             f"{save_dir / LATEST_FILE}: points to {latest!r} but a newer tag folder exists ({newer[-1]}); "
@@ -273,8 +274,8 @@ def _scan_rank_files(tag_dir: Path) -> Tuple[List[RankFile], List[RankFile], set
     for p in sorted(tag_dir.iterdir()):
         if not p.is_file():
             continue
-        m = _MODEL_RE.match(p.name)
-        o = _OPTIM_RE.match(p.name)
+        m = MODEL_RE.match(p.name)
+        o = OPTIM_RE.match(p.name)
         if p.name == ZERO12_MODEL_FILE:
             model.append(_rank_file(p, "model", None))
         elif m:

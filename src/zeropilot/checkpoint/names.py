@@ -17,10 +17,10 @@ OPTIM_STATES_SUFFIX = "_optim_states.pt"
 ZERO12_MODEL_FILE = "mp_rank_00_model_states.pt"
 OPTIM_PREFIXES = ("bf16_", "fp16_", "")
 
-_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
-_OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-_HF_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-_GLOBAL_STEP_RE = re.compile(r"^global_step(\d+)$")
+MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+HF_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+GLOBAL_STEP_RE = re.compile(r"^global_step(\d+)$")
 
 # Files of the Hugging Face / PEFT world that export copies or inspect reports.
 HF_MODEL_FILES = (
@@ -36,4 +36,4 @@ HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch
 
 def is_checkpoint_dir(name: str) -> bool:
     """Whether a folder name is an HF ``checkpoint-N`` or a DeepSpeed ``global_stepN`` tag."""
-    return bool(_HF_CHECKPOINT_RE.match(name) or _GLOBAL_STEP_RE.match(name))
+    return bool(HF_CHECKPOINT_RE.match(name) or GLOBAL_STEP_RE.match(name))
