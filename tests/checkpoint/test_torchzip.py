@@ -153,3 +153,13 @@ def test_evil_class_is_what_torch_would_run(tmp_path):
     assert not marker.exists()
     torch.load(str(tmp_path / "e.pt"), weights_only=False)
     assert marker.exists()
+
+
+def test_a_file_with_a_non_contiguous_tensor_is_read_through_torch(tmp_path):
+    """Pieces are byte ranges; a strided tensor (DeepSpeed writes none) takes the torch path instead."""
+    base = torch.arange(12, dtype=torch.float32).view(3, 4)
+    torch.save({"module": {"w": base.t()}}, tmp_path / "f.pt")
+    assert not torchzip.load(tmp_path / "f.pt")["module"]["w"].is_contiguous()
+    loaded = reconstruct.load_file(tmp_path / "f.pt")
+    assert isinstance(loaded["module"]["w"], reconstruct.LoadedTensor)
+    assert torch.equal(loaded["module"]["w"].flat().to_torch(), base.t().reshape(-1))

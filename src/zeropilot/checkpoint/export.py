@@ -29,8 +29,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 from zeropilot.checkpoint import safetensors_writer as stw
 from zeropilot.checkpoint.layout import CheckpointLayout, read_json, read_layout
 from zeropilot.checkpoint.names import HF_MODEL_FILES
-from zeropilot.checkpoint.safe_load import require_torch
 from zeropilot.checkpoint.reconstruct import DamagedCheckpoint, TensorEntry, ZeroState, open_checkpoint
+from zeropilot.checkpoint.safe_load import require_torch
 from zeropilot.errors import InputError
 
 PEFT_PREFIX = "base_model.model."

@@ -196,12 +196,24 @@ def load_file(path, *, trust_pickle: bool = False):
     """
     if not trust_pickle:
         try:
-            return torchzip.load(path)
+            loaded = torchzip.load(path)
         except torchzip.Unsupported:
-            pass
+            loaded = None
         except OSError as exc:
             raise safe_load.DamagedFileError(f"cannot read this file ({exc})", path) from None
+        if loaded is not None and _all_contiguous(loaded):  # pieces are byte ranges: contiguous tensors only
+            return loaded
     return _wrap(safe_load.load(path, trust_pickle=trust_pickle))
+
+
+def _all_contiguous(obj) -> bool:
+    if isinstance(obj, torchzip.StoredTensor):
+        return obj.is_contiguous()
+    if isinstance(obj, dict):
+        return all(_all_contiguous(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return all(_all_contiguous(v) for v in obj)
+    return True
 
 
 def open_checkpoint(layout: CheckpointLayout, *, trust_pickle: bool = False,

@@ -15,6 +15,7 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from zeropilot.checkpoint.safe_load import DamagedFileError
 from zeropilot.errors import InputError
 
 # torch dtype name -> (safetensors dtype, bytes per element)
@@ -33,8 +34,6 @@ class FileSpan:
     offset: int
     nbytes: int
 
-    def __len__(self) -> int:
-        return self.nbytes
 
 
 _COPY_BLOCK = 64 << 20
@@ -62,7 +61,7 @@ def _copy_span(out, span: FileSpan) -> None:
         while done < span.nbytes:
             chunk = os.pread(src.fileno(), min(_COPY_BLOCK, span.nbytes - done), span.offset + done)
             if not chunk:
-                raise EOFError(f"{span.path} ends inside a tensor (truncated)")
+                raise DamagedFileError("ends inside a tensor: truncated", span.path)
             _write_all(out, memoryview(chunk))
             done += len(chunk)
 
@@ -128,7 +127,7 @@ def write_file(path, tensors: List[PlannedTensor], on_tensor: Optional[Callable[
     """Write `tensors` to `path` as one safetensors file; returns the bytes of tensor data written."""
     written = 0
     with open(path, "wb", buffering=0) as f:
-        f.write(header(tensors, metadata))
+        _write_all(f, memoryview(header(tensors, metadata)))
         for t in tensors:
             start = written
             for chunk in t.produce():
@@ -136,7 +135,7 @@ def write_file(path, tensors: List[PlannedTensor], on_tensor: Optional[Callable[
                     _copy_span(f, chunk)
                 else:
                     _write_all(f, chunk)
-                written += len(chunk) if isinstance(chunk, FileSpan) else chunk.nbytes
+                written += chunk.nbytes
             if written - start != t.nbytes:
                 raise RuntimeError(f"{t.name}: wrote {written - start} bytes, expected {t.nbytes}")
             if on_tensor:

@@ -13,13 +13,13 @@ offset, dtype, shape) and reads nothing until asked. Any other global raises :cl
 the caller then falls back to ``torch.load(weights_only=True)``, which refuses what is not safe.
 
 So the values of a checkpoint can be copied file to file (``copy_file_range``) or read in bounded
-blocks, without importing torch (2.4 s of a CPU wheel's start-up) or mapping whole files.
+blocks, without importing torch (about 2 s of start-up with a CPU wheel) or mapping whole files.
 """
 
 from __future__ import annotations
 
+import io
 import math
-import os
 import pickle
 import struct
 import zipfile
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
-from zeropilot.checkpoint.safe_load import DEEPSPEED_GLOBALS
+from zeropilot.checkpoint.safe_load import DEEPSPEED_GLOBALS, DamagedFileError
 
 # Storage class names in the pickle -> (torch dtype name, bytes per element).
 STORAGES: Dict[str, Tuple[str, int]] = {
@@ -125,7 +125,7 @@ def _read_exactly(f, offset: int, buf: memoryview, path: str) -> None:
     while got < len(buf):
         n = f.readinto(buf[got:])
         if not n:
-            raise EOFError(f"{path} ends inside a tensor (truncated)")
+            raise DamagedFileError("ends inside a tensor: truncated", path)
         got += n
 
 
@@ -185,8 +185,6 @@ for _name in STORAGES:
 
 class _Unpickler(pickle.Unpickler):
     def __init__(self, data: bytes, records: Dict[str, Tuple[int, int]], path: str) -> None:
-        import io
-
         super().__init__(io.BytesIO(data))
         self.records = records
         self.path = path
