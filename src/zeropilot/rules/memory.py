@@ -152,11 +152,15 @@ def checkpoints_exceed_disk(launch: Launch) -> Iterator[Hit]:
     - DeepSpeed `runtime/engine.py` `save_checkpoint(exclude_frozen_parameters=...)`
     - FACTS C (measured checkpoint sizes), `src/zeropilot/memory/disk.py`
     """
-    for train, ds, plan in _plans(launch):
-        from zeropilot.memory.from_launch import values_from_launch
+    plans = list(_plans(launch))
+    if not plans:
+        return
+    from zeropilot.memory.from_launch import values_from_launch
 
+    output_dir = values_from_launch(launch).output_dir
+    for train, ds, plan in plans:
         k = plan.checkpoint
-        free = _free_bytes(train, values_from_launch(launch).output_dir)
+        free = _free_bytes(train, output_dir)
         if free is None:
             continue
         need = k.disk_peak_bytes if k.disk_peak_bytes is not None else k.total_bytes
