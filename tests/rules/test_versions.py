@@ -57,6 +57,8 @@ def test_vr001_accelerate_accumulate(launch_dir):
     assert run_check(root, versions="deepspeed=0.16.0,accelerate=1.9.0", select={"VR001"}) == []  # PR #3656
 
 
+@pytest.mark.witness
+@pytest.mark.slow
 def test_vr001_witness(engine_probe):
     """A real ZeRO-2 engine (DeepSpeed 0.19.8, gloo, one process) asserts in no_sync(), as VR001 says."""
     assert engine_probe["stage"] == 2
