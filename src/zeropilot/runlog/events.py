@@ -1,0 +1,88 @@
+"""The records a rank appends to ``rank-N.jsonl``, and the writer that appends them.
+
+Every line is one JSON object with ``v`` (:data:`EVENT_VERSION`), ``event`` (one of :data:`EVENTS`),
+``t`` (Unix time, seconds) and ``rank``. Memory is a flat object of :data:`MEMORY_FIELDS`, every value
+in bytes (counts for ``alloc_retries`` / ``num_ooms``) or ``null`` where the device cannot tell
+(a CPU run has only ``host_rss_bytes``).
+
+The ``peak_*`` fields are the allocator's own peak counters as read, cumulative since whoever last
+reset them: the guard never resets them (DeepSpeed's ``see_memory_usage`` does), so a reader takes
+a window's peak from the counters' increase, see :func:`zeropilot.runlog.summary.window_peak`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+EVENT_VERSION = 1
+
+#: start: the guard is live in this rank (pid, host, local_rank, world_size, device, framework,
+#:        allocator_settings in force).
+#: init: ``deepspeed.initialize`` returned (zero_stage, seconds, mem).
+#: step: an optimizer step ended (step, seconds since the previous step ended, mem).
+#: save / load: a checkpoint save or load ended (step, tag, path, bytes, seconds, phases[], mem_before,
+#:        mem_peak, mem_after).
+#: oom: an out-of-memory error on this rank (step, phase, request_bytes, file: the oom-rank-N.json).
+#: error: an exception left the training code (type, message, where: innermost frames last).
+#: end: the rank's interpreter is exiting normally (steps).
+EVENTS = ("start", "init", "step", "save", "load", "oom", "error", "end")
+
+MEMORY_FIELDS = (
+    "allocated_bytes",
+    "reserved_bytes",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "unallocated_reserved_bytes",  # reserved - allocated: free space inside segments PyTorch holds
+    "alloc_retries",  # memory_stats num_alloc_retries: cache flushes under pressure
+    "num_ooms",
+    "device_free_bytes",  # mem_get_info
+    "device_total_bytes",
+    "outside_torch_bytes",  # total - free - reserved: context, BLAS workspaces, NCCL, other processes
+    "host_rss_bytes",
+)
+
+#: Save and load phases, in the order they happen; a guard records the ones it can see.
+PHASES = ("gather_16bit", "model_states", "optimizer_states", "write", "wait")
+
+
+def event(kind: str, rank: int, **fields: Any) -> Dict[str, Any]:
+    """A record of ``kind`` for ``rank``, stamped now."""
+    if kind not in EVENTS:
+        raise ValueError(f"unknown event {kind!r}")
+    record: Dict[str, Any] = {"v": EVENT_VERSION, "event": kind, "t": time.time(), "rank": rank}
+    record.update(fields)
+    return record
+
+
+class EventWriter:
+    """Appends records to one rank's file; each record is one ``write`` of one whole line.
+
+    ``O_APPEND`` and one write per line keep lines whole even when the process is killed between
+    records; a reader drops at most a torn last line.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: Optional[int] = os.open(str(self.path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, record: Dict[str, Any]) -> None:
+        if self._fd is None:
+            return
+        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
+        os.write(self._fd, line.encode("utf-8"))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "EventWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

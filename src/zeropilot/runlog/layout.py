@@ -1,0 +1,84 @@
+"""Every file name of a run directory, in one place."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List
+
+RUN_SCHEMA = "zeropilot.run/1"
+
+_RANK_FILE = re.compile(r"^(rank|heartbeat-rank|oom-rank|stacks-rank)-(\d{1,6})\.(jsonl|json|txt)$")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory and the names of the files in it."""
+
+    root: Path
+
+    @property
+    def run_file(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def hang_file(self) -> Path:
+        return self.root / "hang.json"
+
+    def events(self, rank: int) -> Path:
+        return self.root / f"rank-{rank}.jsonl"
+
+    def heartbeat(self, rank: int) -> Path:
+        return self.root / f"heartbeat-rank-{rank}.json"
+
+    def oom(self, rank: int) -> Path:
+        return self.root / f"oom-rank-{rank}.json"
+
+    def stacks(self, rank: int) -> Path:
+        return self.root / f"stacks-rank-{rank}.txt"
+
+    def memory_snapshot(self, rank: int) -> Path:
+        """A ``torch.cuda.memory._dump_snapshot`` pickle that opens in PyTorch's memory_viz."""
+        return self.root / f"memory-snapshot-rank-{rank}.pickle"
+
+    def flight_recorder(self, rank: int) -> Path:
+        """Where the NCCL flight recorder dumps rank N (``TORCH_FR_DUMP_TEMP_FILE`` prefix + rank)."""
+        return self.root / f"nccl-trace-rank-{rank}"
+
+    @property
+    def flight_recorder_prefix(self) -> str:
+        return str(self.root / "nccl-trace-rank-")
+
+    def ranks(self, kind: str = "rank") -> List[int]:
+        """Ranks that have a file of this kind (``rank``, ``heartbeat-rank``, ``oom-rank``, ``stacks-rank``)."""
+        found = []
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return []
+        for name in names:
+            m = _RANK_FILE.match(name)
+            if m and m.group(1) == kind:
+                found.append(int(m.group(2)))
+        return sorted(found)
+
+
+def write_json_atomic(path: Path, payload: Dict[str, Any]) -> None:
+    """Write JSON to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(payload, fh, indent=1, sort_keys=False, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

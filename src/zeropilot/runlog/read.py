@@ -1,0 +1,148 @@
+"""Reading a run directory: bounded, tolerant of torn last lines, columnar for steps.
+
+Step records are the bulk of a run (100k steps x 8 ranks is 800k lines), so they are kept as
+columns of ``array('d')`` (NaN for null) rather than 800k dicts; every other record is kept whole.
+A run directory may come from someone else: lines longer than :data:`MAX_LINE` and lines that are
+not JSON objects are skipped and counted, never fatal; JSON side files over :data:`MAX_SIDE_FILE`
+are refused with a problem note.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+from zeropilot.errors import InputError
+from zeropilot.runlog.events import MEMORY_FIELDS
+from zeropilot.runlog.layout import RunDir
+
+MAX_LINE = 1 << 20
+MAX_SIDE_FILE = 64 << 20
+STEP_COLUMNS = ("t", "step", "seconds") + MEMORY_FIELDS
+NAN = float("nan")
+
+
+@dataclass
+class RankRecords:
+    """What one rank recorded."""
+
+    rank: int
+    steps: Dict[str, array] = field(default_factory=lambda: {c: array("d") for c in STEP_COLUMNS})
+    events: List[Dict[str, Any]] = field(default_factory=list)  # every record but steps, in file order
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps["t"])
+
+    def of(self, kind: str) -> List[Dict[str, Any]]:
+        return [e for e in self.events if e.get("event") == kind]
+
+    def column(self, name: str) -> List[Optional[float]]:
+        return [None if math.isnan(x) else x for x in self.steps[name]]
+
+
+@dataclass
+class RunRecords:
+    """Everything in a run directory, read once."""
+
+    root: Path
+    run: Optional[Dict[str, Any]]
+    ranks: Dict[int, RankRecords]
+    ooms: Dict[int, Dict[str, Any]]
+    hang: Optional[Dict[str, Any]]
+    heartbeats: Dict[int, Dict[str, Any]]
+    problems: List[str]
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return NAN
+    return float(value)
+
+
+def _lines(path: Path, problems: List[str]) -> Iterator[Dict[str, Any]]:
+    skipped = 0
+    with open(path, "rb") as fh:
+        while True:
+            raw = fh.readline(MAX_LINE + 1)
+            if not raw:
+                break
+            if len(raw) > MAX_LINE:
+                skipped += 1
+                while raw and not raw.endswith(b"\n"):  # drain the rest of the long line
+                    raw = fh.readline(MAX_LINE)
+                continue
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                skipped += 1  # a torn last line after a kill, or garbage
+                continue
+            if isinstance(record, dict):
+                yield record
+            else:
+                skipped += 1
+    if skipped:
+        problems.append(f"{path.name}: {skipped} unreadable line(s) skipped")
+
+
+def read_rank(path: Path, rank: int, problems: List[str]) -> RankRecords:
+    records = RankRecords(rank)
+    cols = records.steps
+    for rec in _lines(path, problems):
+        if rec.get("event") != "step":
+            records.events.append(rec)
+            continue
+        mem = rec.get("mem") if isinstance(rec.get("mem"), dict) else {}
+        cols["t"].append(_number(rec.get("t")))
+        cols["step"].append(_number(rec.get("step")))
+        cols["seconds"].append(_number(rec.get("seconds")))
+        for name in MEMORY_FIELDS:
+            cols[name].append(_number(mem.get(name)))
+    return records
+
+
+def read_side_json(path: Path, problems: List[str]) -> Optional[Dict[str, Any]]:
+    """A JSON object file of the run directory, or None (with a note) when absent or unreadable."""
+    try:
+        if not path.is_file():
+            return None
+        if path.stat().st_size > MAX_SIDE_FILE:
+            problems.append(f"{path.name}: larger than {MAX_SIDE_FILE >> 20} MiB, not read")
+            return None
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        problems.append(f"{path.name}: unreadable ({exc.__class__.__name__})")
+        return None
+    if not isinstance(data, dict):
+        problems.append(f"{path.name}: not a JSON object")
+        return None
+    return data
+
+
+def read_run(root: Path) -> RunRecords:
+    """Read a run directory written by ``zeropilot run``; an input error if it is none."""
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError("not a run directory (no such folder)", path=root)
+    d = RunDir(root)
+    problems: List[str] = []
+    run = read_side_json(d.run_file, problems)
+    ranks = {r: read_rank(d.events(r), r, problems) for r in d.ranks("rank")}
+    if run is None and not ranks:
+        raise InputError("not a run directory: no run.json and no rank-N.jsonl", path=root)
+    ooms = {}
+    for r in d.ranks("oom-rank"):
+        rec = read_side_json(d.oom(r), problems)
+        if rec is not None:
+            ooms[r] = rec
+    beats = {}
+    for r in d.ranks("heartbeat-rank"):
+        rec = read_side_json(d.heartbeat(r), problems)
+        if rec is not None:
+            beats[r] = rec
+    return RunRecords(root=root, run=run, ranks=ranks, ooms=ooms, hang=read_side_json(d.hang_file, problems),
+                      heartbeats=beats, problems=problems)
