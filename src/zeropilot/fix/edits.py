@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from zeropilot.errors import InputError
 from zeropilot.launch.document import Document, Node
-from zeropilot.rules.registry import Edit
+from zeropilot.fix.model import Edit
 
 _YAML_PLAIN = re.compile(r"^[A-Za-z_./][A-Za-z0-9_./-]*$")
 _YAML_RESERVED = {"true", "false", "yes", "no", "on", "off", "null", "~", "y", "n"}

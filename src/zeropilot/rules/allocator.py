@@ -16,8 +16,9 @@ from typing import Dict, Iterator, Optional
 
 from zeropilot.launch import Launch
 from zeropilot.launch.commands import as_int
+from zeropilot.launch.facts import truthy
 from zeropilot.launch.shell import EnvSetting
-from zeropilot.rules.registry import Hit, Severity, rule
+from zeropilot.rules.registry import Gate, Hit, Severity, rule
 
 CUDA_VAR, HIP_VAR, ALLOC_VAR = "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF"
 ALLOC_VARS = (CUDA_VAR, HIP_VAR, ALLOC_VAR)
@@ -47,7 +48,7 @@ class AllocConf:
         return self.setting.name
 
     def on(self, option: str) -> bool:
-        return self.options.get(option, "").strip().lower() in ("true", "1")
+        return truthy(self.options.get(option, "")) is True
 
 
 def parse_options(value: str) -> Dict[str, str]:
@@ -86,9 +87,9 @@ def _llamafactory_sets_cuda_conf(launch: Launch) -> Optional[EnvSetting]:
         if lc.launcher != "llamafactory":
             continue
         run_env = {**env, **{k: v.value for k, v in lc.command.env.items()}}
-        if run_env.get("OPTIM_TORCH", "1").strip().lower() in ("0", "false", "n", "no", "off"):
+        if truthy(run_env.get("OPTIM_TORCH", "1")) is False and run_env.get("OPTIM_TORCH", "1").strip() != "":
             continue
-        forced = run_env.get("FORCE_TORCHRUN", "").strip().lower() in ("1", "true", "y", "yes")
+        forced = truthy(run_env.get("FORCE_TORCHRUN", "")) is True
         many = (as_int(run_env.get("NPROC_PER_NODE")) or 0) > 1 or (launch.world_size.visible_devices or 0) > 1
         if forced or many:
             cmd = lc.command
@@ -164,7 +165,7 @@ def alloc_conf_shadowed(launch: Launch) -> Iterator[Hit]:
         yield _hit(conf, f"{name}={conf.setting.value} takes no effect: it is overridden by {by}; {fix}.")
 
 
-@rule("AL002", "hip-alloc-conf-on-cuda-build", Severity.WARNING, packages=("torch",),
+@rule("AL002", "hip-alloc-conf-on-cuda-build", Severity.WARNING, gates=(Gate("torch", "<2.9", False),),
       versions="torch < 2.9 on CUDA builds (2.11 CUDA and 2.13 read it: measured)",
       witness="fixture:tests/rules/test_allocator.py::test_al002_fires_on_old_cuda_torch; "
               "c10/cuda/CUDAAllocatorConfig.h (torch 2.8: `#ifdef USE_ROCM` around the HIP fallback)")
@@ -191,8 +192,6 @@ def hip_alloc_conf_on_cuda_build(launch: Launch) -> Iterator[Hit]:
     """
     confs = _confs(launch)
     if HIP_VAR not in confs or launch.versions.is_rocm is not False:
-        return
-    if launch.versions.satisfies("torch", "<2.9") is not True:
         return
     yield _hit(confs[HIP_VAR], f"{HIP_VAR} is ignored by this CUDA build of torch "
                                f"{launch.versions.raw('torch')} (only ROCm builds read it before 2.9); use "
@@ -338,7 +337,8 @@ def unknown_allocator_option(launch: Launch) -> Iterator[Hit]:
                              "ValueError (Unrecognized key) at the first GPU use, others ignore it; fix the key.")
 
 
-@rule("AL007", "alloc-conf-ignored-on-torch-2-9", Severity.WARNING, packages=("torch",), versions="torch 2.9.x",
+@rule("AL007", "alloc-conf-ignored-on-torch-2-9", Severity.WARNING, gates=(Gate("torch", ">=2.9,<2.10", False),),
+      versions="torch 2.9.x",
       witness="fixture:tests/rules/test_allocator.py::test_al007_fires_on_2_9; pytorch issue #183387")
 def alloc_conf_ignored_on_torch_2_9(launch: Launch) -> Iterator[Hit]:
     """`PYTORCH_ALLOC_CONF=expandable_segments:True` on torch 2.9.x.
@@ -362,8 +362,6 @@ def alloc_conf_ignored_on_torch_2_9(launch: Launch) -> Iterator[Hit]:
     """
     conf = _confs(launch).get(ALLOC_VAR)
     if conf is None or not conf.on("expandable_segments"):
-        return
-    if launch.versions.satisfies("torch", ">=2.9,<2.10") is not True:
         return
     yield _hit(conf, f"{ALLOC_VAR}=expandable_segments:True is ignored on torch 2.9.x (pytorch #183387); use "
                      f"{CUDA_VAR} instead, or torch >= 2.11.")

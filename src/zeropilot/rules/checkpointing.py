@@ -12,40 +12,22 @@ from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
 from zeropilot.launch import Document, Launch, Node
+from zeropilot.launch.facts import facts, is_on
+from zeropilot.launch.facts import zero_stage as facts_zero_stage
 from zeropilot.rules.registry import Hit, Severity, rule
 
 GATHER_KEYS = ("zero_optimization.stage3_gather_16bit_weights_on_model_save",
                "zero_optimization.stage3_gather_fp16_weights_on_model_save")
-# LLaMA-Factory's finetuning types that wrap the model in PEFT (its default is lora).
-_PEFT_TYPES = {"lora", "oft"}
-
-
-def is_true(node: Optional[Node]) -> bool:
-    """Whether a setting is on: YAML/JSON true, or the strings a flag or env file would hold."""
-    if node is None:
-        return False
-    value = node.value
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes")
-    return value is True
 
 
 def zero_stage(ds: Document) -> Optional[int]:
-    """The ZeRO stage a DeepSpeed config asks for (0 without a zero section), None when not a number."""
-    node = ds.get("zero_optimization.stage")
-    if node is None:
-        return 0
-    value = node.value
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)) and float(value).is_integer():
-        return int(value)
-    return None
+    """The ZeRO stage DeepSpeed runs for a config (:func:`zeropilot.launch.facts.zero_stage`), None if unknown."""
+    return facts_zero_stage(ds)[0]
 
 
 def gathers_16bit(ds: Document) -> bool:
     """stage3_gather_16bit_weights_on_model_save (or its old fp16 name); DeepSpeed's default is false."""
-    return any(is_true(ds.get(key)) for key in GATHER_KEYS)
+    return any(is_on(ds.get(key)) for key in GATHER_KEYS)
 
 
 def gather_node(ds: Document) -> Optional[Node]:
@@ -57,16 +39,8 @@ def gather_node(ds: Document) -> Optional[Node]:
 
 
 def uses_peft(launch: Launch, train: Document) -> bool:
-    """Whether the training wraps the model in PEFT (LoRA): LLaMA-Factory, axolotl, TRL or a script."""
-    if train.flavour == "llamafactory":
-        ftype = train.value("finetuning_type", "lora")
-        return isinstance(ftype, str) and ftype.lower() in _PEFT_TYPES
-    if train.flavour == "axolotl":
-        adapter = train.value("adapter")
-        return isinstance(adapter, str) and adapter.lower() in ("lora", "qlora")
-    if is_true(train.get("use_peft")):
-        return True
-    return any("get_peft_model(" in py.text or "LoraConfig(" in py.text for py in launch.python_files)
+    """Whether the training wraps the model in PEFT (:meth:`zeropilot.launch.facts.LaunchFacts.peft`)."""
+    return facts(launch).peft(train)
 
 
 def hf_pairs(launch: Launch) -> List[Tuple[Document, Document, int]]:
@@ -123,7 +97,7 @@ def save_only_model_not_resumable(launch: Launch) -> Iterator[Hit]:
     """
     for train, ds, stage in hf_pairs(launch):
         node = train.get("save_only_model")
-        if not is_true(node) or _engine_saves_on_save_model(launch, train, ds, stage):
+        if not is_on(node) or _engine_saves_on_save_model(launch, train, ds, stage):
             continue
         resume = " — and this launch resumes from a checkpoint" if train.get("resume_from_checkpoint") else ""
         yield Hit(train, node, f"save_only_model: true under DeepSpeed ZeRO-{stage}: checkpoints hold weights "
@@ -167,7 +141,7 @@ def save_only_model_ignored_without_gather(launch: Launch) -> Iterator[Hit]:
     """
     for train, ds, stage in hf_pairs(launch):
         node = train.get("save_only_model")
-        if not is_true(node) or not _engine_saves_on_save_model(launch, train, ds, stage):
+        if not is_on(node) or not _engine_saves_on_save_model(launch, train, ds, stage):
             continue
         gather = gather_node(ds)
         how = "is false" if gather is not None else "is not set (DeepSpeed's default is false)"
@@ -213,7 +187,7 @@ def save_only_model_with_load_best(launch: Launch) -> Iterator[Hit]:
     for train, _ds, _stage in hf_pairs(launch):
         node = train.get("save_only_model")
         best = train.get("load_best_model_at_end")
-        if is_true(node) and is_true(best):
+        if is_on(node) and is_on(best):
             yield Hit(train, best, "load_best_model_at_end with save_only_model under DeepSpeed: the Trainer "
                                    "raises ValueError when it is built (after the model loaded); drop "
                                    "save_only_model, or turn load_best_model_at_end off.")
@@ -223,7 +197,7 @@ def _frozen_base_case(launch: Launch, train: Document, ds: Document, stage: int)
     """Why this launch writes the frozen base into its checkpoints, or None when it does not."""
     old = launch.versions.satisfies("transformers", "<4.37")
     new = launch.versions.satisfies("transformers", ">=5.0")
-    only_model = is_true(train.get("save_only_model"))
+    only_model = is_on(train.get("save_only_model"))
     fallback = stage == 3 and not gathers_16bit(ds)
     if new is True:
         return None
@@ -281,7 +255,7 @@ def frozen_base_in_every_checkpoint(launch: Launch) -> Iterator[Hit]:
         why = _frozen_base_case(launch, train, ds, stage)
         if why is None:
             continue
-        node = (train.get("save_only_model") if is_true(train.get("save_only_model")) else None) \
+        node = (train.get("save_only_model") if is_on(train.get("save_only_model")) else None) \
             or train.get("finetuning_type") or train.get("adapter") or train.get("deepspeed")
         yield Hit(train, node, f"every checkpoint of this LoRA run holds the whole frozen base model: {why}; "
                                "set stage3_gather_16bit_weights_on_model_save: true and save_only_model: false, "
@@ -343,7 +317,7 @@ def _explicit_resume(train: Document) -> Optional[Tuple[Path, Node]]:
     node = train.get("resume_from_checkpoint")
     if node is None:
         return None
-    if is_true(node):
+    if is_on(node):
         last = _last_checkpoint(train)
         return (last, node) if last is not None else None
     if not isinstance(node.value, str) or node.value.strip().lower() in ("", "false", "none", "null"):
@@ -381,7 +355,7 @@ def _saved_layout(folder: Path) -> Tuple[Optional[int], Optional[int]]:
 
 
 def _loads_universal(launch: Launch) -> bool:
-    return any(is_true(ds.get("checkpoint.load_universal")) for ds in launch.ds_configs)
+    return any(is_on(ds.get("checkpoint.load_universal")) for ds in launch.ds_configs)
 
 
 @rule("CK006", "resume-on-another-world-size", Severity.ERROR, packages=("deepspeed",),

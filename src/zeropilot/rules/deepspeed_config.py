@@ -11,17 +11,16 @@ from typing import Iterator, List, Optional, Tuple
 
 from zeropilot.fix.edits import rename_key, replace_value
 from zeropilot.launch import Launch
+from zeropilot.launch.facts import BATCH_KEYS, as_int, is_auto, is_on
+from zeropilot.launch.facts import zero_stage as facts_zero_stage
 from zeropilot.launch.document import Document, Node
 from zeropilot.rules.data_ds import (NOT_DEEPSPEED_KEYS, REMOVED_TOP_LEVEL, REMOVED_ZERO_KEYS, STRICT_SECTIONS,
                                      STRICT_SINCE, TOP_LEVEL_KEYS, Section)
-from zeropilot.rules.registry import Applicability, Fix, Hit, Severity, rule
-
-BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-
+from zeropilot.rules.registry import Applicability, Fix, Gate, Hit, Severity, rule
 
 def _enabled(doc, section: str):
     node = doc.get(f"{section}.enabled")
-    return node if node is not None and node.value is True else None
+    return node if is_on(node) else None
 
 
 def ds_version_in(launch: Launch, spec: str) -> bool:
@@ -50,10 +49,6 @@ def strict_sections(doc: Document) -> Iterator[Tuple[str, Section, Node]]:
             node = doc.get("bfloat16")  # DeepSpeed's legacy name for the same section
         if node is not None and node.is_mapping:
             yield name, section, node
-
-
-def is_auto(node: Optional[Node]) -> bool:
-    return node is not None and node.value == "auto"
 
 
 @rule("DS001", "unknown-key-in-strict-section", Severity.ERROR, packages=("deepspeed",),
@@ -163,7 +158,7 @@ def fractional(value) -> bool:
         and not value.is_integer()
 
 
-@rule("DS003", "fractional-float-for-integer-field", Severity.ERROR, packages=("deepspeed",),
+@rule("DS003", "fractional-float-for-integer-field", Severity.ERROR, gates=(Gate("deepspeed", ">=0.7.0"),),
       versions="deepspeed >= 0.15.0 (error); 0.7.0-0.14.x (silently truncated: warning)",
       witness="tests/rules/test_deepspeed_config.py::test_ds003_witness")
 def fractional_float_for_integer_field(launch: Launch) -> Iterator[Hit]:
@@ -190,8 +185,6 @@ def fractional_float_for_integer_field(launch: Launch) -> Iterator[Hit]:
     - pydantic v2 lax mode `int_from_float`; DeepSpeed #6525
     - `deepspeed/runtime/zero/config.py` (integer fields)
     """
-    if not ds_version_in(launch, ">=0.7.0"):
-        return
     truncated = not ds_version_in(launch, ">=0.15.0")
     for doc in launch.ds_configs:
         for name, section, node in strict_sections(doc):
@@ -262,11 +255,7 @@ def auto_without_hf_integration(launch: Launch) -> Iterator[Hit]:
 
 def concrete_int(node: Optional[Node]) -> Optional[int]:
     """A node's value as an int when it is a whole number (``1e9`` counts), else None."""
-    if node is None or isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
-        return None
-    if isinstance(node.value, float) and not node.value.is_integer():
-        return None
-    return int(node.value)
+    return as_int(node.value) if node is not None else None
 
 
 @rule("DS005", "fp16-and-bf16-both-enabled", Severity.ERROR, packages=("deepspeed",),
@@ -440,16 +429,8 @@ def removed_deepspeed_feature(launch: Launch) -> Iterator[Hit]:
 
 
 def zero_stage(doc: Document) -> Optional[int]:
-    """The ZeRO stage a config asks for: 0 when absent, None when not a number (``"auto"``)."""
-    node = doc.get("zero_optimization")
-    if node is None:
-        return 0
-    if isinstance(node.value, bool):
-        return 1 if node.value else 0
-    stage = concrete_int(node.child("stage")) if node.is_mapping else None
-    if node.is_mapping and node.child("stage") is None:
-        return 0
-    return stage
+    """The ZeRO stage DeepSpeed runs for a config (:func:`zeropilot.launch.facts.zero_stage`), None if unknown."""
+    return facts_zero_stage(doc)[0]
 
 
 @rule("DS009", "zero3-setting-below-stage-3", Severity.WARNING, packages=("deepspeed",),
@@ -499,7 +480,7 @@ def gradient_clipping_filled(launch: Launch, doc: Document) -> bool:
     return doc.get("gradient_clipping") is not None
 
 
-@rule("DS010", "gradient-clipping-default-changed", Severity.INFO, packages=("deepspeed",),
+@rule("DS010", "gradient-clipping-default-changed", Severity.INFO, gates=(Gate("deepspeed", ">=0.19.3"),),
       versions="deepspeed >= 0.19.3 (default 1.0; before: 0.0, no clipping)",
       witness="tests/rules/test_deepspeed_config.py::test_ds010_witness")
 def gradient_clipping_default_changed(launch: Launch) -> Iterator[Hit]:
@@ -528,8 +509,6 @@ def gradient_clipping_default_changed(launch: Launch) -> Iterator[Hit]:
       sdist, `1.0` in 0.19.3)
     - `transformers/integrations/deepspeed.py` `fill_match` (fills only keys that are present)
     """
-    if not ds_version_in(launch, ">=0.19.3"):
-        return
     for doc in launch.ds_configs:
         if gradient_clipping_filled(launch, doc) or not doc.root.value:
             continue

@@ -23,6 +23,7 @@ def render_rule(r: Rule) -> str:
     out = [f"# {r.code} {r.name}", "",
            f"Severity: **{r.severity.value}** · Status: {r.status} · Fix: {'yes' if r.fixable else 'no'}", "",
            f"Applies to: {r.versions}", "",
+           f"Version gates (enforced by the engine): {', '.join(str(g) for g in r.gates) or 'none'}", "",
            f"Witness: {r.witness or 'none'}", "",
            "## What it does", "", sections.get("", ""), ""]
     for heading, body in sections.items():
@@ -41,6 +42,15 @@ def render_index(rules: List[Rule]) -> str:
     return "\n".join(out) + "\n"
 
 
+def render_table(rules: List[Rule]) -> str:
+    """The compact rule table for the project README (code, name, severity, what it finds)."""
+    out = ["| code | name | severity | what it finds |", "|---|---|---|---|"]
+    for r in rules:
+        summary = r.summary.replace("|", "\\|")
+        out.append(f"| [{r.code}](docs/rules/{r.code}.md) | `{r.name}` | {r.severity.value} | {summary} |")
+    return "\n".join(out) + "\n"
+
+
 def generate() -> Dict[str, str]:
     """file name -> content of every page of docs/rules/."""
     from zeropilot.rules import all_rules
@@ -48,6 +58,7 @@ def generate() -> Dict[str, str]:
     rules = all_rules()
     pages = {f"{r.code}.md": render_rule(r) for r in rules}
     pages["README.md"] = render_index(rules)
+    pages["index.md"] = render_table(rules)
     return pages
 
 

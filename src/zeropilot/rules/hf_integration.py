@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from zeropilot.launch import Launch
 from zeropilot.launch.document import Document, Node
+from zeropilot.launch.facts import truthy
 from zeropilot.rules.deepspeed_config import auto_fix
 from zeropilot.rules.registry import Hit, Severity, rule
 
@@ -34,7 +35,7 @@ def _coerce(name: str, value: Any) -> Any:
     """A training-argument value as the dataclass field would hold it (YAML ``1e-4`` is a string)."""
     try:
         if name in _BOOLS and isinstance(value, str):
-            return value.strip().lower() in ("true", "1", "yes")
+            return truthy(value) is True
         if name in _FLOATS and isinstance(value, (str, int)) and not isinstance(value, bool):
             return float(value)
         if name in _INTS and isinstance(value, (str, float)):

@@ -2,9 +2,9 @@
 
 How to add a rule (one function in the topic module under ``zeropilot/rules/``)::
 
-    from zeropilot.rules.registry import Hit, rule, Severity
+    from zeropilot.rules.registry import Gate, Hit, rule, Severity
 
-    @rule("DS001", "unknown-key-in-strict-section", Severity.ERROR, packages=("deepspeed",),
+    @rule("DS001", "unknown-key-in-strict-section", Severity.ERROR, gates=(Gate("deepspeed", ">=0.7.0"),),
           versions="deepspeed >= 0.7.0", witness="tests/rules/test_deepspeed_config.py::test_ds001_witness")
     def unknown_key_in_strict_section(launch):
         \"\"\"A key DeepSpeed does not know, in a section it validates strictly.
@@ -33,6 +33,9 @@ Docstring sections: the first paragraph says what the rule finds; ``## Why is th
 ``## Use instead`` and ``## References`` are required; ``## Fix safety`` is required for rules with fixes.
 ``docs/rules/`` is generated from these (``python -m zeropilot.rules.docs``) and a test keeps it in sync.
 
+Version ranges are data (``gates``), enforced by the engine: the check function does not test them again.
+Launch values (ZeRO stage, precision, batch values, PEFT, offload) come from :mod:`zeropilot.launch.facts`.
+
 A check function takes the :class:`~zeropilot.launch.Launch` and yields :class:`Hit` objects; the
 registry turns them into :class:`Finding` records with the rule's code, severity and the versions assumed.
 Checks must not raise on odd input: a value of the wrong type is something to skip (or to report).
@@ -47,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from zeropilot.fix.model import Applicability, Edit, Fix
 from zeropilot.launch.document import Document, Node
 
 
@@ -58,31 +62,6 @@ class Severity(str, enum.Enum):
     @property
     def rank(self) -> int:
         return {"error": 3, "warning": 2, "info": 1}[self.value]
-
-
-class Applicability(str, enum.Enum):
-    """How far a fix can be trusted: ``--fix`` applies only safe ones."""
-
-    SAFE = "safe"
-    UNSAFE = "unsafe"
-    DISPLAY = "display"
-
-
-@dataclass(frozen=True)
-class Edit:
-    """Replace ``text[start:end]`` of ``file`` with ``replacement``."""
-
-    file: Path
-    start: int
-    end: int
-    replacement: str
-
-
-@dataclass
-class Fix:
-    description: str
-    applicability: Applicability
-    edits: Tuple[Edit, ...] = ()
 
 
 @dataclass
@@ -128,6 +107,29 @@ class Finding:
 REQUIRED_SECTIONS = ("Why is this bad?", "Example", "Use instead", "References")
 
 
+@dataclass(frozen=True)
+class Gate:
+    """A version range a rule applies to, declared once and enforced by :meth:`Rule.run`.
+
+    Attributes:
+        package: distribution name (``deepspeed``).
+        spec: PEP 440 specifier (``>=0.19.3``).
+        when_unknown: whether the rule runs when the package's version is unknown (True: an unknown version
+            counts as in range, as for checks of the newest DeepSpeed; False: only known versions).
+    """
+
+    package: str
+    spec: str
+    when_unknown: bool = True
+
+    def admits(self, versions) -> bool:
+        verdict = versions.satisfies(self.package, self.spec)
+        return self.when_unknown if verdict is None else verdict
+
+    def __str__(self) -> str:
+        return f"{self.package} {self.spec}" + ("" if self.when_unknown else " (when the version is known)")
+
+
 @dataclass
 class Rule:
     """A registered rule.
@@ -143,6 +145,8 @@ class Rule:
             version-gated rules CI cannot install ``fixture:tests/x.py::test_y; <upstream source>``.
         fixable: whether it may offer a fix.
         status: ``stable`` or ``preview``.
+        gates: version ranges the rule applies to; the engine runs it only where every gate admits the launch's
+            versions (so the check function does not test them again).
     """
 
     code: str
@@ -154,6 +158,7 @@ class Rule:
     witness: str = ""
     fixable: bool = False
     status: str = "stable"
+    gates: Tuple[Gate, ...] = ()
 
     @property
     def doc(self) -> str:
@@ -173,7 +178,13 @@ class Rule:
             out[heading.strip()] = body.strip()
         return out
 
+    def applies(self, versions) -> bool:
+        """Whether every version gate admits these versions."""
+        return all(g.admits(versions) for g in self.gates)
+
     def run(self, launch) -> List[Finding]:
+        if not self.applies(launch.versions):
+            return []
         out = []
         for hit in self.check(launch) or ():
             out.append(self._finding(hit, launch))
@@ -195,13 +206,18 @@ REDIRECTS: Dict[str, str] = {}
 
 
 def rule(code: str, name: str, severity: Severity, *, packages: Sequence[str] = (), versions: str = "all",
-         witness: str = "", fixable: bool = False, status: str = "stable"):
-    """Register a check function as a rule (see the module docstring)."""
+         witness: str = "", fixable: bool = False, status: str = "stable", gates: Sequence[Gate] = ()):
+    """Register a check function as a rule (see the module docstring).
+
+    ``gates`` are enforced by the engine; ``versions`` only explains them (and any finer, per-finding ranges)
+    in words for the docs.
+    """
 
     def register(fn: Callable) -> Callable:
         if code in _RULES:
             raise ValueError(f"rule code {code} registered twice")
-        _RULES[code] = Rule(code, name, severity, fn, tuple(packages), versions, witness, fixable, status)
+        pkgs = tuple(dict.fromkeys(tuple(packages) + tuple(g.package for g in gates)))
+        _RULES[code] = Rule(code, name, severity, fn, pkgs, versions, witness, fixable, status, tuple(gates))
         return fn
 
     return register

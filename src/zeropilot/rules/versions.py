@@ -12,7 +12,7 @@ from zeropilot.launch import Launch
 from zeropilot.launch.document import Document
 from zeropilot.rules.deepspeed_config import zero_stage
 from zeropilot.rules.hf_integration import reads_as_hf, train_arg
-from zeropilot.rules.registry import Hit, Severity, rule
+from zeropilot.rules.registry import Gate, Hit, Severity, rule
 
 
 def _known(launch: Launch, name: str, spec: str) -> bool:
@@ -32,7 +32,7 @@ def _uses_accumulate(launch: Launch) -> bool:
 
 
 @rule("VR001", "no-sync-assertion-with-zero-2-3", Severity.ERROR,
-      packages=("deepspeed", "transformers", "accelerate"),
+      packages=("deepspeed", "transformers", "accelerate"), gates=(Gate("deepspeed", ">=0.16.0", False),),
       versions="deepspeed >= 0.16.0 with transformers 4.46.0-4.47.0 (Trainer) or accelerate < 1.9.0 "
                "(accelerate.accumulate)",
       witness="tests/rules/test_versions.py::test_vr001_witness")
@@ -67,8 +67,6 @@ def no_sync_assertion_with_zero_2_3(launch: Launch) -> Iterator[Hit]:
     - transformers PR #35157 (4.47.1); accelerate PR #3656 (1.9.0)
     - DeepSpeed #6793, transformers #34984, accelerate #3481, LlamaFactory #6194
     """
-    if not _known(launch, "deepspeed", ">=0.16.0"):
-        return
     bad_trainer = _known(launch, "transformers", ">=4.46.0,<4.47.1")
     for train, ds in launch.training_pairs():
         stage, ga = zero_stage(ds), train_arg(train, "gradient_accumulation_steps")
@@ -96,6 +94,7 @@ def no_sync_assertion_with_zero_2_3(launch: Launch) -> Iterator[Hit]:
 
 
 @rule("VR002", "fractional-auto-prefetch-bucket", Severity.ERROR, packages=("deepspeed", "transformers", "accelerate"),
+      gates=(Gate("deepspeed", ">=0.15.0", False),),
       versions="deepspeed >= 0.15.0 with transformers < 4.45.0 (Trainer) or accelerate < 0.31.0",
       witness="tests/rules/test_versions.py::test_vr002_witness")
 def fractional_auto_prefetch_bucket(launch: Launch) -> Iterator[Hit]:
@@ -126,8 +125,6 @@ def fractional_auto_prefetch_bucket(launch: Launch) -> Iterator[Hit]:
     - transformers PR #33402 (4.45.0), accelerate PR #2814 (0.31.0)
     - DeepSpeed #6525; LlamaFactory #5252, #5586
     """
-    if not _known(launch, "deepspeed", ">=0.15.0"):
-        return
     old_hf = _known(launch, "transformers", "<4.45.0")
     old_acc = _known(launch, "accelerate", "<0.31.0")
     for ds in launch.ds_configs:
