@@ -4,7 +4,9 @@ Step records are the bulk of a run (100k steps x 8 ranks is 800k lines), so they
 columns of ``array('d')`` (NaN for null) rather than 800k dicts; every other record is kept whole.
 A run directory may come from someone else: lines longer than :data:`MAX_LINE` and lines that are
 not JSON objects are skipped and counted, never fatal; JSON side files over :data:`MAX_SIDE_FILE`
-are refused with a problem note.
+are refused with a problem note. Memory stays bounded whatever the directory holds: at most
+:data:`MAX_STEP_ROWS` step records and :data:`MAX_EVENTS` other records per run are kept (the rest
+are counted in a note), and each rank's stack file is read up to :data:`MAX_STACK` bytes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from zeropilot.runlog.layout import RunDir
 
 MAX_LINE = 1 << 20
 MAX_SIDE_FILE = 64 << 20
+MAX_STEP_ROWS = 4_000_000  # all ranks together: 14 columns of 8 bytes, about 450 MB at most
+MAX_EVENTS = 200_000  # non-step records, all ranks together
+MAX_STACK = 1 << 20
 STEP_COLUMNS = ("t", "step", "seconds") + MEMORY_FIELDS
 NAN = float("nan")
 
@@ -56,17 +61,38 @@ class RunRecords:
     hang: Optional[Dict[str, Any]]
     heartbeats: Dict[int, Dict[str, Any]]
     problems: List[str]
+    stacks: Dict[int, str] = field(default_factory=dict)  # stacks-rank-N.txt, bounded, undecodable bytes replaced
 
 
 def _number(value: Any) -> float:
+    """A finite float, or NaN for null, non-numbers, infinities and integers too large for a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return NAN
-    return float(value)
+    try:
+        x = float(value)
+    except OverflowError:
+        return NAN
+    return x if math.isfinite(x) else NAN
+
+
+@dataclass
+class _Budget:
+    """What is left of the run's row budgets, shared by every rank's reader."""
+
+    steps: int = MAX_STEP_ROWS
+    events: int = MAX_EVENTS
+    dropped_steps: int = 0
+    dropped_events: int = 0
 
 
 def _lines(path: Path, problems: List[str]) -> Iterator[Dict[str, Any]]:
     skipped = 0
-    with open(path, "rb") as fh:
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        problems.append(f"{path.name}: unreadable ({exc.__class__.__name__})")
+        return
+    with fh:
         while True:
             raw = fh.readline(MAX_LINE + 1)
             if not raw:
@@ -89,13 +115,23 @@ def _lines(path: Path, problems: List[str]) -> Iterator[Dict[str, Any]]:
         problems.append(f"{path.name}: {skipped} unreadable line(s) skipped")
 
 
-def read_rank(path: Path, rank: int, problems: List[str]) -> RankRecords:
+def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budget] = None) -> RankRecords:
+    """One rank's records: steps as columns, the rest whole, within the run's row budgets."""
+    budget = budget if budget is not None else _Budget()
     records = RankRecords(rank)
     cols = records.steps
     for rec in _lines(path, problems):
         if rec.get("event") != "step":
+            if budget.events <= 0:
+                budget.dropped_events += 1
+                continue
+            budget.events -= 1
             records.events.append(rec)
             continue
+        if budget.steps <= 0:
+            budget.dropped_steps += 1
+            continue
+        budget.steps -= 1
         mem = rec.get("mem") if isinstance(rec.get("mem"), dict) else {}
         cols["t"].append(_number(rec.get("t")))
         cols["step"].append(_number(rec.get("step")))
@@ -123,6 +159,20 @@ def read_side_json(path: Path, problems: List[str]) -> Optional[Dict[str, Any]]:
     return data
 
 
+def read_stack(path: Path, problems: List[str]) -> Optional[str]:
+    """The text of a stacks file, at most :data:`MAX_STACK` bytes of it (a note says when cut)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_STACK + 1)
+    except OSError as exc:
+        problems.append(f"{path.name}: unreadable ({exc.__class__.__name__})")
+        return None
+    if len(raw) > MAX_STACK:
+        problems.append(f"{path.name}: longer than {MAX_STACK >> 20} MiB, only the start is shown")
+        raw = raw[:MAX_STACK]
+    return raw.decode("utf-8", errors="replace")
+
+
 def read_run(root: Path) -> RunRecords:
     """Read a run directory written by ``zeropilot run``; an input error if it is none."""
     root = Path(root)
@@ -131,7 +181,11 @@ def read_run(root: Path) -> RunRecords:
     d = RunDir(root)
     problems: List[str] = []
     run = read_side_json(d.run_file, problems)
-    ranks = {r: read_rank(d.events(r), r, problems) for r in d.ranks("rank")}
+    budget = _Budget()
+    ranks = {r: read_rank(d.events(r), r, problems, budget) for r in d.ranks("rank")}
+    if budget.dropped_steps or budget.dropped_events:
+        problems.append(f"run larger than the reader's budget: {budget.dropped_steps} step record(s) and "
+                        f"{budget.dropped_events} other record(s) not read")
     if run is None and not ranks:
         raise InputError("not a run directory: no run.json and no rank-N.jsonl", path=root)
     ooms = {}
@@ -144,5 +198,10 @@ def read_run(root: Path) -> RunRecords:
         rec = read_side_json(d.heartbeat(r), problems)
         if rec is not None:
             beats[r] = rec
+    stacks = {}
+    for r in d.ranks("stacks-rank"):
+        text = read_stack(d.stacks(r), problems)
+        if text is not None:
+            stacks[r] = text
     return RunRecords(root=root, run=run, ranks=ranks, ooms=ooms, hang=read_side_json(d.hang_file, problems),
-                      heartbeats=beats, problems=problems)
+                      heartbeats=beats, problems=problems, stacks=stacks)

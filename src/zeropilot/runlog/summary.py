@@ -1,7 +1,10 @@
 """From a run directory's records to the report: the verdict, per-rank peaks, saves.
 
 :func:`summarize` returns the object ``zeropilot report DIR --format json`` prints (schema
-:data:`REPORT_SCHEMA`, documented in ``docs/run-dir.md``). Pure: it reads :class:`RunRecords` only.
+:data:`REPORT_SCHEMA`, documented in ``docs/run-dir.md`` and ``docs/report.md``, machine-checked
+by ``docs/report.schema.json``); :func:`compare` puts two of them side by side. Pure: it reads
+:class:`RunRecords` only. Everything copied from the directory is normalized first
+(:mod:`zeropilot.runlog.normalize`): the report has one shape whatever the directory held.
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional
 
+from zeropilot.runlog import normalize as nz
 from zeropilot.runlog.events import MEMORY_FIELDS
 from zeropilot.runlog.read import RankRecords, RunRecords
 
 REPORT_SCHEMA = "zeropilot.report/1"
+COMPARE_SCHEMA = "zeropilot.report-compare/1"
 VERDICTS = ("ok", "oom", "hang", "crash", "running")
 
 
@@ -41,9 +46,55 @@ def window_peak(before: Optional[float], after: Optional[float]) -> Optional[int
 
 
 def _mem_peak(mem: Any, key: str) -> Optional[int]:
-    if isinstance(mem, dict) and isinstance(mem.get(key), (int, float)) and not isinstance(mem.get(key), bool):
-        return int(mem[key])
-    return None
+    return nz.integer(mem.get(key)) if isinstance(mem, dict) else None
+
+
+def _larger(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
+
+
+def _peak_source(rec: RankRecords, key: str) -> Optional[Dict[str, Any]]:
+    """Where rank's highest ``key`` counter was first seen: ``{event, step, t, bytes}``.
+
+    The counters are cumulative, so the record that first shows the maximum closes the window that
+    set it: a step (the peak happened in that step) or a save/load/init/oom (it happened there).
+    """
+    best: Optional[Dict[str, Any]] = None
+    col = rec.steps[key]
+    top = _max(col)
+    if top is not None:
+        i = next(i for i, x in enumerate(col) if not math.isnan(x) and int(x) == top)
+        best = {"event": "step", "step": nz.integer(rec.steps["step"][i]), "t": nz.num(rec.steps["t"][i]),
+                "bytes": top}
+    for e in rec.events:
+        for field in ("mem_peak", "mem_after", "mem"):
+            value = _mem_peak(e.get(field), key)
+            t = nz.num(e.get("t"))
+            if value is None:
+                continue
+            if best is None or value > best["bytes"] or (value == best["bytes"] and t is not None
+                                                          and best["t"] is not None and t < best["t"]):
+                best = {"event": nz.text(e.get("event")) or "?", "step": nz.integer(e.get("step")), "t": t,
+                        "bytes": value}
+    return best
+
+
+def _start(rec: RankRecords) -> Dict[str, Any]:
+    """What rank's ``start`` record said about where it ran."""
+    s = next((e for e in rec.events if e.get("event") == "start"), {})
+    dev = s.get("device") if isinstance(s.get("device"), dict) else {}
+    return {
+        "host": nz.text(s.get("host")),
+        "pid": nz.integer(s.get("pid")),
+        "framework": nz.text(s.get("framework")),
+        "device": {"name": nz.text(dev.get("name")), "backend": nz.text(dev.get("backend")),
+                   "total_bytes": nz.integer(dev.get("total_bytes"))} if dev else None,
+        "allocator_settings": nz.str_map(s.get("allocator_settings")),
+    }
 
 
 def _rank_summary(rec: RankRecords, plan_bytes: Optional[int]) -> Dict[str, Any]:
@@ -55,30 +106,30 @@ def _rank_summary(rec: RankRecords, plan_bytes: Optional[int]) -> Dict[str, Any]
             peak_reserved = _larger(peak_reserved, _mem_peak(e.get(key), "peak_reserved_bytes"))
             peak_alloc = _larger(peak_alloc, _mem_peak(e.get(key), "peak_allocated_bytes"))
     ended = any(e.get("event") == "end" for e in rec.events)
-    last_t = max(_finite(cols["t"]) + [e["t"] for e in rec.events if isinstance(e.get("t"), (int, float))],
-                 default=None)
+    times = _finite(cols["t"]) + [t for t in (nz.num(e.get("t")) for e in rec.events) if t is not None]
     steps = _finite(cols["step"])
+    secs = _finite(cols["seconds"])
+    device_total = _max(cols["device_total_bytes"])
     return {
         "rank": rec.rank,
         "steps": int(max(steps)) if steps else 0,
         "peak_reserved_bytes": peak_reserved,
         "peak_allocated_bytes": peak_alloc,
         "outside_torch_bytes": _max(cols["outside_torch_bytes"]),
-        "device_total_bytes": _max(cols["device_total_bytes"]),
+        "device_total_bytes": device_total,
         "host_rss_peak_bytes": _max(cols["host_rss_bytes"]),
         "alloc_retries": _max(cols["alloc_retries"]),
         "plan_bytes": plan_bytes,
         "ended": ended,
-        "last_record_t": last_t,
+        "last_record_t": max(times, default=None),
+        "first_record_t": min(times, default=None),
+        "step_records": rec.n_steps,
+        "step_seconds_median": statistics.median(secs) if secs else None,
+        "peak_reserved_at": _peak_source(rec, "peak_reserved_bytes"),
+        "host_rss_peak_at": _peak_source(rec, "host_rss_bytes"),
+        "plan_ratio": (peak_reserved / plan_bytes) if peak_reserved is not None and plan_bytes else None,
+        **_start(rec),
     }
-
-
-def _larger(a: Optional[int], b: Optional[int]) -> Optional[int]:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return max(a, b)
 
 
 def _first_step_after(rec: RankRecords, t: float, before_counter: Optional[float]) -> Optional[Dict[str, Any]]:
@@ -86,7 +137,7 @@ def _first_step_after(rec: RankRecords, t: float, before_counter: Optional[float
     for i, ts in enumerate(cols["t"]):
         if ts > t:
             mem = {name: (None if math.isnan(cols[name][i]) else int(cols[name][i])) for name in MEMORY_FIELDS}
-            return {"step": int(cols["step"][i]), "seconds": cols["seconds"][i], "mem": mem,
+            return {"step": nz.integer(cols["step"][i]), "seconds": nz.num(cols["seconds"][i]), "mem": mem,
                     "window_peak_reserved_bytes": window_peak(before_counter, cols["peak_reserved_bytes"][i])}
     return None
 
@@ -95,72 +146,158 @@ def _checkpoint_ops(records: RunRecords, kind: str) -> List[Dict[str, Any]]:
     ops = []
     for rank, rec in sorted(records.ranks.items()):
         for e in rec.of(kind):
-            after = e.get("mem_after") if isinstance(e.get("mem_after"), dict) else {}
-            counter = after.get("peak_reserved_bytes")
-            op = {k: e.get(k) for k in ("step", "tag", "path", "bytes", "seconds", "phases",
-                                        "mem_before", "mem_peak", "mem_after")}
-            op["rank"] = rank
-            op["t"] = e.get("t")
-            if kind == "save" and isinstance(e.get("t"), (int, float)):
-                op["first_step_after"] = _first_step_after(rec, e["t"], counter)
+            t = nz.num(e.get("t"))
+            seconds = nz.num(e.get("seconds"))
+            op = {"step": nz.integer(e.get("step")), "tag": nz.text(e.get("tag")), "path": nz.text(e.get("path")),
+                  "bytes": nz.integer(e.get("bytes")), "seconds": seconds, "phases": nz.phases(e.get("phases")),
+                  "mem_before": nz.mem(e.get("mem_before")), "mem_peak": nz.mem(e.get("mem_peak")),
+                  "mem_after": nz.mem(e.get("mem_after")), "rank": rank, "t": t,
+                  "start_t": (t - seconds) if t is not None and seconds is not None else t}
+            if kind == "save" and t is not None:
+                counter = (op["mem_after"] or {}).get("peak_reserved_bytes")
+                op["first_step_after"] = _first_step_after(rec, t, counter)
+            elif kind == "save":
+                op["first_step_after"] = None
             ops.append(op)
-    return sorted(ops, key=lambda o: (o.get("t") or 0, o["rank"]))
+    return sorted(ops, key=lambda o: (o["t"] if o["t"] is not None else 0.0, o["rank"]))
 
 
-def _verdict(records: RunRecords, ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
+def _earliest(t: Optional[float], rank: int) -> tuple:
+    """Sort key: earliest time first, unknown times last, then the lower rank."""
+    return (t is None, t if t is not None else 0.0, rank)
+
+
+def _verdict(records: RunRecords, ranks: List[Dict[str, Any]], ooms: List[Dict[str, Any]],
+             hang: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     run = records.run or {}
-    if records.hang:
-        v = records.hang.get("verdict") if isinstance(records.hang.get("verdict"), dict) else {}
-        return {"kind": "hang", "ranks": v.get("ranks", []), "where": v.get("where", []),
-                "reason": v.get("reason", "no progress within the hang timeout")}
-    if records.ooms:
-        first = min(records.ooms.items(), key=lambda kv: kv[1].get("t", math.inf))
-        v = first[1].get("verdict") if isinstance(first[1].get("verdict"), dict) else {}
-        return {"kind": "oom", "ranks": sorted(records.ooms), "where": first[1].get("where", []),
-                "reason": v.get("summary") or f"out of memory on rank {first[0]}", "class": v.get("kind")}
-    errors = [(e.get("t", math.inf), r, e) for r, rec in records.ranks.items() for e in rec.of("error")]
-    exit_code = run.get("exit_code")
+    if hang is not None:
+        v = hang["verdict"]
+        return {"kind": "hang", "ranks": v["ranks"], "where": v["where"],
+                "reason": v["reason"] or "no progress within the hang timeout", "cause": v["cause"]}
+    if ooms:
+        first = min(ooms, key=lambda o: _earliest(o["t"], o["rank"]))
+        return {"kind": "oom", "ranks": sorted(o["rank"] for o in ooms), "where": first["where"],
+                "reason": first["verdict"]["summary"] or f"out of memory on rank {first['rank']}",
+                "class": first["verdict"]["kind"], "first_rank": first["rank"]}
+    errors = [(nz.num(e.get("t")), r, e) for r, rec in records.ranks.items() for e in rec.of("error")]
+    exit_code = nz.integer(run.get("exit_code"))
     not_ended = [r for r in ranks if not r["ended"]]
+    signal = nz.text(run.get("signal"))
     if errors:
-        t, rank, e = min(errors, key=lambda x: (x[0], x[1]))
-        return {"kind": "crash", "ranks": [rank], "where": e.get("where", []),
-                "reason": f"{e.get('type', 'error')}: {e.get('message', '')}".strip()}
-    if "ended_at" not in run and exit_code is None:
+        t, rank, e = min(errors, key=lambda x: _earliest(x[0], x[1]))
+        return {"kind": "crash", "ranks": [rank], "where": nz.texts(e.get("where")),
+                "reason": f"{nz.text(e.get('type')) or 'error'}: {nz.text(e.get('message')) or ''}".strip()}
+    if "ended_at" not in run and run.get("exit_code") is None:
         return {"kind": "running", "ranks": [], "where": [], "reason": "the run has not ended (or its supervisor died)"}
-    if exit_code not in (0, None) or run.get("signal") or not_ended:
+    if exit_code not in (0, None) or signal or not_ended:
         dead = sorted(not_ended, key=lambda r: (r["last_record_t"] or 0, r["rank"]))
         first = [dead[0]["rank"]] if dead else []
         why = f"exit status {exit_code}" if exit_code not in (0, None) else "a rank ended without finishing"
-        if run.get("signal"):
-            why = f"killed by {run['signal']}"
+        if signal:
+            why = f"killed by {signal}"
         return {"kind": "crash", "ranks": first, "where": [], "reason": why +
                 (f"; rank {first[0]} stopped recording first" if first else "")}
     return {"kind": "ok", "ranks": [], "where": [], "reason": "every rank finished"}
+
+
+def _step_seconds(records: RunRecords) -> Dict[str, Any]:
+    """Step time over every rank's steps: median, p90, max, mean, and the first step's (warm-up)."""
+    secs = sorted(s for rec in records.ranks.values() for s in _finite(rec.steps["seconds"]))
+    firsts = [rec.steps["seconds"][0] for rec in records.ranks.values()
+              if rec.n_steps and not math.isnan(rec.steps["seconds"][0])]
+    if not secs:
+        return {"median": None, "max": None, "p90": None, "mean": None, "count": 0, "first": None}
+    return {"median": statistics.median(secs), "max": secs[-1], "p90": secs[min(len(secs) - 1, int(0.9 * len(secs)))],
+            "mean": math.fsum(secs) / len(secs), "count": len(secs), "first": max(firsts) if firsts else None}
+
+
+def _stacks(records: RunRecords) -> List[Dict[str, Any]]:
+    return [{"rank": r, "text": text} for r, text in sorted(records.stacks.items())]
 
 
 def summarize(records: RunRecords) -> Dict[str, Any]:
     """The report of a run: verdict, steps, per-rank peaks against the plan, saves, loads."""
     run = records.run or {}
     plan = run.get("plan") if isinstance(run.get("plan"), dict) else None
-    plan_bytes = plan.get("peak_bytes_per_rank") if plan else None
-    ranks = [_rank_summary(rec, plan_bytes if isinstance(plan_bytes, int) else None)
-             for _, rec in sorted(records.ranks.items())]
-    secs = [s for rec in records.ranks.values() for s in _finite(rec.steps["seconds"])]
+    plan_bytes = nz.integer(plan.get("peak_bytes_per_rank")) if plan else None
+    ranks = [_rank_summary(rec, plan_bytes) for _, rec in sorted(records.ranks.items())]
+    ooms = [nz.oom(rec, r) for r, rec in sorted(records.ooms.items())]
+    hang = nz.hang(records.hang) if records.hang is not None else None
     return {
         "schema": REPORT_SCHEMA,
         "run_dir": str(records.root),
-        "command": run.get("command"),
-        "exit_code": run.get("exit_code"),
-        "verdict": _verdict(records, ranks),
+        "command": nz.texts(run.get("command")) if isinstance(run.get("command"), list) else nz.text(run.get("command")),
+        "exit_code": nz.integer(run.get("exit_code")),
+        "verdict": _verdict(records, ranks, ooms, hang),
         "steps": max((r["steps"] for r in ranks), default=0),
-        "step_seconds": {"median": statistics.median(secs) if secs else None,
-                         "max": max(secs) if secs else None},
+        "step_seconds": _step_seconds(records),
         "ranks": ranks,
         "saves": _checkpoint_ops(records, "save"),
         "loads": _checkpoint_ops(records, "load"),
-        "ooms": [dict(rec, rank=r) for r, rec in sorted(records.ooms.items())],
-        "hang": records.hang,
+        "ooms": ooms,
+        "hang": hang,
+        "hang_stacks": _stacks(records),
         "plan": plan,
-        "environment": run.get("environment"),
+        "environment": nz.str_map(run.get("environment")) if run.get("environment") is not None else None,
+        "versions": nz.str_map(run.get("versions")),
+        "started_at": nz.num(run.get("started_at")) if not isinstance(run.get("started_at"), str)
+        else nz.text(run.get("started_at")),
+        "ended_at": nz.num(run.get("ended_at")) if not isinstance(run.get("ended_at"), str)
+        else nz.text(run.get("ended_at")),
+        "signal": nz.text(run.get("signal")),
+        "world_size": nz.integer(run.get("world_size")),
+        "hang_timeout_s": nz.num(run.get("hang_timeout_s")),
+        "on_hang": nz.text(run.get("on_hang")),
         "problems": records.problems,
     }
+
+
+def _metric(name: str, a: Optional[float], b: Optional[float]) -> Dict[str, Any]:
+    return {"metric": name, "a": a, "b": b, "change": (b - a) if a is not None and b is not None else None,
+            "ratio": (b / a) if a and b is not None else None}
+
+
+def _top(summary: Dict[str, Any], key: str) -> Optional[int]:
+    vals = [r[key] for r in summary["ranks"] if r.get(key) is not None]
+    return max(vals) if vals else None
+
+
+def _save_cost(summary: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    """The slowest rank's seconds per save, median over saves; the largest save's bytes; its peak."""
+    by_step: Dict[Any, float] = {}
+    for s in summary["saves"]:
+        if s["seconds"] is not None:
+            by_step[s["step"]] = max(by_step.get(s["step"], 0.0), s["seconds"])
+    peaks = [s["mem_peak"].get("peak_reserved_bytes") for s in summary["saves"] if s["mem_peak"]]
+    sizes = [s["bytes"] for s in summary["saves"] if s["bytes"] is not None]
+    return {"seconds": statistics.median(by_step.values()) if by_step else None,
+            "bytes": max(sizes) if sizes else None,
+            "peak_reserved_bytes": max((p for p in peaks if p is not None), default=None)}
+
+
+def compare(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
+    """Two reports side by side (before and after a fix): peaks, step time, save cost, per rank."""
+    sa, sb = _save_cost(a), _save_cost(b)
+    metrics = [
+        _metric("peak_reserved_bytes", _top(a, "peak_reserved_bytes"), _top(b, "peak_reserved_bytes")),
+        _metric("peak_allocated_bytes", _top(a, "peak_allocated_bytes"), _top(b, "peak_allocated_bytes")),
+        _metric("outside_torch_bytes", _top(a, "outside_torch_bytes"), _top(b, "outside_torch_bytes")),
+        _metric("host_rss_peak_bytes", _top(a, "host_rss_peak_bytes"), _top(b, "host_rss_peak_bytes")),
+        _metric("steps", a["steps"], b["steps"]),
+        _metric("step_seconds_median", a["step_seconds"]["median"], b["step_seconds"]["median"]),
+        _metric("step_seconds_max", a["step_seconds"]["max"], b["step_seconds"]["max"]),
+        _metric("save_seconds_median", sa["seconds"], sb["seconds"]),
+        _metric("save_bytes", sa["bytes"], sb["bytes"]),
+        _metric("save_peak_reserved_bytes", sa["peak_reserved_bytes"], sb["peak_reserved_bytes"]),
+    ]
+    ra = {r["rank"]: r for r in a["ranks"]}
+    rb = {r["rank"]: r for r in b["ranks"]}
+    per_rank = []
+    for rank in sorted(set(ra) | set(rb)):
+        x, y = ra.get(rank, {}), rb.get(rank, {})
+        per_rank.append({"rank": rank,
+                         "peak_reserved_bytes": _metric("peak_reserved_bytes", x.get("peak_reserved_bytes"),
+                                                        y.get("peak_reserved_bytes")),
+                         "host_rss_peak_bytes": _metric("host_rss_peak_bytes", x.get("host_rss_peak_bytes"),
+                                                        y.get("host_rss_peak_bytes"))})
+    return {"schema": COMPARE_SCHEMA, "a": a, "b": b, "metrics": metrics, "ranks": per_rank}

@@ -1,36 +1,194 @@
-"""The terminal summary of a run: verdict, steps, peaks per rank against the plan, saves."""
+"""The terminal summary of a run: verdict, steps, peaks per rank against the plan, saves, OOM and hang.
+
+Strings in a report come from the run directory, which may come from a stranger: :func:`clean`
+replaces control characters so that nothing in it can drive the terminal (colours, cursor moves,
+a fake prompt).
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional
 
 GiB = float(1 << 30)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(value: Any) -> str:
+    """Text safe to print: control characters (ESC and friends) become ``?``."""
+    return _CONTROL.sub("?", str(value))
 
 
 def gib(value: Optional[float]) -> str:
     return "-" if value is None else f"{value / GiB:.2f} GiB"
 
 
-def render(summary: Dict[str, Any]) -> str:
+def secs(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
+
+
+def main_mem(mem: Optional[Dict[str, Any]]) -> Optional[int]:
+    """The memory figure to show for a moment: reserved on a GPU, else the host's RSS."""
+    if not mem:
+        return None
+    return mem.get("reserved_bytes") if mem.get("reserved_bytes") is not None else mem.get("host_rss_bytes")
+
+
+def _verdict(summary: Dict[str, Any]) -> List[str]:
     v = summary["verdict"]
-    lines: List[str] = []
     who = f" (rank {', '.join(str(r) for r in v['ranks'])})" if v.get("ranks") else ""
-    lines.append(f"verdict: {v['kind'].upper()}{who}: {v.get('reason', '')}")
-    for frame in (v.get("where") or [])[-4:]:
-        lines.append(f"  at {frame}")
-    med = summary["step_seconds"]["median"]
-    lines.append(f"steps: {summary['steps']}" + (f", median step {med:.3f} s" if med is not None else ""))
-    if summary["ranks"]:
-        lines.append("rank  steps  peak reserved  peak allocated  outside torch  host RSS   plan")
-        for r in summary["ranks"]:
-            lines.append(f"{r['rank']:>4}  {r['steps']:>5}  {gib(r['peak_reserved_bytes']):>13}  "
-                         f"{gib(r['peak_allocated_bytes']):>14}  {gib(r['outside_torch_bytes']):>13}  "
-                         f"{gib(r['host_rss_peak_bytes']):>9}  {gib(r['plan_bytes'])}")
+    lines = [f"verdict: {v['kind'].upper()}{who}: {clean(v.get('reason') or '')}"]
+    if v.get("cause"):
+        lines.append(f"  cause: {clean(v['cause'])}")
+    lines += [f"  at {clean(frame)}" for frame in (v.get("where") or [])[-4:]]
+    return lines
+
+
+def _steps(summary: Dict[str, Any]) -> List[str]:
+    st = summary["step_seconds"]
+    line = f"steps: {summary['steps']}"
+    if st["median"] is not None:
+        line += f", step time median {secs(st['median'])}, p90 {secs(st['p90'])}, max {secs(st['max'])}"
+        if st.get("first") is not None:
+            line += f" (first step {secs(st['first'])})"
+    return [line]
+
+
+def _peak_at(at: Optional[Dict[str, Any]]) -> str:
+    if not at:
+        return "-"
+    return at["event"] + (f" {at['step']}" if at.get("step") is not None else "")
+
+
+def _ranks(summary: Dict[str, Any]) -> List[str]:
+    if not summary["ranks"]:
+        return ["no rank recorded anything"]
+    lines = ["rank  steps  peak reserved  at          peak allocated  outside torch  capacity    host RSS   "
+             "plan        vs plan"]
+    for r in summary["ranks"]:
+        ratio = "-" if r.get("plan_ratio") is None else f"{r['plan_ratio'] * 100:.0f}%"
+        lines.append(f"{r['rank']:>4}  {r['steps']:>5}  {gib(r['peak_reserved_bytes']):>13}  "
+                     f"{_peak_at(r.get('peak_reserved_at')):<10}  {gib(r['peak_allocated_bytes']):>14}  "
+                     f"{gib(r['outside_torch_bytes']):>13}  {gib(r['device_total_bytes']):>10}  "
+                     f"{gib(r['host_rss_peak_bytes']):>9}  {gib(r['plan_bytes']):>10}  {ratio:>7}")
+    return lines
+
+
+def _op_line(kind: str, s: Dict[str, Any]) -> List[str]:
+    size = "-" if s.get("bytes") is None else f"{s['bytes'] / 1e9:.2f} GB"
+    took = "-" if s.get("seconds") is None else f"{s['seconds']:.2f} s"
+    lines = [f"{kind} at step {s.get('step')} on rank {s['rank']}: {size} in {took}"
+             + (f" ({clean(s['tag'])})" if s.get("tag") else "")]
+    if s.get("phases"):
+        lines.append("    phases: " + ", ".join(f"{clean(p['name'])} {secs(p['seconds'])}" for p in s["phases"]))
+    peak = (s.get("mem_peak") or {}).get("peak_reserved_bytes") or main_mem(s.get("mem_peak"))
+    mems = (main_mem(s.get("mem_before")), peak, main_mem(s.get("mem_after")))
+    if any(m is not None for m in mems):
+        lines.append(f"    memory before {gib(mems[0])}, at peak {gib(mems[1])}, after {gib(mems[2])}")
+    nxt = s.get("first_step_after")
+    if nxt and nxt.get("window_peak_reserved_bytes") is not None:
+        lines.append(f"    first step after (step {nxt['step']}) set a new peak: "
+                     f"{gib(nxt['window_peak_reserved_bytes'])}")
+    return lines
+
+
+def _fixes(fixes: List[Dict[str, Any]]) -> List[str]:
+    lines = ["  fixes, best first:"] if fixes else []
+    for i, f in enumerate(fixes, 1):
+        gain = f" (saves about {gib(f['expected_bytes'])})" if f.get("expected_bytes") else ""
+        lines.append(f"    {i}. {clean(f['fix'])}{gain}")
+        if f.get("why"):
+            lines.append(f"       why: {clean(f['why'])}")
+    return lines
+
+
+def _oom(o: Dict[str, Any]) -> List[str]:
+    v = o["verdict"]
+    lines = [f"OOM on rank {o['rank']} at step {o['step']} ({clean(o['phase'] or 'phase unknown')}), "
+             f"asked for {gib(o['request_bytes'])}: {clean(v['kind'] or 'unclassified')}"]
+    if v.get("summary"):
+        lines.append(f"  {clean(v['summary'])}")
+    if o.get("just_before"):
+        lines.append(f"  just before: {clean(o['just_before'])}")
+    mem = o.get("mem") or {}
+    if mem:
+        lines.append(f"  memory: allocated {gib(mem.get('allocated_bytes'))}, reserved {gib(mem.get('reserved_bytes'))}"
+                     f", outside torch {gib(mem.get('outside_torch_bytes'))}, free {gib(mem.get('device_free_bytes'))}"
+                     f" of {gib(mem.get('device_total_bytes'))}")
+    lines += [f"  evidence: {clean(e)}" for e in v.get("evidence") or []]
+    lines += _fixes(o.get("fixes") or [])
+    if o.get("snapshot"):
+        lines.append(f"  memory snapshot (open in PyTorch's memory_viz): {clean(o['snapshot'])}")
+    return lines
+
+
+def _hang(summary: Dict[str, Any]) -> List[str]:
+    h = summary["hang"]
+    v = h["verdict"]
+    lines = [f"HANG: {clean(v['reason'] or 'no progress')} (timeout {secs(h['timeout_s'])}, action {clean(h['action'])})"]
+    if v.get("cause"):
+        lines.append(f"  cause: {clean(v['cause'])}")
+    for r in h["ranks"]:
+        odd = " <- stuck" if r["rank"] in v["ranks"] else ""
+        lines.append(f"  rank {r['rank']}: phase {clean(r['phase'])} at step {r['step']}{odd}")
+    stacks = {s["rank"]: s["text"] for s in summary.get("hang_stacks") or []}
+    for rank in v["ranks"]:
+        # faulthandler writes the most recent call first: the first frames are where the rank waits
+        top = [ln for ln in stacks.get(rank, "").splitlines() if ln.strip().startswith("File ")][:3]
+        lines += [f"    rank {rank} stack: {clean(ln.strip())}" for ln in top]
+    return lines + _fixes(v.get("fixes") or [])
+
+
+def _environment(summary: Dict[str, Any]) -> List[str]:
+    env = summary.get("environment") or {}
+    keep = [k for k in sorted(env) if k.startswith(("PYTORCH_", "TORCH_", "NCCL_")) or "TIMEOUT" in k]
+    lines = [f"  {clean(k)}={clean(env[k])}" for k in keep]
+    if summary.get("hang_timeout_s") is not None:
+        lines.append(f"  hang timeout: {secs(summary['hang_timeout_s'])}, on hang: {clean(summary.get('on_hang'))}")
+    return ["environment:"] + lines if lines else []
+
+
+def render(summary: Dict[str, Any]) -> str:
+    """The whole terminal report of one run."""
+    lines: List[str] = _verdict(summary) + _steps(summary) + _ranks(summary)
     for s in summary["saves"]:
-        size = "-" if s.get("bytes") is None else f"{s['bytes'] / 1e9:.2f} GB"
-        secs = "-" if s.get("seconds") is None else f"{s['seconds']:.2f} s"
-        lines.append(f"save at step {s.get('step')} on rank {s['rank']}: {size} in {secs}")
-    for p in summary.get("problems") or []:
-        lines.append(f"note: {p}")
-    lines.append(f"run directory: {summary['run_dir']}")
+        lines += _op_line("save", s)
+    for s in summary["loads"]:
+        lines += _op_line("load", s)
+    for o in summary["ooms"]:
+        lines += _oom(o)
+    if summary.get("hang"):
+        lines += _hang(summary)
+    lines += _environment(summary)
+    lines += [f"note: {clean(p)}" for p in summary.get("problems") or []]
+    lines.append(f"run directory: {clean(summary['run_dir'])}")
+    return "\n".join(lines) + "\n"
+
+
+def _value(metric: str, x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    if metric.endswith("_bytes"):
+        return gib(x)
+    if "seconds" in metric:
+        return secs(x)
+    return f"{x:g}"
+
+
+def render_compare(cmp: Dict[str, Any]) -> str:
+    """Two runs side by side: A (first DIR) and B (--compare DIR2)."""
+    a, b = cmp["a"], cmp["b"]
+    lines = [f"A: {clean(a['run_dir'])}: {a['verdict']['kind'].upper()}",
+             f"B: {clean(b['run_dir'])}: {b['verdict']['kind'].upper()}",
+             f"{'':26}{'A':>14}{'B':>14}  change"]
+    for m in cmp["metrics"]:
+        if m["a"] is None and m["b"] is None:
+            continue
+        change = "-" if m["ratio"] is None else f"{(m['ratio'] - 1) * 100:+.1f}%"
+        lines.append(f"{m['metric']:<26}{_value(m['metric'], m['a']):>14}{_value(m['metric'], m['b']):>14}  {change}")
+    for r in cmp["ranks"]:
+        m = r["peak_reserved_bytes"] if r["peak_reserved_bytes"]["a"] or r["peak_reserved_bytes"]["b"] \
+            else r["host_rss_peak_bytes"]
+        lines.append(f"rank {r['rank']} {m['metric']:<19}{_value(m['metric'], m['a']):>14}"
+                     f"{_value(m['metric'], m['b']):>14}")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,153 @@
+"""Values from a run directory, made safe to report: right types, bounded sizes, nothing else.
+
+A run directory may come from a stranger, so every record the report copies out (OOM forensics,
+the watchdog's verdict, the environment) goes through these functions first: numbers that are not
+finite become None, strings are cut at :data:`MAX_TEXT` characters, lists at :data:`MAX_ITEMS`, and
+only the documented keys survive. The report then has one shape whatever the input held, which is
+what ``docs/report.schema.json`` promises.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional
+
+from zeropilot.runlog.events import MEMORY_FIELDS
+
+MAX_TEXT = 4000
+MAX_ITEMS = 200
+
+
+def num(value: Any) -> Optional[float]:
+    """A finite float, or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        x = float(value)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def integer(value: Any) -> Optional[int]:
+    """An int (floats rounded down), or None."""
+    x = num(value)
+    return None if x is None else int(x)
+
+
+def text(value: Any) -> Optional[str]:
+    """A string cut at :data:`MAX_TEXT` characters; numbers become their text; anything else None."""
+    if isinstance(value, str):
+        return value[:MAX_TEXT]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)[:MAX_TEXT]
+    return None
+
+
+def texts(value: Any) -> List[str]:
+    """A list of strings (frames, evidence): non-strings are skipped, objects become ``file:line in function``."""
+    if not isinstance(value, list):
+        return []
+    out = []
+    for item in value[:MAX_ITEMS]:
+        if isinstance(item, dict):
+            item = frame(item)
+        s = text(item)
+        if s is not None:
+            out.append(s)
+    return out
+
+
+def frame(item: Dict[str, Any]) -> Optional[str]:
+    """One stack frame recorded as an object, as one line."""
+    where = text(item.get("file") or item.get("filename")) or "?"
+    line = integer(item.get("line") or item.get("lineno"))
+    func = text(item.get("function") or item.get("name"))
+    return where + (f":{line}" if line is not None else "") + (f" in {func}" if func else "")
+
+
+def ints(value: Any) -> List[int]:
+    """A list of ints (rank lists)."""
+    if not isinstance(value, list):
+        return []
+    return [i for i in (integer(v) for v in value[:MAX_ITEMS]) if i is not None]
+
+
+def mem(value: Any) -> Optional[Dict[str, Optional[int]]]:
+    """A memory object with exactly :data:`MEMORY_FIELDS` (ints or None), or None when not an object."""
+    if not isinstance(value, dict):
+        return None
+    return {name: integer(value.get(name)) for name in MEMORY_FIELDS}
+
+
+def str_map(value: Any) -> Dict[str, str]:
+    """A flat ``{name: value}`` object (environment, versions, allocator settings), values as text."""
+    if not isinstance(value, dict):
+        return {}
+    out = {}
+    for k, v in list(value.items())[:MAX_ITEMS]:
+        s = text(v) if not isinstance(v, bool) else str(v).lower()
+        if s is None and v is not None:
+            s = text(repr(v))
+        out[str(k)[:200]] = s if s is not None else "null"
+    return out
+
+
+def fixes(value: Any) -> List[Dict[str, Any]]:
+    """Ranked fixes, best first: ``{fix, why, expected_bytes}``; a bare string is a fix without a why."""
+    if not isinstance(value, list):
+        return []
+    out = []
+    for item in value[:MAX_ITEMS]:
+        if isinstance(item, str):
+            out.append({"fix": item[:MAX_TEXT], "why": None, "expected_bytes": None})
+        elif isinstance(item, dict) and text(item.get("fix")):
+            out.append({"fix": text(item.get("fix")), "why": text(item.get("why")),
+                        "expected_bytes": integer(item.get("expected_bytes"))})
+    return out
+
+
+def phases(value: Any) -> List[Dict[str, Any]]:
+    """Save/load phases ``{name, seconds}`` in recorded order."""
+    if not isinstance(value, list):
+        return []
+    return [{"name": text(p.get("name")) or "?", "seconds": num(p.get("seconds"))}
+            for p in value[:MAX_ITEMS] if isinstance(p, dict)]
+
+
+def oom(record: Dict[str, Any], rank: int) -> Dict[str, Any]:
+    """An ``oom-rank-N.json`` record in the report's shape."""
+    v = record.get("verdict") if isinstance(record.get("verdict"), dict) else {}
+    return {
+        "rank": rank,
+        "t": num(record.get("t")),
+        "step": integer(record.get("step")),
+        "phase": text(record.get("phase")),
+        "request_bytes": integer(record.get("request_bytes")),
+        "mem": mem(record.get("mem")),
+        "just_before": text(record.get("just_before")),
+        "where": texts(record.get("where")),
+        "verdict": {"kind": text(v.get("kind")), "summary": text(v.get("summary")),
+                    "evidence": texts(v.get("evidence"))},
+        "fixes": fixes(record.get("fixes")),
+        "snapshot": text(record.get("snapshot")),
+    }
+
+
+def hang(record: Dict[str, Any]) -> Dict[str, Any]:
+    """``hang.json`` in the report's shape."""
+    v = record.get("verdict") if isinstance(record.get("verdict"), dict) else {}
+    ranks = []
+    for r in record.get("ranks") if isinstance(record.get("ranks"), list) else []:
+        if isinstance(r, dict) and integer(r.get("rank")) is not None:
+            ranks.append({"rank": integer(r.get("rank")), "phase": text(r.get("phase")),
+                          "phase_since": num(r.get("phase_since")), "step": integer(r.get("step")),
+                          "stack_file": text(r.get("stack_file"))})
+    return {
+        "t": num(record.get("t")),
+        "timeout_s": num(record.get("timeout_s")),
+        "action": text(record.get("action")),
+        "ranks": ranks[:MAX_ITEMS],
+        "verdict": {"ranks": ints(v.get("ranks")), "where": texts(v.get("where")),
+                    "reason": text(v.get("reason")), "cause": text(v.get("cause")), "fixes": fixes(v.get("fixes"))},
+    }
