@@ -20,6 +20,9 @@ from typing import Any, Dict, List, Tuple
 from zeropilot.errors import InputError
 
 
+_RESERVED = frozenset({"args", "value"})
+
+
 class DeepSpeedObject:
     """Inert stand-in for a plain DeepSpeed object in a checkpoint: keeps its fields, runs nothing."""
 
@@ -27,8 +30,13 @@ class DeepSpeedObject:
         self.args = args
 
     def __setstate__(self, state: Any) -> None:
-        if isinstance(state, dict):
-            self.__dict__.update(state)
+        """Keep the pickled fields as plain attributes: names of fields only, never ``args``/``value``."""
+        if not isinstance(state, dict):
+            raise ValueError(f"{type(self).__name__}: a pickled state that is not a dict")
+        for key in state:
+            if not isinstance(key, str) or not key.isidentifier() or key.startswith("_") or key in _RESERVED:
+                raise ValueError(f"{type(self).__name__}: a pickled field named {str(key)[:40]!r}")
+        self.__dict__.update(state)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "args")
