@@ -64,11 +64,12 @@ class Row:
 
 
 def spec_inputs(spec: dict, total_gb: float) -> PlanInputs:
-    """The plan inputs of a probe spec (world size 1, the probe's DeepSpeed settings)."""
+    """The plan inputs of a probe spec (world size ``ws``, default 1; the probe's DeepSpeed settings)."""
     arch = from_config(spec["model"], spec.get("name", ""))
     gpu = spec.get("cap_gib") or total_gb
+    ws = int(spec.get("ws", 1))
     return PlanInputs(
-        arch=arch, hardware=Hardware(1, int(gpu * GIB), 1, f"1x{gpu}GiB"), stage=spec["stage"],
+        arch=arch, hardware=Hardware(ws, int(gpu * GIB), 1, f"{ws}x{gpu}GiB"), stage=spec["stage"],
         micro_batch=spec["mb"], seq_len=spec["seq"], gradient_checkpointing=bool(spec.get("gc")),
         lora_rank=spec.get("lora") or None, offload_optimizer="cpu" if spec.get("offload") else "none",
         offload_param="cpu" if spec.get("offload_param") else "none", overlap_comm=bool(spec.get("overlap", False)),

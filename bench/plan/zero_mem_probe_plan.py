@@ -3,12 +3,21 @@
 A variant of ``../shared/calibration/zero_mem_probe.py`` (same output format) with, in the spec:
   cap_gib        emulate a card of this size: the allocator gets ``cap_gib - non_torch`` via
                  ``torch.cuda.set_per_process_memory_fraction`` (non_torch = 1.30 GiB ZeRO-1/2,
-                 1.68 GiB ZeRO-3, FACTS F); the limit is recorded as ``cap_alloc_gib``
+                 1.68 GiB ZeRO-3, FACTS F; 1.77 / 2.05 GiB per rank at world size 2, bench/multigpu);
+                 the limit is recorded as ``cap_alloc_gib``
   alloc_conf     PYTORCH_CUDA_ALLOC_CONF for the run (e.g. "expandable_segments:True")
   offload_param  ZeRO-3 parameter offload to CPU
   exclude_frozen pass exclude_frozen_parameters=True to save_checkpoint (runs with save: true)
+  zero_init      ZeRO-3: build the model inside ``deepspeed.zero.Init`` the way the HF Trainer does
+                 (``HfDeepSpeedConfig`` before ``from_config``); otherwise the whole bf16 model is built
+                 on the GPU first, as a raw script does before ``deepspeed.initialize``
+  sgs / mlp / mrd  sub_group_size, stage3_max_live_parameters, stage3_max_reuse_distance (DeepSpeed
+                 defaults when absent)
 and, in the output: ``phase`` of an OOM (init or step), ``host_peak_rss_gb``, ``non_torch_nvml_gb``
-(this process's memory by NVML minus PyTorch's reserved, where NVML answers).
+(this process's memory by NVML minus PyTorch's reserved, where NVML answers); snapshots ``built`` (after
+the model is built), ``after_init`` (after ``deepspeed.initialize``: its peaks are the init phase's), then
+the peak counters are reset (``peaks_reset_after_init``: true) so ``steady`` holds the training phase's
+peaks alone; ``host_rss_init_gb`` is the host peak RSS at the end of the init phase.
 Usage: python zero_mem_probe_plan.py '<json spec>'
 """
 import gc, json, os, resource, shutil, sys, time
@@ -36,7 +45,9 @@ def snap(tag):
 def nvml_own_gb():
     try:
         import pynvml
-        pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(LOCAL_RANK)
+        vis = [x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+        idx = int(vis[LOCAL_RANK]) if len(vis) > LOCAL_RANK and vis[LOCAL_RANK].strip().isdigit() else LOCAL_RANK
+        pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(idx)
         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
             if p.pid == os.getpid() and p.usedGpuMemory:
                 return p.usedGpuMemory / GB
@@ -50,7 +61,8 @@ stage = spec["stage"]; mb = spec["mb"]; seq = spec["seq"]
 total_gb = torch.cuda.get_device_properties(LOCAL_RANK).total_memory / GB
 out = dict(spec=spec, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 if spec.get("cap_gib"):
-    cap_alloc = spec["cap_gib"] - (1.68 if stage == 3 else 1.30)
+    multi = int(os.environ["WORLD_SIZE"]) > 1  # FACTS F and bench/multigpu: outside PyTorch per rank
+    cap_alloc = spec["cap_gib"] - ((2.05 if multi else 1.68) if stage == 3 else (1.77 if multi else 1.30))
     torch.cuda.set_per_process_memory_fraction(cap_alloc / total_gb)
     out["cap_alloc_gib"] = cap_alloc
 ds = {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
@@ -61,6 +73,10 @@ ds = {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1, "b
                             "stage3_param_persistence_threshold": int(spec.get("ppt", 1e6)),
                             "stage3_gather_16bit_weights_on_model_save": spec.get("gather", False)},
       "steps_per_print": 10**9}
+for key, name in (("sgs", "sub_group_size"), ("mlp", "stage3_max_live_parameters"),
+                  ("mrd", "stage3_max_reuse_distance")):
+    if spec.get(key) is not None:
+        ds["zero_optimization"][name] = int(spec[key])
 if spec.get("offload"):
     ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     ds["zero_force_ds_cpu_optimizer"] = False
@@ -70,15 +86,23 @@ t0 = time.time()
 snaps = []
 phase = "init"
 try:
-    with torch.device("cuda"):
+    if spec.get("zero_init") and stage == 3:
+        from transformers.integrations import HfDeepSpeedConfig
+        deepspeed.init_distributed()
+        hf_ds = HfDeepSpeedConfig(ds)  # kept alive: from_config builds inside deepspeed.zero.Init
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=spec.get("attn", "sdpa"))
+    else:
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=spec.get("attn", "sdpa"))
+    snaps.append(snap("built"))
     if spec.get("gc"): model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = spec.get("lora")
     if lora:
         from peft import LoraConfig, get_peft_model
         model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=2*lora, target_modules="all-linear", task_type="CAUSAL_LM"))
-    n_params = sum(p.numel() for p in model.parameters()); n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    largest = max(p.numel() for p in model.parameters())
+    numel = lambda p: p.ds_numel if hasattr(p, "ds_numel") else p.numel()
+    n_params = sum(numel(p) for p in model.parameters()); n_train = sum(numel(p) for p in model.parameters() if p.requires_grad)
+    largest = max(numel(p) for p in model.parameters())
     out.update(n_params=n_params, n_trainable=n_train, largest_param=largest)
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
@@ -90,6 +114,8 @@ try:
     engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds)
     out["init_s"] = time.time()-t0
     snaps.append(snap("after_init"))
+    out["host_rss_init_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    torch.cuda.reset_peak_memory_stats(); out["peaks_reset_after_init"] = True
     phase = "step"
     g = torch.Generator(device="cuda").manual_seed(0)
 

@@ -1,0 +1,87 @@
+"""Write the probe specs of the second plan pass (issue 14): ``bench/plan/specs/call3_x2.jsonl``.
+
+Rows at world size 1 and 2 on a 2 x H200 machine: ZeRO-3 built inside ``deepspeed.zero.Init`` and
+without it (a raw script: the whole bf16 model on the GPU before ``deepspeed.initialize``), full
+fine-tuning of 7-8B models at ZeRO-3 (``sub_group_size`` default and smaller), optimizer and parameter
+offload, ``stage3_max_live_parameters``, and 16 GiB-capped pairs. Every spec names its split
+(``fit`` or ``holdout``) BEFORE it is measured: at least a third are held out of any fitting.
+HF ``"auto"`` bucket values (LLaMA-Factory's ds_z3 config) are written out: rbs h², pbs 0.9·h², ppt 10·h.
+Usage: python bench/plan/make_specs_x2.py
+"""
+from __future__ import annotations
+
+import json
+
+from make_specs import HERE, MODELS
+
+AUTO = "auto"
+
+
+def spec(name, stage, mb, seq, ws, split, **kw):
+    s = {"name": name, "model": MODELS[name], "stage": stage, "mb": mb, "seq": seq, "ws": ws, "split": split}
+    if kw.pop("auto", False):
+        h = MODELS[name]["hidden_size"]
+        s.update(rbs=h * h, pbs=int(0.9 * h * h), ppt=10 * h)
+    s.update(kw)
+    return s
+
+
+ROWS = [
+    # the seed's shape (Qwen2-7B LoRA r16, mb1, cutoff 1024, HF auto buckets) with and without zero.Init
+    spec("qwen2.5-7b", 3, 1, 1024, 2, "fit", gc=True, lora=16, zero_init=True, auto=True),
+    spec("qwen2.5-7b", 3, 1, 1024, 2, "holdout", gc=True, lora=16, zero_init=False, auto=True),
+    spec("qwen2.5-7b", 3, 1, 1024, 2, "fit", gc=True, lora=16, zero_init=True, auto=True, mlp=int(1e8)),
+    spec("qwen2.5-7b", 3, 1, 1024, 2, "fit", gc=True, lora=16, zero_init=True, auto=True, cap_gib=16),
+    spec("qwen2.5-7b", 3, 1, 1024, 2, "holdout", gc=True, lora=16, zero_init=False, auto=True, cap_gib=16),
+    spec("llama-3.1-8b", 3, 2, 2048, 2, "holdout", gc=True, lora=16, zero_init=True),
+    spec("llama-3.1-8b", 3, 2, 2048, 2, "fit", gc=True, lora=16, zero_init=False),
+    # 7-8B full fine-tuning at ZeRO-3 (sub-groups): the biggest first, for packing
+    spec("qwen2.5-7b", 3, 1, 1024, 2, "fit", gc=True, zero_init=True),
+    spec("qwen2.5-7b", 3, 1, 1024, 2, "holdout", gc=True, zero_init=True, sgs=int(2e8)),
+    spec("llama-3.1-8b", 3, 1, 2048, 2, "holdout", gc=True, zero_init=True),
+    spec("mistral-7b", 3, 2, 1024, 2, "fit", gc=True, zero_init=False),
+    # offload (optimizer; optimizer + parameters)
+    spec("qwen2.5-7b", 3, 1, 1024, 1, "fit", gc=True, lora=16, zero_init=True, auto=True, offload=True,
+         offload_param=True),
+    spec("qwen2.5-7b", 3, 1, 1024, 2, "holdout", gc=True, lora=16, zero_init=True, auto=True, offload=True,
+         offload_param=True),
+    spec("qwen2.5-3b", 3, 2, 1024, 2, "fit", gc=True, zero_init=True, offload=True),
+    spec("llama-3.2-3b", 3, 1, 2048, 1, "holdout", gc=True, zero_init=True, offload=True, offload_param=True),
+    spec("qwen2.5-1.5b", 3, 4, 1024, 2, "fit", zero_init=True, offload=True, offload_param=True),
+    spec("llama-3.1-8b", 3, 2, 1024, 2, "fit", gc=True, lora=16, zero_init=True, offload=True, offload_param=True),
+    # ZeRO-3 at world size 2, no checkpointing at larger micro batches (the worst under-predictions)
+    spec("qwen2.5-3b", 3, 4, 1024, 2, "fit", zero_init=True),
+    spec("qwen2.5-3b", 3, 4, 1024, 2, "holdout", zero_init=False),
+    spec("qwen2.5-1.5b", 3, 8, 1024, 2, "fit", zero_init=True),
+    spec("llama-3.2-3b", 3, 2, 2048, 2, "holdout", gc=True, zero_init=True),
+    spec("llama-3.2-1b", 3, 4, 2048, 2, "fit", zero_init=True, lora=16),
+    # world size 1 with zero.Init; ZeRO-2 at world size 2
+    spec("llama-3.2-3b", 3, 2, 1024, 1, "holdout", zero_init=True),
+    spec("qwen2.5-1.5b", 2, 2, 1024, 2, "fit", gc=True),
+    spec("llama-3.1-8b", 2, 1, 2048, 2, "holdout", gc=True, lora=16),
+    # one whole GPU: last, so it cannot hold back the world-size-2 rows
+    spec("qwen2.5-7b", 3, 1, 1024, 1, "fit", gc=True, zero_init=True),
+]
+
+
+def main() -> None:
+    import sys
+    sys.path.insert(0, str(HERE.parents[1] / "src"))
+    from rows import spec_inputs
+    from zeropilot.memory.plan import make_plan
+
+    out = HERE / "specs" / "call3_x2.jsonl"
+    with out.open("w") as f:
+        for s in ROWS:
+            p = make_plan(spec_inputs(s, 139.8)).gpu_peak_bytes / 2**30
+            s["pred_gib"] = round(p, 1)
+            if s.get("lora") is None and s["name"] in ("qwen2.5-7b", "llama-3.1-8b", "mistral-7b") \
+                    and not s.get("offload"):
+                s["need_gib"] = 128 if s["ws"] == 1 else 80  # full fine-tuning of 7-8B: packing hint
+            f.write(json.dumps(s) + "\n")
+    held = sum(1 for s in ROWS if s["split"] == "holdout")
+    print(f"{out}: {len(ROWS)} specs, {held} held out")
+
+
+if __name__ == "__main__":
+    main()
