@@ -24,3 +24,27 @@ def engine_probe():
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")]
     assert lines, proc.stderr[-3000:]
     return json.loads(lines[-1][len("PROBE "):])
+
+
+@pytest.fixture(scope="session")
+def init_probe(tmp_path_factory):
+    """What ``deepspeed.initialize`` did with each case of ``tests/rules/init_probe.py`` (one process, one rank)."""
+    import socket
+
+    out = tmp_path_factory.mktemp("init_probe")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_PORT": str(port),
+           "TORCH_EXTENSIONS_DIR": str(out / "torch_extensions")}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.rules.init_probe", str(out / "probe.json")], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    assert (out / "probe.json").exists(), log[-3000:]
+    return json.loads((out / "probe.json").read_text())

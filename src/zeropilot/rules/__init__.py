@@ -13,6 +13,8 @@ from zeropilot.rules.registry import (REDIRECTS, Applicability, Edit, Finding, F
 
 TOPICS = (
     "deepspeed_config",
+    "ds_values",
+    "batch",
     "hf_integration",
     "accelerate_config",
     "checkpointing",

@@ -1,0 +1,59 @@
+"""DS020 (batch values DeepSpeed cannot complete): fixtures, and the witness on the installed DeepSpeed."""
+
+import pytest
+
+from tests.conftest import run_check
+from tests.rules.init_probe import BATCH_CASES
+from zeropilot.rules.batch import derive
+
+DS_NEW = "deepspeed=0.19.8"
+RAW = "import deepspeed\nengine, *_ = deepspeed.initialize(model=m, config='ds.json')\n"
+
+
+def _ds020(launch_dir, values, world, raw=True):
+    files = {"ds.json": dict(values, steps_per_print=100)}  # one DeepSpeed-only key, so the file reads as one
+    if raw:
+        files["train.py"] = RAW
+    return run_check(launch_dir(files), versions=DS_NEW, world_size=world, select={"DS020"})
+
+
+@pytest.mark.parametrize("name", sorted(BATCH_CASES))
+def test_ds020_cases(launch_dir, name):
+    """The rule fires on the probe cases DeepSpeed refuses (the witness checks the refusals)."""
+    values, world = BATCH_CASES[name]
+    expected = derive(values.get("train_batch_size"), values.get("train_micro_batch_size_per_gpu"),
+                      values.get("gradient_accumulation_steps"), world).error is not None
+    assert bool(_ds020(launch_dir, values, world)) is expected
+
+
+@pytest.mark.witness
+@pytest.mark.slow
+def test_ds020_witness(init_probe):
+    """DeepSpeedConfig (gloo up, world size from the mpu) refuses exactly the cases derive() refuses."""
+    for name, (values, world) in BATCH_CASES.items():
+        mine = derive(values.get("train_batch_size"), values.get("train_micro_batch_size_per_gpu"),
+                      values.get("gradient_accumulation_steps"), world).error
+        theirs = init_probe[f"batch:{name}"]
+        assert (mine is None) is (theirs == "ok"), (name, mine, theirs)
+    assert "needs to be provided" in init_probe["batch:g4_w1"]
+
+
+def test_ds020_no_world_size_satisfies(launch_dir):
+    """Without a known world size: 30 is not a multiple of micro 4, whatever the world size."""
+    [f] = _ds020(launch_dir, {"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}, None)
+    assert f.key == "train_batch_size" and "no world size" in f.message
+    assert _ds020(launch_dir, {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, None) == []
+
+
+def test_ds020_ga_only_outside_hf(launch_dir):
+    assert len(_ds020(launch_dir, {"gradient_accumulation_steps": 4}, None)) == 1
+    files = {"ds.json": {"gradient_accumulation_steps": 4, "zero_optimization": {"stage": 2}},
+             "train.yaml": "output_dir: o\ndeepspeed: ds.json\n"}
+    assert run_check(launch_dir(files), versions=DS_NEW, select={"DS020"}) == []
+
+
+def test_ds020_world_from_launch(launch_dir):
+    """The world size comes from the launch command (deepspeed --num_gpus 4)."""
+    files = {"ds.json": {"train_batch_size": 30}, "run.sh": "deepspeed --num_gpus 4 train.py --deepspeed ds.json\n"}
+    [f] = run_check(launch_dir(files), versions=DS_NEW, select={"DS020"})
+    assert "world size 4" in f.message
