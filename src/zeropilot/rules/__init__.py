@@ -22,6 +22,7 @@ TOPICS = (
     "allocator",
     "launch_script",
     "python_scripts",
+    "engine_scripts",
     "versions",
     "memory",
 )
