@@ -1,0 +1,206 @@
+"""The report's charts: memory per rank over time, all ranks' memory together, step time per rank.
+
+Time on the x axis is seconds since the run's first record. Memory comes from the step records
+(columns of the reader) plus the moments other records measured (init, each save's before and
+after, an OOM), so a save's spike shows between two steps. Each series is downsampled with
+:func:`downsample.minmax`, so peaks survive whatever the run's length.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from typing import Any, Dict, List, Optional, Tuple
+
+from zeropilot.runlog import normalize as nz
+from zeropilot.runlog.read import RankRecords, RunRecords
+from zeropilot.runlog.report_html.downsample import bucket_index, minmax
+from zeropilot.runlog.report_html.svg import Chart, esc, nice_ticks
+
+GiB = float(1 << 30)
+BUCKETS = 700
+WIDTH = 1100.0
+#: series drawn for each rank: field, css class, legend name
+MEMORY_SERIES = (
+    ("allocated_bytes", "s-alloc", "allocated"),
+    ("reserved_bytes", "s-reserved", "reserved"),
+    ("peak_reserved_bytes", "s-peak", "peak reserved (allocator counter)"),
+    ("outside_torch_bytes", "s-outside", "outside PyTorch"),
+)
+HOST_SERIES = ("host_rss_bytes", "s-rss", "host RSS")
+EVENT_MEM_KEYS = (("mem_before", "start"), ("mem_peak", "mid"), ("mem_after", "end"), ("mem", "end"))
+
+
+def fmt_gib(v: float) -> str:
+    return f"{v / GiB:.0f} GiB" if v >= 10 * GiB or v == 0 else f"{v / GiB:.3g} GiB"
+
+
+def gib_ticks(chart: Chart) -> List[float]:
+    """Round GiB values on the memory axis."""
+    return [t * GiB for t in nice_ticks(chart.y_range[0] / GiB, chart.y_range[1] / GiB)]
+
+
+def fmt_time(s: float) -> str:
+    if abs(s) >= 7200:
+        return f"{s / 3600:.1f} h"
+    if abs(s) >= 120:
+        return f"{s / 60:.0f} min"
+    return f"{s:.0f} s"
+
+
+def run_start(records: RunRecords) -> float:
+    """The earliest time any rank recorded (the x origin of every time chart)."""
+    firsts = [nz.num(e.get("t")) for rec in records.ranks.values() for e in rec.events[:3]]
+    firsts += [rec.steps["t"][0] for rec in records.ranks.values() if rec.n_steps]
+    firsts = [t for t in firsts if t is not None and not math.isnan(t)]
+    return min(firsts) if firsts else 0.0
+
+
+def _event_points(rec: RankRecords) -> List[Tuple[float, Dict[str, Any]]]:
+    """(t, mem) for the moments other records measured; a save's mem_before sits at its start."""
+    pts = []
+    for e in rec.events:
+        t, secs = nz.num(e.get("t")), nz.num(e.get("seconds"))
+        if t is None:
+            continue
+        start = t - secs if secs is not None and e.get("event") in ("save", "load") else t
+        for key, where in EVENT_MEM_KEYS:
+            m = nz.mem(e.get(key))
+            if m:
+                pts.append(({"start": start, "mid": (start + t) / 2, "end": t}[where], m))
+    return pts
+
+
+def rank_columns(rec: RankRecords, fields: List[str]) -> Tuple[array, Dict[str, array]]:
+    """x (t) and the named memory columns: step records merged with the events' moments, in time order."""
+    extra = _event_points(rec)
+    xs = array("d", rec.steps["t"])
+    cols = {f: array("d", rec.steps[f]) for f in fields}
+    if not extra:
+        return xs, cols
+    for t, m in extra:
+        xs.append(t)
+        for f in fields:
+            cols[f].append(float(m[f]) if m.get(f) is not None else math.nan)
+    order = sorted(range(len(xs)), key=xs.__getitem__)
+    return array("d", (xs[i] for i in order)), {f: array("d", (c[i] for i in order)) for f, c in cols.items()}
+
+
+def _has(col: array) -> bool:
+    return any(not math.isnan(v) for v in col)
+
+
+def _index(xs: array, x0: float, x1: float) -> Optional[List[int]]:
+    return bucket_index(xs, x0, x1, BUCKETS) if len(xs) > 2 * BUCKETS else None
+
+
+def gpu_fields(records: RunRecords) -> bool:
+    """True when any rank recorded device memory (else the charts show the host's RSS)."""
+    return any(_has(rec.steps["reserved_bytes"]) or _has(rec.steps["allocated_bytes"])
+               for rec in records.ranks.values())
+
+
+def _ops_spans(chart: Chart, summary: Dict[str, Any], rank: int, t0: float) -> None:
+    """Saves and loads of this rank as spans, each phase a band of its own inside."""
+    for kind in ("saves", "loads"):
+        for op in summary[kind]:
+            if op["rank"] != rank or op["t"] is None:
+                continue
+            start = op["start_t"] if op["start_t"] is not None else op["t"]
+            size = "" if op["bytes"] is None else f", {op['bytes'] / 1e9:.2f} GB"
+            took = "" if op["seconds"] is None else f" in {op['seconds']:.2f} s"
+            chart.span(start - t0, op["t"] - t0, f"op {kind[:-1]}", f"{kind[:-1]} at step {op['step']}{size}{took}",
+                       attrs=f'data-kind="{kind[:-1]}"')
+            at = start - t0
+            for ph in op["phases"]:
+                if ph["seconds"] is None:
+                    continue
+                chart.span(at, at + ph["seconds"], f"phase ph-{esc(ph['name'].split(':')[0])}",
+                           f"{ph['name']}: {ph['seconds']:.2f} s")
+                at += ph["seconds"]
+
+
+def _y_top(values: List[Optional[float]]) -> float:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return max(vals) * 1.08 if vals and max(vals) > 0 else 1.0
+
+
+def memory_chart(records: RunRecords, summary: Dict[str, Any], rank: int, x_end: float, t0: float) -> str:
+    """One rank's memory over time, with capacity, plan, saves, loads and OOMs marked."""
+    rec = records.ranks[rank]
+    info = next(r for r in summary["ranks"] if r["rank"] == rank)
+    series = list(MEMORY_SERIES) if gpu_fields(records) else [HOST_SERIES]
+    xs, cols = rank_columns(rec, [f for f, _, _ in series])
+    xs = array("d", (x - t0 for x in xs))
+    tops = [max((v for v in c if not math.isnan(v)), default=None) for c in cols.values()]
+    cap, plan = info["device_total_bytes"], info["plan_bytes"]
+    chart = Chart(f"mem-rank-{rank}", WIDTH, 230, (0.0, x_end), (0.0, _y_top(tops + [cap, plan])),
+                  x_label=fmt_time, y_label=fmt_gib, title=f"rank {rank}: memory over time")
+    chart.axes(y_ticks=gib_ticks(chart))
+    _ops_spans(chart, summary, rank, t0)
+    index = _index(xs, 0.0, x_end)
+    for f, cls, name in series:
+        if _has(cols[f]):
+            chart.line(minmax(xs, cols[f], index, BUCKETS), f"series {cls}",
+                       attrs=f'data-rank="{rank}" data-field="{f}"', title=f"rank {rank}: {name}")
+    if cap is not None and series[0][0] != "host_rss_bytes":
+        chart.hline(cap, "cap", f"capacity {fmt_gib(cap)}")
+    if plan is not None:
+        chart.hline(plan, "plan", f"plan {fmt_gib(plan)}")
+    for o in summary["ooms"]:
+        if o["rank"] == rank and o["t"] is not None:
+            chart.vline(o["t"] - t0, "oomline", f"OOM at step {o['step']} ({o['phase']})")
+    return chart.svg()
+
+
+def overview_chart(records: RunRecords, summary: Dict[str, Any], x_end: float, t0: float, chart_id: str) -> str:
+    """Every rank's reserved memory (host RSS on CPU) on one chart: one series per rank."""
+    field = "reserved_bytes" if gpu_fields(records) else "host_rss_bytes"
+    lines, tops = [], []
+    for rank, rec in sorted(records.ranks.items()):
+        xs, cols = rank_columns(rec, [field])
+        xs = array("d", (x - t0 for x in xs))
+        pts = minmax(xs, cols[field], _index(xs, 0.0, x_end), BUCKETS)
+        tops += [max((y for _, y in pts), default=None)]
+        lines.append((rank, pts))
+    caps = [r["device_total_bytes"] for r in summary["ranks"]] if field == "reserved_bytes" else []
+    plan = summary["ranks"][0]["plan_bytes"] if summary["ranks"] else None
+    chart = Chart(chart_id, WIDTH, 260, (0.0, x_end), (0.0, _y_top(tops + caps + [plan])), x_label=fmt_time,
+                  y_label=fmt_gib, title="memory of every rank")
+    chart.axes(y_ticks=gib_ticks(chart))
+    for rank, pts in lines:
+        chart.line(pts, f"series rank-color c{rank % 8}", attrs=f'data-rank="{rank}" data-field="{field}"',
+                   title=f"rank {rank}: {field.replace('_bytes', '').replace('_', ' ')}")
+    cap = max((c for c in caps if c is not None), default=None)
+    if cap is not None:
+        chart.hline(cap, "cap", f"capacity {fmt_gib(cap)}")
+    if plan is not None:
+        chart.hline(plan, "plan", f"plan {fmt_gib(plan)}")
+    return chart.svg()
+
+
+def step_chart(records: RunRecords, chart_id: str) -> Optional[str]:
+    """Seconds per step against the step number, one series per rank."""
+    ranks = [(r, rec) for r, rec in sorted(records.ranks.items()) if _has(rec.steps["seconds"])]
+    if not ranks:
+        return None
+    steps = [s for _, rec in ranks for s in (min(rec.steps["step"]), max(rec.steps["step"])) if not math.isnan(s)]
+    x0, x1 = (min(steps), max(steps)) if steps else (0.0, 1.0)
+    tops = [max((v for v in rec.steps["seconds"] if not math.isnan(v)), default=None) for _, rec in ranks]
+    chart = Chart(chart_id, WIDTH, 200, (x0, max(x1, x0 + 1)), (0.0, _y_top(tops)),
+                  x_label=lambda v: f"{v:.0f}", y_label=lambda v: f"{v:.2g} s", title="seconds per step")
+    chart.axes()
+    for rank, rec in ranks:
+        xs = rec.steps["step"]
+        index = bucket_index(xs, x0, x1, BUCKETS) if len(xs) > 2 * BUCKETS else None
+        chart.line(minmax(xs, rec.steps["seconds"], index, BUCKETS), f"series rank-color c{rank % 8}",
+                   attrs=f'data-rank="{rank}" data-field="seconds"', title=f"rank {rank}: seconds per step")
+    return chart.svg()
+
+
+def x_end(records: RunRecords, summary: Dict[str, Any], t0: float) -> float:
+    """The right end of the time axis: the last record (or the watchdog's verdict)."""
+    ends = [r["last_record_t"] for r in summary["ranks"] if r["last_record_t"] is not None]
+    if summary.get("hang") and summary["hang"]["t"] is not None:
+        ends.append(summary["hang"]["t"])
+    return max(max(ends, default=t0) - t0, 1.0)

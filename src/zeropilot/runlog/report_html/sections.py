@@ -1,0 +1,178 @@
+"""The report's text sections as HTML: verdict, ranks, saves, OOM, hang, event log, environment.
+
+Every value from the run directory goes through :func:`esc`; nothing is emitted as a link, so the
+page never asks for anything when it is opened or clicked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from zeropilot.runlog import normalize as nz
+from zeropilot.runlog.read import RunRecords
+from zeropilot.runlog.report_html.svg import esc
+from zeropilot.runlog.text import gib, main_mem, secs
+
+MAX_LOG_ROWS = 3000
+
+
+def table(head: List[str], rows: List[List[str]], cls: str = "") -> str:
+    """A table; cells are markup already escaped by the caller."""
+    th = "".join(f"<th>{esc(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _e(v: Any) -> str:
+    return "-" if v is None else esc(v)
+
+
+def verdict(summary: Dict[str, Any]) -> str:
+    v = summary["verdict"]
+    who = f" on rank {', '.join(str(r) for r in v['ranks'])}" if v.get("ranks") else ""
+    where = "".join(f"<li><code>{esc(f)}</code></li>" for f in (v.get("where") or [])[-6:])
+    cause = f"<p>cause: {esc(v['cause'])}</p>" if v.get("cause") else ""
+    return (f'<section id="verdict" class="verdict v-{esc(v["kind"])}"><h2>{esc(v["kind"].upper())}{esc(who)}</h2>'
+            f'<p>{esc(v.get("reason") or "")}</p>{cause}{"<ul>" + where + "</ul>" if where else ""}</section>')
+
+
+def facts(summary: Dict[str, Any]) -> str:
+    st = summary["step_seconds"]
+    cmd = summary["command"]
+    cmd = " ".join(cmd) if isinstance(cmd, list) else cmd
+    items = [("run directory", summary["run_dir"]), ("command", cmd), ("exit code", summary["exit_code"]),
+             ("ranks", len(summary["ranks"])), ("steps", summary["steps"]),
+             ("step time", None if st["median"] is None else
+              f"median {secs(st['median'])}, p90 {secs(st['p90'])}, max {secs(st['max'])}, first {secs(st['first'])}")]
+    return '<dl class="facts">' + "".join(f"<dt>{esc(k)}</dt><dd>{_e(v)}</dd>" for k, v in items) + "</dl>"
+
+
+def ranks(summary: Dict[str, Any]) -> str:
+    rows = []
+    for r in summary["ranks"]:
+        at = r.get("peak_reserved_at")
+        where = "-" if not at else esc(f"{at['event']} {at['step'] if at['step'] is not None else ''}".strip())
+        ratio = "-" if r.get("plan_ratio") is None else f"{r['plan_ratio'] * 100:.0f}%"
+        rows.append([str(r["rank"]), str(r["steps"]), gib(r["peak_reserved_bytes"]), where,
+                     gib(r["peak_allocated_bytes"]), gib(r["outside_torch_bytes"]), gib(r["device_total_bytes"]),
+                     gib(r["host_rss_peak_bytes"]), gib(r["plan_bytes"]), ratio, secs(r["step_seconds_median"]),
+                     "yes" if r["ended"] else "<b>no</b>"])
+    return table(["rank", "steps", "peak reserved", "peak at", "peak allocated", "outside PyTorch", "capacity",
+                  "host RSS", "plan", "vs plan", "median step", "ended"], rows, "ranks")
+
+
+def ops(summary: Dict[str, Any], kind: str) -> str:
+    rows = []
+    for s in summary[kind]:
+        peak = (s["mem_peak"] or {}).get("peak_reserved_bytes") or main_mem(s["mem_peak"])
+        phases = ", ".join(f"{p['name']} {secs(p['seconds'])}" for p in s["phases"])
+        nxt = s.get("first_step_after") or {}
+        rows.append([_e(s["step"]), str(s["rank"]), "-" if s["bytes"] is None else f"{s['bytes'] / 1e9:.2f} GB",
+                     secs(s["seconds"]), esc(phases) or "-", gib(main_mem(s["mem_before"])), gib(peak),
+                     gib(main_mem(s["mem_after"])), gib(nxt.get("window_peak_reserved_bytes")), _e(s["tag"])])
+    if not rows:
+        return f"<p>no {kind[:-1]} recorded</p>"
+    return table(["step", "rank", "size", "seconds", "phases", "memory before", "at peak", "after",
+                  "new peak in next step", "tag"], rows, kind)
+
+
+def _fixes(fixes: List[Dict[str, Any]]) -> str:
+    if not fixes:
+        return ""
+    items = "".join(f"<li><b>{esc(f['fix'])}</b>" + (f" (saves about {gib(f['expected_bytes'])})"
+                                                     if f.get("expected_bytes") else "")
+                    + (f"<br><span class=why>{esc(f['why'])}</span>" if f.get("why") else "") + "</li>"
+                    for f in fixes)
+    return f'<h4>fixes, best first</h4><ol class="fixes">{items}</ol>'
+
+
+def oom(summary: Dict[str, Any]) -> str:
+    """One block per OOM: classification, evidence, memory at the failure, frames, ranked fixes."""
+    parts = []
+    for o in summary["ooms"]:
+        v, m = o["verdict"], o["mem"] or {}
+        mem_rows = [[esc(k.replace("_bytes", "").replace("_", " ")), gib(val) if k.endswith("_bytes") else _e(val)]
+                    for k, val in m.items() if val is not None]
+        evidence = "".join(f"<li>{esc(e)}</li>" for e in v["evidence"])
+        frames = "".join(f"<li><code>{esc(f)}</code></li>" for f in o["where"])
+        parts.append(
+            f'<div class="oom" data-rank="{o["rank"]}"><h3>rank {o["rank"]}: out of memory at step {_e(o["step"])} '
+            f'({_e(o["phase"])}), asked for {gib(o["request_bytes"])}</h3>'
+            f'<p class="kind">{_e(v["kind"])}: {_e(v["summary"])}</p>'
+            + (f"<p>just before: {esc(o['just_before'])}</p>" if o["just_before"] else "")
+            + (f"<h4>evidence</h4><ul>{evidence}</ul>" if evidence else "")
+            + _fixes(o["fixes"])
+            + (f"<h4>memory at the failure</h4>{table(['field', 'value'], mem_rows, 'mem')}" if mem_rows else "")
+            + (f"<h4>where</h4><ol class=frames>{frames}</ol>" if frames else "")
+            + (f"<p>memory snapshot (PyTorch memory_viz): <code>{esc(o['snapshot'])}</code></p>"
+               if o["snapshot"] else "") + "</div>")
+    return "".join(parts)
+
+
+def hang(summary: Dict[str, Any]) -> str:
+    """The watchdog's verdict, each rank's phase, and each rank's stacks as recorded."""
+    h = summary["hang"]
+    v = h["verdict"]
+    rows = [[str(r["rank"]) + (" <b>stuck</b>" if r["rank"] in v["ranks"] else ""), _e(r["phase"]), _e(r["step"]),
+             "-" if r["phase_since"] is None or h["t"] is None else secs(h["t"] - r["phase_since"])]
+            for r in h["ranks"]]
+    stacks = "".join(f'<details class="stack" data-rank="{s["rank"]}"{" open" if s["rank"] in v["ranks"] else ""}>'
+                     f'<summary>rank {s["rank"]} stacks</summary><pre>{esc(s["text"])}</pre></details>'
+                     for s in summary["hang_stacks"])
+    return (f'<p>{_e(v["reason"])}</p>' + (f"<p>cause: {esc(v['cause'])}</p>" if v["cause"] else "")
+            + f"<p>timeout {secs(h['timeout_s'])}, action {_e(h['action'])}</p>"
+            + table(["rank", "phase", "step", "in phase for"], rows, "hangranks") + _fixes(v["fixes"]) + stacks)
+
+
+def _detail(e: Dict[str, Any]) -> str:
+    kind = e.get("event")
+    if kind == "start":
+        dev = e.get("device") if isinstance(e.get("device"), dict) else {}
+        return f"host {nz.text(e.get('host'))}, pid {nz.integer(e.get('pid'))}, device {nz.text(dev.get('name'))}"
+    if kind == "init":
+        return f"ZeRO stage {nz.integer(e.get('zero_stage'))}, {secs(nz.num(e.get('seconds')))}"
+    if kind in ("save", "load"):
+        size = nz.integer(e.get("bytes"))
+        return (f"{nz.text(e.get('tag')) or ''} {'' if size is None else f'{size / 1e9:.2f} GB'} "
+                f"in {secs(nz.num(e.get('seconds')))}")
+    if kind == "oom":
+        return f"phase {nz.text(e.get('phase'))}, asked for {gib(nz.integer(e.get('request_bytes')))}"
+    if kind == "error":
+        return f"{nz.text(e.get('type'))}: {nz.text(e.get('message'))}"
+    if kind == "end":
+        return f"{nz.integer(e.get('steps'))} steps"
+    return ""
+
+
+def event_log(records: RunRecords, t0: float) -> str:
+    """Every record but the steps, across ranks, in time order (at most :data:`MAX_LOG_ROWS`)."""
+    events = [(nz.num(e.get("t")), r, e) for r, rec in records.ranks.items() for e in rec.events]
+    events.sort(key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))
+    rows = [[("-" if t is None else f"{t - t0:.2f} s"), str(r), f'<span class="ev ev-{esc(nz.text(e.get("event")))}">'
+             f'{_e(nz.text(e.get("event")))}</span>', _e(nz.integer(e.get("step"))), esc(_detail(e))]
+            for t, r, e in events[:MAX_LOG_ROWS]]
+    more = f"<p>{len(events) - MAX_LOG_ROWS} more records not shown</p>" if len(events) > MAX_LOG_ROWS else ""
+    return table(["time", "rank", "event", "step", "detail"], rows, "log") + more
+
+
+def environment(summary: Dict[str, Any]) -> str:
+    """Allocator settings, timeouts, launcher variables and versions that were in force."""
+    env = summary.get("environment") or {}
+    rows = [[esc(k), f"<code>{esc(v)}</code>"] for k, v in sorted(env.items())]
+    for k in ("hang_timeout_s", "on_hang", "world_size", "signal"):
+        if summary.get(k) is not None:
+            rows.append([esc(k), esc(summary[k])])
+    for r in summary["ranks"]:
+        for k, v in sorted((r.get("allocator_settings") or {}).items()):
+            rows.append([f"rank {r['rank']} allocator", f"<code>{esc(k)}={esc(v)}</code>"])
+        if r.get("device"):
+            d = r["device"]
+            rows.append([f"rank {r['rank']} device", esc(f"{d['name']} ({d['backend']}, {gib(d['total_bytes'])})")])
+    vers = [[esc(k), esc(v)] for k, v in sorted((summary.get("versions") or {}).items())]
+    return (table(["setting", "value"], rows, "env") if rows else "<p>no environment recorded</p>") + \
+        (table(["package", "version"], vers, "versions") if vers else "")
+
+
+def problems(summary: Dict[str, Any]) -> Optional[str]:
+    items = "".join(f"<li>{esc(p)}</li>" for p in summary.get("problems") or [])
+    return f"<ul>{items}</ul>" if items else None
