@@ -79,8 +79,8 @@ def _number(value: Any) -> float:
 class _Budget:
     """What is left of the run's row budgets, shared by every rank's reader."""
 
-    steps: int = MAX_STEP_ROWS
-    events: int = MAX_EVENTS
+    steps: int
+    events: int
     dropped_steps: int = 0
     dropped_events: int = 0
 
@@ -117,7 +117,7 @@ def _lines(path: Path, problems: List[str]) -> Iterator[Dict[str, Any]]:
 
 def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budget] = None) -> RankRecords:
     """One rank's records: steps as columns, the rest whole, within the run's row budgets."""
-    budget = budget if budget is not None else _Budget()
+    budget = budget if budget is not None else _Budget(MAX_STEP_ROWS, MAX_EVENTS)
     records = RankRecords(rank)
     cols = records.steps
     for rec in _lines(path, problems):
@@ -181,7 +181,7 @@ def read_run(root: Path) -> RunRecords:
     d = RunDir(root)
     problems: List[str] = []
     run = read_side_json(d.run_file, problems)
-    budget = _Budget()
+    budget = _Budget(MAX_STEP_ROWS, MAX_EVENTS)
     ranks = {r: read_rank(d.events(r), r, problems, budget) for r in d.ranks("rank")}
     if budget.dropped_steps or budget.dropped_events:
         problems.append(f"run larger than the reader's budget: {budget.dropped_steps} step record(s) and "
