@@ -26,25 +26,42 @@ def engine_probe():
     return json.loads(lines[-1][len("PROBE "):])
 
 
-@pytest.fixture(scope="session")
-def init_probe(tmp_path_factory):
-    """What ``deepspeed.initialize`` did with each case of ``tests/rules/init_probe.py`` (one process, one rank)."""
+def _free_port() -> int:
     import socket
 
-    out = tmp_path_factory.mktemp("init_probe")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_PORT": str(port),
+        return s.getsockname()[1]
+
+
+def run_probe(module: str, args, out: Path, timeout: float = 300) -> str:
+    """Run ``python -m module *args`` in its own process group (killed on every path); returns its output."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_PORT": str(_free_port()),
            "TORCH_EXTENSIONS_DIR": str(out / "torch_extensions")}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.rules.init_probe", str(out / "probe.json")], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        log, _ = proc.communicate(timeout=300)
+        log, _ = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
             proc.wait()
+    return log
+
+
+@pytest.fixture(scope="session")
+def accelerate_probe(tmp_path_factory):
+    """What accelerate did with each case of ``tests/rules/accelerate_probe.py`` (one process, one rank)."""
+    out = tmp_path_factory.mktemp("accelerate_probe")
+    log = run_probe("tests.rules.accelerate_probe", [out], out)
+    assert (out / "probe.json").exists(), log[-3000:]
+    return json.loads((out / "probe.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def init_probe(tmp_path_factory):
+    """What ``deepspeed.initialize`` did with each case of ``tests/rules/init_probe.py`` (one process, one rank)."""
+    out = tmp_path_factory.mktemp("init_probe")
+    log = run_probe("tests.rules.init_probe", [out / "probe.json"], out)
     assert (out / "probe.json").exists(), log[-3000:]
     return json.loads((out / "probe.json").read_text())
