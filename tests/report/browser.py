@@ -144,20 +144,39 @@ def _collect(pipe: _Pipe, visit: PageVisit) -> None:
     pipe.events.clear()
 
 
-def visit(page: Path, script: str, screenshot: bool = True, width: int = 1280, timeout: float = 60.0) -> PageVisit:
-    """Load ``page`` (a local file), evaluate ``script`` (an expression giving JSON), take a full-page PNG."""
-    exe = chromium()
-    if exe is None:
-        raise FileNotFoundError("chromium is not installed (apt-get install chromium)")
-    to_child, to_browser = os.pipe()
-    from_browser, from_child = os.pipe()
-    profile = tempfile.mkdtemp(prefix="zp-chromium-")
-    pid = _spawn(exe, profile, to_child, from_child)
-    os.close(to_child)
-    os.close(from_child)
-    result = PageVisit()
-    try:
-        pipe = _Pipe(to_browser, from_browser, time.monotonic() + timeout)
+class Browser:
+    """One headless Chromium for several pages; ``with Browser() as b: b.visit(page, script)``."""
+
+    def __init__(self, timeout: float = 60.0) -> None:
+        self.timeout = timeout
+        self.pid: Optional[int] = None
+
+    def __enter__(self) -> "Browser":
+        exe = chromium()
+        if exe is None:
+            raise FileNotFoundError("chromium is not installed (apt-get install chromium)")
+        to_child, self._to_browser = os.pipe()
+        self._from_browser, from_child = os.pipe()
+        self.profile = tempfile.mkdtemp(prefix="zp-chromium-")
+        try:
+            self.pid = _spawn(exe, self.profile, to_child, from_child)
+        finally:
+            os.close(to_child)
+            os.close(from_child)
+        self.pipe = _Pipe(self._to_browser, self._from_browser, time.monotonic() + self.timeout)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pid is not None:
+            _kill(self.pid)
+        os.close(self._to_browser)
+        os.close(self._from_browser)
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+    def visit(self, page: Path, script: str, screenshot: bool = True, width: int = 1280) -> PageVisit:
+        """Load ``page`` (a local file) in a new tab, evaluate ``script`` (an expression), take a full-page PNG."""
+        pipe, result = self.pipe, PageVisit()
+        pipe.events.clear()
         target = pipe.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = pipe.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Runtime", "Log", "Network", "Page"):
@@ -174,9 +193,11 @@ def visit(page: Path, script: str, screenshot: bool = True, width: int = 1280, t
                 "x": 0, "y": 0, "width": width, "height": min(size["height"], 16000), "scale": 1}}, session=session)
             result.screenshot = base64.b64decode(shot["data"])
         _collect(pipe, result)
+        pipe.call("Target.closeTarget", {"targetId": target})
         return result
-    finally:
-        _kill(pid)
-        os.close(to_browser)
-        os.close(from_browser)
-        shutil.rmtree(profile, ignore_errors=True)
+
+
+def visit(page: Path, script: str, screenshot: bool = True, width: int = 1280, timeout: float = 60.0) -> PageVisit:
+    """Open one page in a browser of its own."""
+    with Browser(timeout) as browser:
+        return browser.visit(page, script, screenshot, width)
