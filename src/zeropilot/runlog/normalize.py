@@ -35,6 +35,12 @@ def integer(value: Any) -> Optional[int]:
     return None if x is None else int(x)
 
 
+def size(value: Any) -> Optional[int]:
+    """A byte count: a non-negative int, or None."""
+    x = integer(value)
+    return x if x is not None and x >= 0 else None
+
+
 def text(value: Any) -> Optional[str]:
     """A string cut at :data:`MAX_TEXT` characters; numbers become their text; anything else None."""
     if isinstance(value, str):
@@ -77,7 +83,7 @@ def mem(value: Any) -> Optional[Dict[str, Optional[int]]]:
     """A memory object with exactly :data:`MEMORY_FIELDS` (ints or None), or None when not an object."""
     if not isinstance(value, dict):
         return None
-    return {name: integer(value.get(name)) for name in MEMORY_FIELDS}
+    return {name: size(value.get(name)) for name in MEMORY_FIELDS}
 
 
 def str_map(value: Any) -> Dict[str, str]:
@@ -103,7 +109,7 @@ def fixes(value: Any) -> List[Dict[str, Any]]:
             out.append({"fix": item[:MAX_TEXT], "why": None, "expected_bytes": None})
         elif isinstance(item, dict) and text(item.get("fix")):
             out.append({"fix": text(item.get("fix")), "why": text(item.get("why")),
-                        "expected_bytes": integer(item.get("expected_bytes"))})
+                        "expected_bytes": size(item.get("expected_bytes"))})
     return out
 
 
@@ -123,7 +129,7 @@ def oom(record: Dict[str, Any], rank: int) -> Dict[str, Any]:
         "t": num(record.get("t")),
         "step": integer(record.get("step")),
         "phase": text(record.get("phase")),
-        "request_bytes": integer(record.get("request_bytes")),
+        "request_bytes": size(record.get("request_bytes")),
         "mem": mem(record.get("mem")),
         "just_before": text(record.get("just_before")),
         "where": texts(record.get("where")),

@@ -92,7 +92,7 @@ def _start(rec: RankRecords) -> Dict[str, Any]:
         "pid": nz.integer(s.get("pid")),
         "framework": nz.text(s.get("framework")),
         "device": {"name": nz.text(dev.get("name")), "backend": nz.text(dev.get("backend")),
-                   "total_bytes": nz.integer(dev.get("total_bytes"))} if dev else None,
+                   "total_bytes": nz.size(dev.get("total_bytes"))} if dev else None,
         "allocator_settings": nz.str_map(s.get("allocator_settings")),
     }
 
@@ -149,7 +149,7 @@ def _checkpoint_ops(records: RunRecords, kind: str) -> List[Dict[str, Any]]:
             t = nz.num(e.get("t"))
             seconds = nz.num(e.get("seconds"))
             op = {"step": nz.integer(e.get("step")), "tag": nz.text(e.get("tag")), "path": nz.text(e.get("path")),
-                  "bytes": nz.integer(e.get("bytes")), "seconds": seconds, "phases": nz.phases(e.get("phases")),
+                  "bytes": nz.size(e.get("bytes")), "seconds": seconds, "phases": nz.phases(e.get("phases")),
                   "mem_before": nz.mem(e.get("mem_before")), "mem_peak": nz.mem(e.get("mem_peak")),
                   "mem_after": nz.mem(e.get("mem_after")), "rank": rank, "t": t,
                   "start_t": (t - seconds) if t is not None and seconds is not None else t}
@@ -219,7 +219,7 @@ def summarize(records: RunRecords) -> Dict[str, Any]:
     """The report of a run: verdict, steps, per-rank peaks against the plan, saves, loads."""
     run = records.run or {}
     plan = run.get("plan") if isinstance(run.get("plan"), dict) else None
-    plan_bytes = nz.integer(plan.get("peak_bytes_per_rank")) if plan else None
+    plan_bytes = nz.size(plan.get("peak_bytes_per_rank")) if plan else None
     ranks = [_rank_summary(rec, plan_bytes) for _, rec in sorted(records.ranks.items())]
     ooms = [nz.oom(rec, r) for r, rec in sorted(records.ooms.items())]
     hang = nz.hang(records.hang) if records.hang is not None else None

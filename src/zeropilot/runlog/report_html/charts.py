@@ -41,6 +41,8 @@ def gib_ticks(chart: Chart) -> List[float]:
 
 
 def fmt_time(s: float) -> str:
+    if abs(s) >= 1e6:
+        return f"{s / 3600:.3g} h"
     if abs(s) >= 7200:
         return f"{s / 3600:.1f} h"
     if abs(s) >= 120:

@@ -136,7 +136,7 @@ def render_compare(rec_a: RunRecords, rec_b: RunRecords, cmp: Dict[str, Any]) ->
         chart = charts.overview_chart(rec, s, charts.x_end(rec, s, t0), t0, f"overview-{label.lower()}") \
             if rec.ranks else "<p>no rank recorded anything</p>"
         cols.append(f'<div id="run-{label.lower()}"><h2>{label}: <code>{esc(s["run_dir"])}</code></h2>'
-                    f"{sections.verdict(s)}{rank_legend(sorted(rec.ranks))}{chart}{sections.ops(s, 'saves')}</div>")
+                    f"{sections.verdict(s)}{rank_legend(sorted(rec.ranks))}{chart}</div>")
     body = ("<h1>zeropilot report: two runs</h1>" + section("metrics", "A against B", sections.table(
         ["", "A", "B", "B vs A"], rows, "compare-metrics")) + f'<div class="compare">{"".join(cols)}</div>')
     return document(f"zeropilot report: {cmp['a']['run_dir']} against {cmp['b']['run_dir']}", body)
