@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Tuple
 from zeropilot.errors import InputError
 from zeropilot.launch.commands import LaunchCommand
 from zeropilot.launch.document import Document, Node
+from zeropilot.launch.machine import MachineState
 from zeropilot.launch.shell import EnvSetting, Script
 from zeropilot.launch.versions import Versions
 
@@ -78,6 +79,7 @@ class Launch:
         links: training-args or accelerate document -> the DeepSpeed config it uses.
         checkpoint_dirs: ``checkpoint-N`` / ``global_stepN`` folders seen while discovering.
         gpus: ``--gpus COUNTxMEM`` given to check, for the memory rules.
+        machine: this machine's op-build locks (:mod:`zeropilot.launch.machine`), None when not inspected.
     """
 
     documents: List[Document] = field(default_factory=list)
@@ -91,6 +93,7 @@ class Launch:
     links: Dict[int, Document] = field(default_factory=dict)
     checkpoint_dirs: List[Path] = field(default_factory=list)
     gpus: Optional[str] = None
+    machine: Optional[MachineState] = None
 
     def of_kind(self, kind: str) -> List[Document]:
         return [d for d in self.documents if d.kind == kind]
@@ -134,6 +137,12 @@ class Launch:
             if "deepspeed.initialize" in py.text and "Trainer" not in py.text and "accelerate" not in py.text:
                 return False
         return None
+
+    def facts(self):
+        """The launch facts (:func:`zeropilot.launch.facts.facts`), derived once."""
+        from zeropilot.launch.facts import facts
+
+        return facts(self)
 
     def env(self) -> Dict[str, EnvSetting]:
         """Environment variables the scripts export (the last setting of each)."""

@@ -24,6 +24,7 @@ TOPICS = (
     "python_scripts",
     "engine_scripts",
     "versions",
+    "machine",
     "memory",
 )
 
