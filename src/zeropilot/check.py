@@ -18,6 +18,7 @@ def check(
     ignore: Iterable[str] = (),
     gpus: Optional[str] = None,
     use_installed: bool = True,
+    machine=None,
 ) -> Tuple[CheckResult, Launch]:
     """Check a launch.
 
@@ -29,6 +30,8 @@ def check(
         gpus: ``COUNTxMEM`` for the memory rules (``4x16GiB``); by default the NVIDIA GPUs of this machine
             (``nvidia-smi``), if any.
         use_installed: read installed versions (off in tests that pin versions).
+        machine: this machine's op-build locks (``zeropilot.launch.machine.MachineState``) for MC001; by default
+            read from this machine's torch extensions folder when ``use_installed`` is on.
 
     Returns:
         The result and the launch that was read.
@@ -46,6 +49,15 @@ def check(
         # The card size is this machine's; how many ranks share the work is the launch's world size.
         gpus = detected.split("x", 1)[1] if detected else None
     launch.gpus = gpus
+    if machine is None and use_installed:
+        import os
+
+        from zeropilot.launch.machine import inspect_machine
+
+        env = dict(os.environ)
+        env.update({k: s.value for k, s in launch.env().items()})  # the launch's own TORCH_EXTENSIONS_DIR, if any
+        machine = inspect_machine(env)
+    launch.machine = machine
     select: Set[str] = set(select)
     ignore: Set[str] = set(ignore)
     rules = [r for r in all_rules() if (not select or r.code in select) and r.code not in ignore]
