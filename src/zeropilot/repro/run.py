@@ -1,0 +1,107 @@
+"""Run repro cases: leg 1 (uninterrupted, saving) for every case in one process group, then leg 2 (resume) in a
+new one, then the verdicts. Writes each case's run directory: ``run.json`` (as ``zeropilot run`` would),
+``rank-N.jsonl``, ``repro.json`` (the verdict), ``repro-spec.json``. No torch here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from zeropilot.repro import verdict
+from zeropilot.repro.launcher import run_leg
+from zeropilot.repro.spec import ReproSpec
+from zeropilot.runlog.layout import RUN_SCHEMA, write_json_atomic
+
+Case = Tuple[ReproSpec, Path]
+
+
+def _versions() -> Dict[str, Optional[str]]:
+    from importlib import metadata
+
+    out: Dict[str, Optional[str]] = {}
+    for name in ("torch", "deepspeed", "transformers", "peft", "accelerate"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _environment() -> Dict[str, str]:
+    keys = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "CUDA_VISIBLE_DEVICES",
+            "DS_ACCELERATOR")
+    return {k: v for k, v in os.environ.items() if k in keys or k.startswith(("NCCL_", "TORCH_NCCL_"))}
+
+
+def _job(leg: int, cases: Sequence[Case]) -> Dict[str, Any]:
+    return {"leg": leg, "cases": [{"spec": spec.to_json(), "dir": str(root)} for spec, root in cases]}
+
+
+def _groups(cases: Sequence[Case], key) -> Dict[Any, List[Case]]:
+    groups: Dict[Any, List[Case]] = {}
+    for case in cases:
+        groups.setdefault(key(case[0]), []).append(case)
+    return groups
+
+
+def run_cases(cases: Sequence[Case], timeout: float = 900.0, command: Optional[List[str]] = None,
+              check: Optional[Dict[str, Any]] = None, keep_checkpoints: bool = True) -> List[Dict[str, Any]]:
+    """Run every case (leg 1 grouped by world size, then leg 2 grouped by resume world size); their verdicts.
+
+    Cases that share a world size share one process group per leg; every case has its own run directory.
+    """
+    started = time.time()
+    for spec, root in cases:
+        if root.exists() and any(root.iterdir()):
+            for old in ("checkpoints", "checkpoints-leg2", "state"):
+                shutil.rmtree(root / old, ignore_errors=True)
+            for f in root.glob("*.json*"):
+                f.unlink()
+        root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(root / "repro-spec.json", spec.to_json())
+        write_json_atomic(root / "run.json", _run_json(spec, command, check, started, None))
+    legs: Dict[str, Dict[int, Any]] = {str(root): {} for _, root in cases}
+    for (world, device), group in _groups(cases, lambda s: (s.nproc, s.device)).items():
+        run = run_leg(_job(1, group), world, group[0][1], timeout, device == "cpu")
+        for _, root in group:
+            legs[str(root)][1] = asdict(run)
+    resumable = [c for c in cases if c[0].resume_from is not None]
+    for (world, device), group in _groups(resumable, lambda s: (s.resume_nproc, s.device)).items():
+        run = run_leg(_job(2, group), world, group[0][1], timeout, device == "cpu")
+        for _, root in group:
+            legs[str(root)][2] = asdict(run)
+    verdicts = []
+    for spec, root in cases:
+        v = verdict.build(spec, root, {k: _jsonable(x) for k, x in legs[str(root)].items()})
+        write_json_atomic(root / "repro.json", v)
+        write_json_atomic(root / "run.json", _run_json(spec, command, check, started, legs[str(root)]))
+        if not keep_checkpoints:
+            for old in ("checkpoints", "checkpoints-leg2"):
+                shutil.rmtree(root / old, ignore_errors=True)
+        verdicts.append(v)
+    return verdicts
+
+
+def _jsonable(leg: Dict[str, Any]) -> Dict[str, Any]:
+    return {**leg, "logs": [str(p) for p in leg.get("logs", [])]}
+
+
+def _run_json(spec: ReproSpec, command: Optional[List[str]], check: Optional[Dict[str, Any]], started: float,
+              legs: Optional[Dict[int, Any]]) -> Dict[str, Any]:
+    """``run.json`` as the run-directory contract has it; ``exit_code`` 0 when every rank of every leg ended 0."""
+    out: Dict[str, Any] = {"schema": RUN_SCHEMA, "command": command or [sys.executable, "-m", "zeropilot", "repro"],
+                           "cwd": os.getcwd(), "started_at": started, "world_size": spec.nproc,
+                           "versions": _versions(), "environment": _environment(), "check": check, "plan": None,
+                           "hang_timeout_s": None, "on_hang": None, "repro": True}
+    if legs is not None:
+        codes = [c for leg in legs.values() for c in leg["codes"]]
+        killed = [leg["killed"] for leg in legs.values() if leg.get("killed")]
+        out.update(ended_at=time.time(), exit_code=next((c for c in codes if c not in (0, None)), 0 if codes else None),
+                   signal="SIGKILL" if killed else None)
+    return out

@@ -1,0 +1,181 @@
+"""From the ranks' result files to the repro verdict: is the resume exact, what differs, what the saves cost.
+
+Pure (reads JSON written by :mod:`zeropilot.repro.worker`); no torch. The verdict's JSON (schema
+:data:`SCHEMA`) is what ``zeropilot repro --format json`` prints and ``DIR/repro.json`` holds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from zeropilot.repro.spec import PARTS, ReproSpec
+
+SCHEMA = "zeropilot.repro/1"
+TOLERANCE_WHY = ("GPU kernels may add in a different order from run to run (atomics in attention and embedding "
+                 "backward, NCCL's algorithm choice), which moves a bf16 value by one unit in the last place "
+                 "(0.4 %): states within 1e-2 of their largest value and losses within 1e-3 count as equal; a "
+                 "part left out of a resume (fresh Adam moments, a restarted schedule) differs by far more")
+
+
+def _read(path: Path) -> Optional[Dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _results(root: Path, leg: int, world: int) -> List[Optional[Dict[str, Any]]]:
+    return [_read(root / f"leg{leg}-rank-{r}.json") for r in range(world)]
+
+
+def _loss_diff(a: List[float], b: List[float]) -> float:
+    if len(a) != len(b):
+        return math.inf
+    worst = 0.0
+    for x, y in zip(a, b):
+        if x != y:
+            worst = max(worst, abs(x - y) / max(abs(y), 1e-12) if math.isfinite(x - y) else math.inf)
+    return worst
+
+
+def _losses(spec: ReproSpec, one: List[Optional[Dict]], two: List[Optional[Dict]], tol: float) -> Dict[str, Any]:
+    """Loss of every step after the resume, every rank: bitwise, within tolerance, first step that differs."""
+    first, worst, bitwise, compared = None, 0.0, True, 0
+    for step in range(spec.resume_from + 1, spec.steps + 1):
+        for a, b in zip(one, two):
+            ref = (a or {}).get("steps", {}).get(str(step))
+            got = (b or {}).get("steps", {}).get(str(step))
+            if ref is None or got is None:
+                continue
+            compared += 1
+            diff = _loss_diff(got["losses"], ref["losses"])
+            if diff:
+                bitwise = False
+                worst = max(worst, diff)
+                if first is None:
+                    first = {"step": step, "rank": a["rank"], "uninterrupted": ref["losses"],
+                             "resumed": got["losses"]}
+    return {"bitwise": bitwise and compared > 0, "within_tolerance": compared > 0 and worst <= tol,
+            "max_rel_diff": worst, "first_differing": first, "n_compared": compared}
+
+
+def _data_order(spec: ReproSpec, one: List[Optional[Dict]], two: List[Optional[Dict]]) -> Optional[int]:
+    """The first step after the resume whose samples differ from the uninterrupted run's, or None."""
+    for step in range(spec.resume_from + 1, spec.steps + 1):
+        for a, b in zip(one, two):
+            ref = (a or {}).get("steps", {}).get(str(step))
+            got = (b or {}).get("steps", {}).get(str(step))
+            if ref and got and ref["data"] != got["data"]:
+                return step
+    return None
+
+
+def _saves(one: List[Optional[Dict]]) -> List[Dict[str, Any]]:
+    saves = []
+    for res in one:
+        if not res:
+            continue
+        for s in res.get("saves", []):
+            nxt = res.get("steps", {}).get(str(s["step"] + 1))
+            saves.append({"step": s["step"], "rank": res["rank"], "bytes": s["bytes"], "seconds": s["seconds"],
+                          "mem_before": s["mem_before"], "mem_peak": s["mem_peak"], "mem_after": s["mem_after"],
+                          "first_step_after": {"step": s["step"] + 1, "mem": nxt["mem"]} if nxt else None})
+    return sorted(saves, key=lambda s: (s["step"], s["rank"]))
+
+
+def _failures(one: List[Optional[Dict]], two: List[Optional[Dict]], legs: Dict[int, Any]) -> List[Dict[str, Any]]:
+    out = []
+    for leg, results in ((1, one), (2, two)):
+        for r, res in enumerate(results):
+            if res is None:
+                if leg in legs:
+                    out.append({"leg": leg, "rank": r, "kind": "no result",
+                                "message": legs[leg].get("killed") or f"exit status {legs[leg]['codes'][r]}"})
+                continue
+            if res.get("oom"):
+                out.append({"leg": leg, "rank": r, "kind": "oom", **res["oom"]})
+            if res.get("error"):
+                out.append({"leg": leg, "rank": r, "kind": "error", **res["error"]})
+    return out
+
+
+def build(spec: ReproSpec, root: Path, legs: Dict[int, Any]) -> Dict[str, Any]:
+    """The verdict of one case from its run directory ``root`` (``legs``: how each leg's processes ended)."""
+    one = _results(root, 1, spec.nproc)
+    two = _results(root, 2, spec.resume_nproc) if spec.resume_from is not None else []
+    tol = {"loss": 0.0, "state": 0.0} if spec.device == "cpu" else {"loss": 1e-3, "state": 1e-2}
+    failures = _failures(one, two, legs)
+    details: Dict[str, Any] = {}
+    differs: List[str] = []
+    leg2_failed = any(f["leg"] == 2 for f in failures)
+    if spec.resume_from is not None and not any(f["leg"] == 1 for f in failures):
+        if spec.resume_nproc != spec.nproc:
+            differs.append("world_size")
+            details["world_size"] = {"uninterrupted": spec.nproc, "resumed": spec.resume_nproc}
+        if not leg2_failed:
+            if spec.resume_nproc == spec.nproc:
+                details["loss"] = _losses(spec, one, two, tol["loss"])
+                if not details["loss"]["within_tolerance"]:
+                    differs.append("loss")
+            for part, cmp in _merge_compare(two).items():
+                details[part] = cmp
+                if not cmp["within_tolerance"]:
+                    differs.append(part)
+            step = _data_order(spec, one, two) if spec.resume_nproc == spec.nproc else None
+            if step is not None and "data" not in differs:
+                differs.append("data")
+            if step is not None:
+                details.setdefault("data", {})["first_step_with_other_samples"] = step
+    exact = None
+    if spec.resume_from is not None and not failures:
+        exact = not differs
+    return {
+        "schema": SCHEMA, "case": spec.name, "run_dir": str(root), "resume_exact": exact,
+        "differs": [p for p in PARTS if p in differs], "details": details,
+        "tolerance": {"kind": "bitwise" if spec.device == "cpu" else "relative", **tol,
+                      "why": "CPU runs are deterministic: any difference is a resume error" if spec.device == "cpu"
+                      else TOLERANCE_WHY},
+        "saves": _saves(one), "loads": [dict(res["load"], rank=res["rank"]) for res in two if res and res.get("load")],
+        "steps": {str(leg): _step_peaks(res) for leg, res in ((1, one), (2, two)) if res},
+        "cap": [res.get("cap") for res in one if res and res.get("cap")],
+        "failures": failures, "legs": legs,
+        "spec": {k: getattr(spec, k) for k in ("model_note", "stage", "precision", "micro_batch", "grad_accum",
+                                               "seq_len", "lora", "gradient_checkpointing", "steps", "save_every",
+                                               "resume_from", "nproc", "resume_nproc", "device", "gpu_mem_cap",
+                                               "exclude_frozen", "leave_out")},
+        "notes": spec.notes,
+    }
+
+
+def _merge_compare(two: List[Optional[Dict]]) -> Dict[str, Dict[str, Any]]:
+    """Per part, over ranks: equal only if every rank's is; the worst difference and the first paths."""
+    merged: Dict[str, Dict[str, Any]] = {}
+    for res in two:
+        cmp = (res or {}).get("compare") or {}
+        for part, c in cmp.items():
+            m = merged.setdefault(part, {"bitwise": True, "within_tolerance": True, "max_rel_diff": 0.0,
+                                         "differing": [], "n_differing": 0})
+            m["bitwise"] = m["bitwise"] and c["bitwise"]
+            m["within_tolerance"] = m["within_tolerance"] and c["within_tolerance"]
+            m["max_rel_diff"] = max(m["max_rel_diff"], c["max_rel_diff"])
+            m["n_differing"] += c["n_differing"]
+            m["differing"] += [f"rank {res['rank']}: {p}" for p in c["differing"][:3]]
+    return merged
+
+
+def _step_peaks(results: List[Optional[Dict]]) -> List[Dict[str, Any]]:
+    rows = []
+    for res in results:
+        if not res:
+            continue
+        for step, rec in sorted(res.get("steps", {}).items(), key=lambda kv: int(kv[0])):
+            mem = rec.get("mem") or {}
+            rows.append({"step": int(step), "rank": res["rank"], "seconds": rec.get("seconds"),
+                         "peak_reserved_bytes": mem.get("peak_reserved_bytes"),
+                         "peak_allocated_bytes": mem.get("peak_allocated_bytes"),
+                         "host_rss_bytes": mem.get("host_rss_bytes")})
+    return rows
