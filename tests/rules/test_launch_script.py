@@ -81,3 +81,44 @@ def test_sh003_witness(tmp_path):
 
     with pytest.raises(ValueError, match="Expected a string path to an existing deepspeed config"):
         TrainingArguments(output_dir=str(tmp_path), deepspeed=str(tmp_path / "ds_missing.json"), report_to=[])
+
+
+def test_sh002_deepspeed_num_gpus_says_what_happens(launch_dir):
+    """deepspeed --num_gpus with CUDA_VISIBLE_DEVICES: the finding says the list is ignored and which GPUs run."""
+    root = launch_dir({"run.sh": "export CUDA_VISIBLE_DEVICES=0,1\ndeepspeed --num_gpus 4 train.py\n"})
+    [f] = run_check(root, select={"SH002"})
+    assert f.key == "num_gpus" and f.line == 2
+    assert "deletes the variable" in f.message and "0,1,2,3" in f.message and "did not list" in f.message
+    root = launch_dir({"run.sh": "CUDA_VISIBLE_DEVICES=2,3 deepspeed --num_gpus 2 train.py\n"})
+    [f] = run_check(root, select={"SH002"})
+    assert "instead of 2,3" in f.message and "--include localhost:2,3" in f.message
+
+
+@pytest.mark.witness
+@pytest.mark.slow
+def test_sh002_deepspeed_witness(tmp_path):
+    """DeepSpeed's real launcher (CPU accelerator, same code path): CUDA_VISIBLE_DEVICES=5 with --num_gpus 2 starts
+    2 ranks that each see CUDA_VISIBLE_DEVICES=0,1 — the listed device is ignored."""
+    import os
+    import signal
+    import socket
+
+    probe = tmp_path / "p.py"
+    probe.write_text("import os, pathlib\npathlib.Path(f\"rank{os.environ['LOCAL_RANK']}.txt\").write_text("
+                     "os.environ['CUDA_VISIBLE_DEVICES'])\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "5"}
+    proc = subprocess.Popen([sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port",
+                             str(port), str(probe)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    ranks = {p.name: p.read_text() for p in tmp_path.glob("rank*.txt")}
+    assert ranks == {"rank0.txt": "0,1", "rank1.txt": "0,1"}, out[-2000:]
+    assert "ignoring it" in out

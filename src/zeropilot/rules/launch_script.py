@@ -72,42 +72,81 @@ def destructive_kill_in_launch_script(launch: Launch) -> Iterator[Hit]:
 
 
 @rule("SH002", "world-size-exceeds-visible-devices", Severity.ERROR, versions="all",
-      witness="fixture:tests/rules/test_launch_script.py::test_sh002_fires; "
-              "torch.cuda.set_device: 'CUDA error: invalid device ordinal', measured on an H200 "
-              "(tests/witness/cuda_probe_h200.json, nproc_2_on_1_visible)")
+      witness="tests/rules/test_launch_script.py::test_sh002_deepspeed_witness; torch.cuda.set_device: 'CUDA "
+              "error: invalid device ordinal', measured on an H200 (tests/witness/cuda_probe_h200.json, "
+              "nproc_2_on_1_visible)")
 def world_size_exceeds_visible_devices(launch: Launch) -> Iterator[Hit]:
-    """More processes per node than the `*_VISIBLE_DEVICES` list gives devices.
+    """More processes per node than the `*_VISIBLE_DEVICES` list gives devices, or `deepspeed --num_gpus` with
+    `CUDA_VISIBLE_DEVICES`.
+
+    DeepSpeed's launcher honours `CUDA_VISIBLE_DEVICES` only without `--num_gpus`/`--include`/`--exclude`/
+    `--num_nodes` (it turns the list into `--include localhost:<list>`). With `--num_gpus N` it prints "ignoring
+    it", **deletes** the variable and starts N ranks on physical devices `0..N-1`: more ranks than listed
+    devices do not fail, they run on GPUs you did not list (other jobs' GPUs), and a list such as `2,3` is
+    silently replaced by `0,1`. That case is reported whenever the listed devices are not exactly `0..N-1`.
 
     ## Why is this bad?
-    Each process binds to device `LOCAL_RANK`; with `NPROC_PER_NODE=8` and
+    Each torchrun / LLaMA-Factory process binds to device `LOCAL_RANK`; with `NPROC_PER_NODE=8` and
     `CUDA_VISIBLE_DEVICES=0,1,2,3` ranks 4-7 fail with `CUDA error: invalid device ordinal` (seen with
-    torchrun, 2 processes and one visible GPU: rank 0 ran, rank 1 failed) and the launch dies.
+    torchrun, 2 processes and one visible GPU: rank 0 ran, rank 1 failed) and the launch dies. Under
+    `deepspeed --num_gpus` the run instead lands on the wrong GPUs.
 
     ## Example
     ```bash
     export ROCR_VISIBLE_DEVICES=0,1,2,3
     NPROC_PER_NODE=8 FORCE_TORCHRUN=1 llamafactory-cli train sft.yaml
+    CUDA_VISIBLE_DEVICES=2,3 deepspeed --num_gpus 2 train.py   # runs on GPUs 0 and 1
     ```
 
     ## Use instead
     ```bash
     export ROCR_VISIBLE_DEVICES=0,1,2,3
     NPROC_PER_NODE=4 FORCE_TORCHRUN=1 llamafactory-cli train sft.yaml
+    deepspeed --include localhost:2,3 train.py                 # or CUDA_VISIBLE_DEVICES=2,3 deepspeed train.py
     ```
 
     ## References
     - `torch.cuda.set_device`; torchrun `--nproc_per_node`; LLaMA-Factory `launcher.py` (NPROC_PER_NODE)
+    - `deepspeed/launcher/runner.py` `main` ("ignoring it because ... --num_gpus ... were used",
+      `del os.environ[visible_devices_env]`, `apply_num_nodes_and_gpus`: `list(range(num_gpus))`)
     """
     ws = launch.world_size
     if ws.nproc_per_node is None or ws.visible_devices is None or ws.visible_var is None:
         return
+    var = ws.visible_var
+    ds_cmd = _deepspeed_num_gpus_command(launch, ws)
+    if ds_cmd is not None and var.name == "CUDA_VISIBLE_DEVICES":
+        yield from _deepspeed_ignores_visible(ds_cmd, ws)
+        return
     if ws.nproc_per_node <= ws.visible_devices:
         return
-    var = ws.visible_var
     yield Hit(None, None, f"{ws.nproc_per_node} processes per node ({ws.reason}) but {var.name}={var.value} "
                           f"makes {ws.visible_devices} device(s) visible: the extra ranks fail on set_device; "
                           f"start {ws.visible_devices} processes or list more devices.",
               file=ws.file or var.file, line=ws.line or var.line, key=var.name)
+
+
+def _deepspeed_num_gpus_command(launch: Launch, ws):
+    """The ``deepspeed --num_gpus N`` command the world size was read from, if that is how it was launched."""
+    for lc in launch.commands:
+        if lc.launcher == "deepspeed" and ("num_gpus" in lc.flags or "num_accelerators" in lc.flags) and \
+                (ws.line is None or (lc.command.file == ws.file and lc.command.line == ws.line)):
+            return lc
+    return None
+
+
+def _deepspeed_ignores_visible(lc, ws) -> Iterator[Hit]:
+    var, n = ws.visible_var, ws.nproc_per_node
+    listed = [p.strip() for p in var.value.split(",") if p.strip()]
+    physical = [str(i) for i in range(n)]
+    if listed == physical:
+        return
+    where = "including GPUs you did not list" if n > len(listed) else f"instead of {var.value}"
+    yield Hit(None, None, f"`deepspeed --num_gpus {n}` ignores {var.name}={var.value}: DeepSpeed's launcher deletes "
+                          f"the variable when --num_gpus is given and starts {n} ranks on physical GPUs "
+                          f"{','.join(physical)}, {where} — drop --num_gpus (DeepSpeed then uses exactly the listed "
+                          f"devices) or write --include localhost:{var.value}",
+              file=lc.command.file, line=lc.command.line, key="num_gpus")
 
 
 @rule("SH003", "launch-config-missing", Severity.ERROR, versions="all",
