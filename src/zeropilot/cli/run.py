@@ -1,0 +1,96 @@
+"""``zeropilot run -- COMMAND ...``: run a launch unmodified with the guard in every rank, then summarise it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from zeropilot.errors import InputError
+
+DEFAULT_HANG_TIMEOUT_S = 300.0
+MIN_HANG_TIMEOUT_S = 1.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "run", help="run a launch with the guard in every rank: records, OOM forensics, hang watchdog",
+        description="Run COMMAND (deepspeed, torchrun, accelerate launch, llamafactory-cli, python) unmodified, "
+                    "with zeropilot's guard inside every rank; write the run directory and print its summary.",
+        usage="zeropilot run [--out DIR] [--no-check] [--hang-timeout S] [--on-hang report|stop] "
+              "[--memory-history] -- COMMAND ...")
+    p.add_argument("--out", type=Path, metavar="DIR", help="run directory (default: zeropilot-runs/<time>)")
+    p.add_argument("--no-check", action="store_true", help="start even when `check` finds errors")
+    p.add_argument("--hang-timeout", type=float, metavar="S",
+                   help="seconds without progress on any rank before the watchdog reports "
+                        "(default: from the plan's save time, else 300)")
+    p.add_argument("--on-hang", choices=("report", "stop"), default="report",
+                   help="after reporting a hang: let the job run on (report) or end it (stop)")
+    p.add_argument("--memory-history", action="store_true",
+                   help="record allocation history; an OOM writes a snapshot for PyTorch's memory_viz")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the launch")
+    p.set_defaults(func=run)
+
+
+def _out_dir(out: Optional[Path]) -> Path:
+    if out is None:
+        out = Path("zeropilot-runs") / time.strftime("%Y%m%d-%H%M%S")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InputError("the run directory exists and is not empty: pick another --out", path=out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out.resolve()
+
+
+def hang_timeout(flag: Optional[float], plan: Optional[dict]) -> float:
+    """--hang-timeout, else twice the plan's save time plus a minute (at least the default), else 300 s."""
+    if flag is not None:
+        if flag < MIN_HANG_TIMEOUT_S:
+            raise InputError(f"--hang-timeout must be at least {MIN_HANG_TIMEOUT_S:g} s, got {flag:g}")
+        return flag
+    save = ((plan or {}).get("checkpoint") or {}).get("save_seconds")
+    if isinstance(save, (int, float)) and save > 0:
+        return max(DEFAULT_HANG_TIMEOUT_S, 2 * float(save) + 60)
+    return DEFAULT_HANG_TIMEOUT_S
+
+
+def run(args: argparse.Namespace) -> int:
+    from zeropilot.runlog import read_run, summarize
+    from zeropilot.runlog.text import render
+    from zeropilot.runner import RunOptions, supervise
+    from zeropilot.runner import runinfo
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise InputError("no command: zeropilot run [options] -- COMMAND ...")
+    out = _out_dir(args.out)
+    script = runinfo.write_launch_script(command, out / "launch.sh")
+    check_summary, launch, errors, plan = None, None, [], None
+    try:
+        check_summary, launch, errors = runinfo.run_check(command, script)
+    except InputError as exc:
+        check_summary = {"errors": None, "warnings": None, "codes": [], "skipped": exc.render()}
+    if errors and not args.no_check:
+        for line in errors:
+            print(f"zeropilot run: check: {line}", file=sys.stderr)
+        print(f"zeropilot run: `check` found {len(errors)} error(s); fix them or pass --no-check "
+              f"(run directory: {out})", file=sys.stderr)
+        return 1
+    if launch is not None:
+        plan = runinfo.make_plan(launch)
+    world = getattr(getattr(launch, "world_size", None), "value", None)
+    timeout = hang_timeout(args.hang_timeout, plan)
+    record = runinfo.run_record(command, check_summary, plan, world, timeout, args.on_hang)
+    opts = RunOptions(command=command, out=out, hang_timeout_s=timeout, on_hang=args.on_hang,
+                      memory_history=args.memory_history, world_size=world,
+                      torch_version=record["versions"].get("torch"))
+    try:
+        end = supervise(opts, record)
+    except FileNotFoundError:
+        raise InputError(f"cannot start {command[0]!r}: no such program") from None
+    sys.stdout.flush()
+    sys.stdout.write(render(summarize(read_run(out))))
+    return int(end["exit_code"])

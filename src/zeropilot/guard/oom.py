@@ -1,0 +1,130 @@
+"""OOM forensics inside a rank: PyTorch's OOM observer writes ``oom-rank-N.json`` before the stack unwinds.
+
+``torch._C._cuda_attach_out_of_memory_observer(fn(device, alloc, device_alloc, device_free))``
+(torch >= 2.1) is called by the caching allocator after it gave up, outside its lock, while the
+failing frame is still live: the record has the request, the allocator's counters as they were, the
+rank's phase and what happened just before. The verdict is :func:`zeropilot.guard.verdicts.classify_oom`,
+a pure function of that record. With ``--memory-history`` the rank also records allocation history
+(``torch.cuda.memory._record_memory_history``) and dumps a snapshot for PyTorch's memory_viz.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+from zeropilot.guard import telemetry
+from zeropilot.guard.rank import RankGuard
+from zeropilot.guard.verdicts import classify_oom
+from zeropilot.runlog.layout import write_json_atomic
+
+MEMORY_HISTORY_ENV = "ZEROPILOT_MEMORY_HISTORY"
+PLAN_ENV = "ZEROPILOT_PLAN_FILE"  # run.json, for the plan's numbers in the fixes
+
+_installed = False
+
+
+def where(limit: int = 12) -> List[str]:
+    """The calling frames, innermost last, without the guard's own."""
+    frames = [f for f in traceback.extract_stack()[:-1] if "zeropilot/guard" not in f.filename.replace(os.sep, "/")]
+    return [f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})" for f in frames[-limit:]]
+
+
+def _plan() -> Optional[Dict[str, Any]]:
+    path = os.environ.get(PLAN_ENV)
+    if not path:
+        return None
+    try:
+        import json
+
+        with open(path, encoding="utf-8") as fh:
+            plan = json.load(fh).get("plan")
+        return plan if isinstance(plan, dict) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def build_record(guard: RankGuard, request: int, device_free: Optional[int], mem: Dict[str, Any]) -> Dict[str, Any]:
+    """The OOM record (everything but the snapshot path) with its verdict and fixes."""
+    torch = sys.modules.get("torch")
+    record: Dict[str, Any] = {
+        "t": time.time(), "rank": guard.rank, "step": guard.step, "phase": guard.phase,
+        "request_bytes": int(request), "device_free_reported_bytes": device_free, "mem": mem,
+        "baseline": guard.baseline_mem, "just_before": guard.just_before(), "where": where(),
+        "allocator_limit_bytes": _limit(torch), "build": build_info(torch),
+    }
+    verdict, fixes = classify_oom(record, _plan())
+    record["verdict"] = verdict
+    record["fixes"] = fixes
+    return record
+
+
+def _limit(torch: Any) -> Optional[int]:
+    """The allocator's cap when ``set_per_process_memory_fraction`` was called, else None."""
+    try:
+        fraction = torch.cuda.get_per_process_memory_fraction()
+        if fraction is None or fraction >= 1.0:
+            return None
+        return int(fraction * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def build_info(torch: Any) -> Dict[str, Any]:
+    """What the build can do that a fix depends on: HIP or CUDA, versions, expandable segments."""
+    hip = getattr(getattr(torch, "version", None), "hip", None) if torch is not None else None
+    return {"torch": getattr(torch, "__version__", None), "hip": hip,
+            "cuda": getattr(getattr(torch, "version", None), "cuda", None) if torch is not None else None,
+            "dtk": bool(hip) and ("dtk" in str(getattr(torch, "__version__", "")).lower()
+                                  or "das" in str(getattr(torch, "__version__", "")).lower())}
+
+
+def _observer(guard: RankGuard):
+    def observe(device: int, alloc: int, device_alloc: int, device_free: int) -> None:
+        try:
+            torch = sys.modules.get("torch")
+            mem = telemetry.read_memory(torch, device)
+            record = build_record(guard, alloc, device_free, mem)
+            record["snapshot"] = _dump_snapshot(guard, torch)
+            path = guard.dir.oom(guard.rank)
+            write_json_atomic(path, record)
+            guard.record("oom", step=guard.step, phase=guard.phase, request_bytes=int(alloc), file=path.name,
+                         verdict=record["verdict"].get("kind"))
+            guard.beat(force=True)
+        except Exception as exc:  # noqa: BLE001 - forensics must not mask the OOM itself
+            print(f"zeropilot guard: OOM record failed: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+    return observe
+
+
+def _dump_snapshot(guard: RankGuard, torch: Any) -> Optional[str]:
+    if not os.environ.get(MEMORY_HISTORY_ENV):
+        return None
+    path = guard.dir.memory_snapshot(guard.rank)
+    try:
+        torch.cuda.memory._dump_snapshot(str(path))
+        return path.name
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def install(guard: RankGuard) -> bool:
+    """Attach the OOM observer (and memory history when asked) once per process; False without CUDA/HIP."""
+    global _installed
+    torch = sys.modules.get("torch")
+    if _installed or torch is None or telemetry.accelerator(torch) is None:
+        return _installed
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is None:
+        return False
+    guard.baseline_mem = telemetry.read_memory(torch)
+    if os.environ.get(MEMORY_HISTORY_ENV):
+        try:
+            torch.cuda.memory._record_memory_history(max_entries=int(os.environ[MEMORY_HISTORY_ENV] or 100000))
+        except Exception:  # noqa: BLE001
+            pass
+    attach(_observer(guard))
+    _installed = True
+    return True

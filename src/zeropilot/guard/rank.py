@@ -1,0 +1,215 @@
+"""The guard inside one rank: its records, its heartbeat, its phase.
+
+One :class:`RankGuard` per training process, created by :func:`current` when the process shows it
+is a rank (it joins a process group, calls ``deepspeed.initialize`` or builds a ``Trainer``), not
+when it merely starts: launchers (``deepspeed``, ``torchrun``, ``accelerate launch``) run the same
+bootstrap and must not pose as rank 0.
+
+The heartbeat is written by a daemon thread, at most every :data:`BEAT_S` seconds and only when
+the phase or progress changed: a phase change in the training loop is one attribute store, so the
+hooks stay far below 1% of a step. The thread needs the GIL; a rank stuck in a collective or in a
+file write releases it, so its heartbeat still says where it is.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+from zeropilot.runlog.events import EventWriter, event
+from zeropilot.runlog.layout import RunDir, write_json_atomic
+from zeropilot.guard import telemetry
+
+RUN_DIR_ENV = "ZEROPILOT_RUN_DIR"
+STACK_SIGNAL_ENV = "ZEROPILOT_STACK_SIGNAL"  # which signal makes a rank dump its stacks (default SIGUSR2)
+BEAT_S = 0.5
+
+_lock = threading.Lock()
+_guard: Optional["RankGuard"] = None
+
+
+def _torch() -> Any:
+    """torch if this process already imported it: the guard never imports torch for the job."""
+    return sys.modules.get("torch")
+
+
+def env_rank() -> Optional[int]:
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        value = os.environ.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def _dist_rank() -> Optional[int]:
+    torch = _torch()
+    try:
+        if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            return int(torch.distributed.get_rank())
+    except Exception:  # noqa: BLE001
+        return None
+    return None
+
+
+def _env_int(name: str) -> Optional[int]:
+    value = os.environ.get(name, "")
+    return int(value) if value.strip().isdigit() else None
+
+
+class RankGuard:
+    """Records and heartbeat of one rank in a run directory."""
+
+    def __init__(self, root: Path, rank: int, framework: str) -> None:
+        self.dir = RunDir(Path(root))
+        self.rank = rank
+        self.framework = framework
+        self.pid = os.getpid()
+        self.writer = EventWriter(self.dir.events(rank))
+        self.step = 0
+        self.phase = "init"
+        self.phase_since = time.time()
+        self.progress = 0
+        self.last_step_end: Optional[float] = None
+        self.last_save: Optional[Dict[str, Any]] = None  # {step, t} of the last save that ended
+        self.steps_since_save = 0
+        self.op_stack: List[Any] = []  # nested checkpoint operations (see guard.checkpoint)
+        self.engine_steps = False  # steps come from DeepSpeedEngine.step, not the Trainer callback
+        self.baseline_mem: Optional[Dict[str, Any]] = None  # memory when the OOM observer was attached
+        self.failed = False
+        self._beat_written = (None, -1)
+        self._stop = threading.Event()
+        self._stacks_fh = None
+        self._install_stack_dump()
+        self.writer.write(event("start", rank, pid=self.pid, host=socket.gethostname(),
+                                local_rank=_env_int("LOCAL_RANK"), world_size=_env_int("WORLD_SIZE"),
+                                device=telemetry.device_info(_torch()), framework=framework,
+                                allocator_settings=telemetry.allocator_settings(_torch()),
+                                argv=list(sys.argv)))
+        self.beat(force=True)
+        self._thread = threading.Thread(target=self._beat_loop, name="zeropilot-heartbeat", daemon=True)
+        self._thread.start()
+
+    # -- stacks -------------------------------------------------------------------------------
+    def _install_stack_dump(self) -> None:
+        """faulthandler dumps every thread's stack on the watchdog's signal and on SIGTERM (then the
+        previous SIGTERM behaviour runs: ``chain=True``)."""
+        try:
+            self._stacks_fh = open(self.dir.stacks(self.rank), "a", encoding="utf-8")
+            sig = getattr(signal, os.environ.get(STACK_SIGNAL_ENV, "SIGUSR2"), signal.SIGUSR2)
+            faulthandler.register(sig, file=self._stacks_fh, all_threads=True, chain=False)
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                faulthandler.register(signal.SIGTERM, file=self._stacks_fh, all_threads=True, chain=True)
+        except (OSError, ValueError, RuntimeError):
+            self._stacks_fh = None  # not the main thread, or no such signal: stacks unavailable
+
+    # -- heartbeat ----------------------------------------------------------------------------
+    def set_phase(self, phase: str) -> str:
+        """Enter ``phase``; returns the phase left, to restore it."""
+        previous = self.phase
+        self.phase = phase
+        self.phase_since = time.time()
+        self.progress += 1
+        return previous
+
+    @contextmanager
+    def in_phase(self, phase: str) -> Iterator[None]:
+        previous = self.set_phase(phase)
+        try:
+            yield
+        finally:
+            self.set_phase(previous if previous not in ("forward", "backward", "step") else "idle")
+
+    def beat(self, force: bool = False) -> None:
+        key = (self.phase, self.progress)
+        if not force and key == self._beat_written:
+            return
+        self._beat_written = key
+        try:
+            write_json_atomic(self.dir.heartbeat(self.rank), {
+                "t": time.time(), "rank": self.rank, "pid": self.pid, "phase": self.phase,
+                "phase_since": self.phase_since, "step": self.step, "progress": self.progress})
+        except OSError:
+            pass
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(BEAT_S):
+            if os.getpid() != self.pid:  # a forked child (DataLoader worker) is not this rank
+                return
+            self.beat()
+
+    # -- records ------------------------------------------------------------------------------
+    def record(self, kind: str, **fields: Any) -> None:
+        if os.getpid() == self.pid:
+            self.writer.write(event(kind, self.rank, **fields))
+
+    def memory(self) -> Dict[str, Any]:
+        return telemetry.read_memory(_torch())
+
+    def step_ended(self, global_step: int) -> None:
+        """An optimizer step ended: one ``step`` record."""
+        now = time.time()
+        seconds = None if self.last_step_end is None else now - self.last_step_end
+        self.last_step_end = now
+        self.step = int(global_step)
+        self.steps_since_save += 1
+        self.progress += 1
+        self.record("step", step=self.step, seconds=seconds, mem=self.memory())
+
+    def just_before(self) -> Optional[str]:
+        """What happened just before now, in words, for OOM forensics."""
+        if self.last_save is None:
+            return None if self.step else "before the first optimizer step"
+        if self.steps_since_save == 0:
+            return f"first step after the save at step {self.last_save['step']}"
+        return f"{self.steps_since_save} step(s) after the save at step {self.last_save['step']}"
+
+    def close(self) -> None:
+        if os.getpid() != self.pid:
+            return
+        self._stop.set()
+        self.phase = "exit"
+        self.progress += 1
+        self.beat()
+        self.record("end", steps=self.step)
+        self.writer.close()
+        if self._stacks_fh is not None:
+            try:
+                empty = self._stacks_fh.tell() == 0 and os.path.getsize(self.dir.stacks(self.rank)) == 0
+                self._stacks_fh.close()
+                if empty:
+                    os.unlink(self.dir.stacks(self.rank))
+            except OSError:
+                pass
+
+
+def current(framework: str = "python") -> Optional[RankGuard]:
+    """This process's guard, created on first call when a run directory is set; None otherwise."""
+    global _guard
+    if _guard is not None:
+        return _guard if _guard.pid == os.getpid() else None
+    root = os.environ.get(RUN_DIR_ENV)
+    if not root:
+        return None
+    with _lock:
+        if _guard is None:
+            rank = env_rank()
+            if rank is None:
+                rank = _dist_rank() or 0
+            _guard = RankGuard(Path(root), rank, framework)
+            import atexit
+
+            atexit.register(_guard.close)
+    return _guard
+
+
+def peek() -> Optional[RankGuard]:
+    """The guard if it is live in this process, without creating it."""
+    return _guard if _guard is not None and _guard.pid == os.getpid() else None

@@ -1,0 +1,133 @@
+"""The HF Trainer side: a ``TrainerCallback`` on every Trainer, and ``Trainer._save_checkpoint`` as one save.
+
+``ZeroPilotCallback`` is also the library entry for people who build their own Trainer:
+``Trainer(..., callbacks=[ZeroPilotCallback()])``. Where a DeepSpeed engine drives the steps, the
+engine's hooks record them and the callback only marks phases.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from zeropilot.guard import checkpoint
+from zeropilot.guard.rank import current, peek
+
+_MARK = "__zeropilot_wrapped__"
+
+
+def _callback_base() -> Any:
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+def make_callback_class() -> type:
+    """``ZeroPilotCallback``, built on transformers' ``TrainerCallback`` when first asked for."""
+    base = _callback_base()
+
+    class ZeroPilotCallback(base):  # type: ignore[misc, valid-type]
+        """Records steps (unless a DeepSpeed engine does) and phases of a Trainer in the run directory."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            guard = current("hf")
+            if guard is not None:
+                guard.step = int(state.global_step or 0)
+                guard.set_phase("idle")
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            guard = peek()
+            if guard is not None and not guard.engine_steps:
+                guard.set_phase("forward")
+
+        def on_step_end(self, args, state, control, **kwargs):
+            guard = peek()
+            if guard is not None and not guard.engine_steps:
+                guard.step_ended(state.global_step)
+
+        def on_evaluate(self, args, state, control, **kwargs):
+            guard = peek()
+            if guard is not None:
+                guard.set_phase("idle")
+
+    return ZeroPilotCallback
+
+
+_cls = None
+
+
+def callback_class() -> type:
+    global _cls
+    if _cls is None:
+        _cls = make_callback_class()
+    return _cls
+
+
+def _init(original):
+    def wrapper(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        try:
+            cls = callback_class()
+            handler = getattr(self, "callback_handler", None)
+            if handler is not None and not any(isinstance(cb, cls) for cb in handler.callbacks):
+                self.add_callback(cls())
+            guard = current("hf")
+            if guard is not None:
+                from zeropilot.guard import oom
+
+                oom.install(guard)
+        except Exception as exc:  # noqa: BLE001
+            import sys
+
+            print(f"zeropilot guard: could not watch this Trainer: {exc}", file=sys.stderr)
+        return result
+    return wrapper
+
+
+def _save_checkpoint(original):
+    def wrapper(self, *args, **kwargs):
+        state = getattr(self, "state", None)
+        step = getattr(state, "global_step", None)
+        out = getattr(getattr(self, "args", None), "output_dir", None)
+        with checkpoint.operation("save", out, f"checkpoint-{step}", step) as op:
+            result = original(self, *args, **kwargs)
+            if op is not None and getattr(getattr(self, "args", None), "should_save", False) and out:
+                _count_top_files(op, os.path.join(str(out), f"checkpoint-{step}"))
+            return result
+    return wrapper
+
+
+def _count_top_files(op: checkpoint.CheckpointOp, folder: str, limit: int = 1000) -> None:
+    """Files the Trainer wrote itself (weights, trainer state, RNG) at the top of the checkpoint folder."""
+    try:
+        with os.scandir(folder) as it:
+            for i, entry in enumerate(it):
+                if i >= limit:
+                    break
+                if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime >= op.t0 - 1:
+                    op.bytes += entry.stat().st_size
+                    op.files += 1
+    except OSError:
+        pass
+
+
+def _save_model(original):
+    def wrapper(self, *args, **kwargs):
+        with checkpoint.phase("write"):
+            return original(self, *args, **kwargs)
+    return wrapper
+
+
+def patch_trainer_module(module: Any) -> None:
+    """Wrap ``Trainer.__init__`` and ``Trainer._save_checkpoint`` (once)."""
+    cls = getattr(module, "Trainer", None)
+    if cls is None:
+        return
+    for name, make in (("__init__", _init), ("_save_checkpoint", _save_checkpoint), ("save_model", _save_model)):
+        original = getattr(cls, name, None)
+        if original is None or getattr(original, _MARK, False):
+            continue
+        wrapper = functools.wraps(original)(make(original))
+        setattr(wrapper, _MARK, True)
+        setattr(cls, name, wrapper)

@@ -1,0 +1,102 @@
+"""What ``run.json`` says about a launch before it starts: versions, environment, check, plan.
+
+``check`` and ``plan`` see the launch the way ``zeropilot check`` does: the command is written as a
+one-line launch script (``launch.sh`` in the run directory) and read with the files it names,
+relative to the working directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from zeropilot.runlog.layout import RUN_SCHEMA
+
+_ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDA_VISIBLE_DEVICES",
+              "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "DEEPSPEED_TIMEOUT", "DS_ACCELERATOR",
+              "TORCH_EXTENSIONS_DIR", "OMP_NUM_THREADS", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "FORCE_TORCHRUN", "NPROC_PER_NODE", "NNODES")
+_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "RCCL_")
+
+
+def environment(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The variables that change memory, devices and timeouts (no secrets: only these names)."""
+    env = dict(os.environ if env is None else env)
+    return {k: v for k, v in sorted(env.items()) if k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)}
+
+
+_PACKAGES = ("torch", "deepspeed", "transformers", "accelerate", "peft", "llamafactory", "trl", "zeropilot",
+             "flash-attn", "bitsandbytes", "nvidia-nccl-cu12", "nvidia-nccl-cu13", "triton", "pytorch-triton-rocm")
+
+
+def versions() -> Dict[str, str]:
+    """Versions of the packages that change what a ZeRO launch does, and Python's."""
+    import platform
+
+    from zeropilot.launch.versions import installed_versions
+
+    try:
+        found = dict(installed_versions())
+    except Exception:  # noqa: BLE001
+        found = {}
+    out = {k: v for k, v in found.items() if k in _PACKAGES}
+    out["python"] = platform.python_version()
+    return out
+
+
+def write_launch_script(command: List[str], path: Path) -> Path:
+    """The command as a one-line shell script that ``check`` can read."""
+    path.write_text("#!/bin/sh\n# written by zeropilot run: the launch it watches\n" + shlex.join(command) + "\n",
+                    encoding="utf-8")
+    return path
+
+
+def run_check(command: List[str], script: Path) -> Tuple[Dict[str, Any], Any, List[str]]:
+    """``check`` on the launch: summary for run.json, the launch, and the error lines to print."""
+    from zeropilot.check import check
+    from zeropilot.rules.registry import Severity
+
+    result, launch = check([script])
+    errors = [f for f in result.findings if f.severity == Severity.ERROR]
+    summary = {"errors": len(errors), "warnings": result.count(Severity.WARNING),
+               "codes": sorted({f.code for f in result.findings}),
+               "files": [f for f in result.files if Path(f) != script]}
+    lines = [f"{f.code} {f.message}" for f in errors]
+    return summary, launch, lines
+
+
+def make_plan(launch: Any) -> Optional[Dict[str, Any]]:
+    """The plan of the launch where its model can be sized here without the network, else None + reason."""
+    try:
+        from zeropilot.memory.from_launch import resolve_auto, values_from_launch
+        from zeropilot.memory.inputs import PlanInputs
+        from zeropilot.memory.plan import make_plan as plan_of
+        from zeropilot.memory.render import to_dict
+        from zeropilot.models import resolve_model
+
+        lv = values_from_launch(launch)
+        if not lv.model:
+            return {"peak_bytes_per_rank": None, "reason": "the launch names no model (model_name_or_path)"}
+        if not (Path(lv.model) / "config.json").is_file() and not lv.model.endswith(".json"):
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        arch = resolve_model(lv.model, lv.model_base)
+        values, _ = resolve_auto(lv.values, arch.hidden)
+        if lv.world_size:
+            values["world"] = lv.world_size
+        values["flavour"] = lv.flavour
+        plan = to_dict(plan_of(PlanInputs(arch=arch, hardware=None, sources=dict(lv.sources), **values)))
+        plan["peak_bytes_per_rank"] = plan.get("gpu_peak_bytes")
+        return plan
+    except Exception as exc:  # noqa: BLE001 - a plan is optional; say why there is none
+        return {"peak_bytes_per_rank": None, "reason": f"{exc.__class__.__name__}: {str(exc)[:300]}"}
+
+
+def run_record(command: List[str], check_summary: Optional[Dict[str, Any]], plan: Optional[Dict[str, Any]],
+               world_size: Optional[int], hang_timeout_s: float, on_hang: str) -> Dict[str, Any]:
+    """``run.json`` at start."""
+    return {"schema": RUN_SCHEMA, "command": list(command), "cwd": os.getcwd(), "started_at": time.time(),
+            "world_size": world_size, "versions": versions(), "environment": environment(),
+            "check": check_summary, "plan": plan, "hang_timeout_s": hang_timeout_s, "on_hang": on_hang}

@@ -1,0 +1,129 @@
+"""Run a launch unmodified with the guard in every rank; pass its exit status and signals through.
+
+The command starts in its own process group (``start_new_session``) with the bootstrap first on
+``PYTHONPATH`` and ``ZEROPILOT_RUN_DIR`` set; SIGINT / SIGTERM / SIGHUP sent to ``zeropilot run``
+go to the whole group. The exit status is the command's, or 128 + N when a signal N ended it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from zeropilot.runlog.layout import RunDir, write_json_atomic
+from zeropilot.runner.watchdog import PIPE_ENV, Watchdog
+
+BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "guard" / "bootstrap"
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
+STOP_GRACE_S = 10.0
+POLL_S = 0.5
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass
+class RunOptions:
+    """What ``zeropilot run`` was asked to do."""
+
+    command: List[str]
+    out: Path
+    hang_timeout_s: float
+    on_hang: str = "report"  # report | stop
+    memory_history: bool = False
+    world_size: Optional[int] = None
+    torch_version: Optional[str] = None  # of the environment the launch runs in (run.json versions)
+
+
+def child_env(opts: RunOptions, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The launch's environment: the bootstrap on PYTHONPATH, the run directory, flight-recorder paths."""
+    env = dict(os.environ if base is None else base)
+    paths = [str(BOOTSTRAP_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [str(PACKAGE_ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    d = RunDir(opts.out)
+    env["ZEROPILOT_RUN_DIR"] = str(d.root)
+    env["ZEROPILOT_PLAN_FILE"] = str(d.run_file)
+    env.setdefault("PYTHONFAULTHANDLER", "1")  # fatal signals (SIGSEGV, SIGABRT) print stacks too
+    # NCCL flight recorder: keep a trace, dump it into the run directory on timeout or on the pipe.
+    # torch >= 2.8 reads TORCH_FR_* and warns on the older TORCH_NCCL_* names; older builds read only those.
+    new = _torch_at_least(opts.torch_version, (2, 8))
+    if not any(k in env for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")):
+        env["TORCH_FR_BUFFER_SIZE" if new else "TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
+    if not any(k in env for k in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")):
+        env["TORCH_FR_DUMP_TEMP_FILE" if new else "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = d.flight_recorder_prefix
+    env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    env.setdefault(PIPE_ENV, str(d.root / ".nccl-pipe-rank-"))
+    if opts.memory_history:
+        env["ZEROPILOT_MEMORY_HISTORY"] = "100000"
+    return env
+
+
+def _torch_at_least(version: Optional[str], wanted: tuple) -> bool:
+    """Whether a torch version string (``2.11.0+cu128``) is at least ``wanted``; unknown counts as new."""
+    import re
+
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return True if m is None else (int(m.group(1)), int(m.group(2))) >= wanted
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End the job cleanly: SIGTERM to the group (ranks dump stacks, launchers forward), then SIGKILL."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.time() + STOP_GRACE_S
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+    _signal_group(proc.pid, signal.SIGKILL)  # stragglers that left the launcher behind
+
+
+def supervise(opts: RunOptions, run_record: Dict) -> Dict:
+    """Run the command to its end; returns run.json as written at the end."""
+    d = RunDir(opts.out)
+    write_json_atomic(d.run_file, run_record)
+    env = child_env(opts)
+    proc = subprocess.Popen(opts.command, env=env, start_new_session=True)
+    previous = {}
+
+    def forward(signum, _frame):
+        _signal_group(proc.pid, signum)
+
+    for sig in _FORWARDED:
+        previous[sig] = signal.signal(sig, forward)
+    dog = Watchdog(d.root, opts.hang_timeout_s, opts.on_hang, opts.world_size, env)
+    hang = None
+    try:
+        while proc.poll() is None:
+            time.sleep(POLL_S)
+            fired = dog.poll()
+            if fired is not None:
+                hang = fired
+                print(f"zeropilot run: hang: {fired['verdict']['cause']} (see {d.hang_file})", file=sys.stderr)
+                if opts.on_hang == "stop":
+                    _stop(proc)
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            _stop(proc)
+    _signal_group(proc.pid, signal.SIGKILL)  # nothing of the job outlives zeropilot run
+    record = dict(run_record)
+    record["ended_at"] = time.time()
+    record["exit_code"] = code if code >= 0 else 128 - code
+    record["signal"] = signal.Signals(-code).name if code < 0 else None
+    record["stopped_on_hang"] = bool(hang and opts.on_hang == "stop")
+    write_json_atomic(d.run_file, record)
+    return record

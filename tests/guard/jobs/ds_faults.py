@@ -1,0 +1,67 @@
+"""A raw DeepSpeed loop with one fault, as users write them (knows nothing of zeropilot).
+
+    deepspeed --num_gpus 2 ds_faults.py --fault FAULT --save-dir DIR --deepspeed_config CFG
+
+FAULT:
+  kill-in-save     rank 1 is SIGKILLed while it writes its model states (its client_state pickles a bomb)
+  save-rank0-only  the save runs under ``if rank == 0`` (the others go on training: a hang)
+  sleep-rank1      rank 1 sleeps before a barrier the others are waiting in (a hang)
+  none             no fault
+"""
+
+import argparse
+import importlib
+import os
+import signal
+import time
+
+import deepspeed
+import torch
+
+
+class _KillOnPickle:
+    """Kills its process when pickled: a rank dying in the middle of ``torch.save``."""
+
+    def __reduce__(self):
+        os.kill(os.getpid(), signal.SIGKILL)
+        return (int, (0,))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--fault", default="none")
+    p.add_argument("--save-dir", required=True)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--local_rank", type=int, default=0)
+    p = deepspeed.add_config_arguments(p)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    # the CPU shared-memory all-reduce is a speed path that compiles with gcc; gloo does the same work
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    engine, _, _, _ = deepspeed.initialize(args=a, model=model, model_parameters=model.parameters())
+    rank = engine.global_rank
+    for step in range(1, a.steps + 1):
+        x = torch.randn(4, 32)
+        loss = engine(x).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        if step == 2:
+            if a.fault == "kill-in-save":
+                state = {"bomb": _KillOnPickle()} if rank == 1 else {}
+                engine.save_checkpoint(a.save_dir, client_state=state)
+            elif a.fault == "save-rank0-only":
+                if rank == 0:
+                    engine.save_checkpoint(a.save_dir)
+            elif a.fault == "sleep-rank1":
+                if rank == 1:
+                    time.sleep(3600)
+                torch.distributed.barrier()
+            else:
+                engine.save_checkpoint(a.save_dir)
+
+
+if __name__ == "__main__":
+    main()

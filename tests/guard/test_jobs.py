@@ -1,0 +1,72 @@
+"""Real jobs under ``zeropilot run`` (CPU, gloo, 2 ranks): every rank recorded, saves with phases, exit passed.
+
+The jobs themselves are in ``tests/runjobs.py`` (shared with the report and repro tests).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests import runjobs
+from zeropilot.runlog import read_run, summarize
+
+pytestmark = [pytest.mark.slow]
+
+
+def _summary(job):
+    return summarize(read_run(job.run_dir))
+
+
+def _events(job, rank, kind):
+    path = job.run_dir / f"rank-{rank}.jsonl"
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["event"] == kind]
+
+
+@pytest.mark.parametrize("make", [runjobs.hf_trainer, runjobs.raw_deepspeed], ids=["hf_trainer", "raw_deepspeed"])
+def test_every_rank_records_steps_and_saves(make):
+    job = make()
+    assert job.returncode == 0, job.stderr[-3000:]
+    s = _summary(job)
+    assert s["verdict"]["kind"] == "ok"
+    assert [r["rank"] for r in s["ranks"]] == [0, 1]
+    steps = 4 if make is runjobs.hf_trainer else 6
+    assert all(r["steps"] == steps and r["ended"] for r in s["ranks"])
+    for rank in (0, 1):
+        assert [e["step"] for e in _events(job, rank, "step")] == list(range(1, steps + 1))
+        assert _events(job, rank, "init")[0]["zero_stage"] == (2 if make is runjobs.hf_trainer else 3)
+    saved_at = [2, 4] if make is runjobs.hf_trainer else [3, 6]
+    assert sorted((x["step"], x["rank"]) for x in s["saves"]) == [(st, r) for st in saved_at for r in (0, 1)]
+    for save in s["saves"]:
+        names = {p["name"] for p in save["phases"]}
+        assert {"model_states", "optimizer_states", "write"} <= names
+        assert save["bytes"] > 0 and save["seconds"] > 0
+    # the summary is printed at the end, with the run directory
+    assert "verdict: OK" in job.stdout and str(job.run_dir) in job.stdout
+
+
+def test_checkpoint_bytes_are_the_files_each_rank_wrote():
+    job = runjobs.raw_deepspeed()
+    tag = job.ckpt_dir / "global_step6"
+    on_disk = {r: sum(p.stat().st_size for p in tag.glob(f"*zero_pp_rank_{r}_*")) for r in (0, 1)}
+    saves = {x["rank"]: x["bytes"] for x in _summary(job)["saves"] if x["step"] == 6}
+    assert saves == on_disk
+
+
+def test_run_json_has_command_versions_check_and_exit():
+    job = runjobs.raw_deepspeed()
+    run = json.loads((job.run_dir / "run.json").read_text())
+    assert run["command"][0] == "deepspeed" and run["exit_code"] == 0 and run["signal"] is None
+    assert {"torch", "deepspeed", "python"} <= set(run["versions"])
+    assert run["check"]["errors"] == 0
+    assert run["world_size"] == 2
+    assert run["environment"]["DS_ACCELERATOR"] == "cpu"
+
+
+def test_bootstrap_chain_loads_the_sitecustomize_it_shadows():
+    # the jobs' own sitecustomize skips DeepSpeed's CPU shm op build: nothing was compiled
+    job = runjobs.raw_deepspeed()
+    assert not (job.run_dir.parent / "torch_extensions" / "deepspeed_shm_comm").exists()
+    start = _events(job, 0, "start")[0]
+    assert start["pid"] != _events(job, 1, "start")[0]["pid"]

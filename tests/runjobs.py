@@ -1,0 +1,161 @@
+"""Real jobs under ``zeropilot run``, each run once per test session (cached); they return run directories.
+
+Shared by the guard, report and repro tests. Every job is a real multi-process launch on CPU
+(``DS_ACCELERATOR=cpu``, gloo, 2 ranks) of an unmodified script:
+
+- :func:`hf_trainer`: HF Trainer + DeepSpeed ZeRO-2 under ``torchrun``, 4 steps, saves at steps 2 and 4.
+- :func:`raw_deepspeed`: ``examples/raw-deepspeed/train.py`` (ZeRO-3) under the ``deepspeed`` launcher,
+  6 steps, saves at steps 3 and 6.
+- :func:`killed_in_save`: rank 1 is SIGKILLed while it writes its model states during a save.
+- :func:`hang_save_rank0_only`: the save runs on rank 0 only; ``--hang-timeout 8 --on-hang stop``.
+- :func:`hang_sleep_rank1`: rank 1 sleeps before a barrier; ``--hang-timeout 8 --on-hang stop``.
+- :func:`hang_stale_lock`: a stale op-build lock blocks every rank before its first step.
+
+Each returns a :class:`Job` (run directory, exit status, output, checkpoint folder). Jobs get their
+own ``TORCH_EXTENSIONS_DIR``, a free port, a timeout, and their process group is killed on every path.
+The CPU shm all-reduce build is skipped by ``tests/guard/jobs/site/sitecustomize.py``, which
+zeropilot's bootstrap chain-loads (see that file).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+JOBS = REPO / "tests" / "guard" / "jobs"
+EXAMPLE = REPO / "examples" / "raw-deepspeed"
+JOB_TIMEOUT_S = 240.0
+
+
+@dataclass
+class Job:
+    """One ``zeropilot run`` and what it left."""
+
+    run_dir: Path
+    returncode: int
+    stdout: str
+    stderr: str
+    ckpt_dir: Path
+    command: List[str]
+
+
+@functools.lru_cache(maxsize=None)
+def root() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="zeropilot-runjobs-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def job_env(name: str) -> dict:
+    env = dict(os.environ)
+    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               TORCH_EXTENSIONS_DIR=str(root() / name / "torch_extensions"), HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join([str(JOBS / "site"), str(REPO / "src")]
+                                          + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    return env
+
+
+def zeropilot_run(name: str, command: List[str], flags: List[str] = (), env: Optional[dict] = None,
+                  timeout: float = JOB_TIMEOUT_S) -> Job:
+    """``python -m zeropilot run --out ROOT/name/run FLAGS -- COMMAND`` in its own process group."""
+    base = root() / name
+    base.mkdir(parents=True, exist_ok=True)
+    run_dir = base / "run"
+    argv = [sys.executable, "-m", "zeropilot", "run", "--out", str(run_dir), *flags, "--", *command]
+    proc = subprocess.Popen(argv, cwd=str(REPO), env=env or job_env(name), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{name}: zeropilot run did not end within {timeout:.0f} s\n{err[-4000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    (base / "stdout.txt").write_text(out)
+    (base / "stderr.txt").write_text(err)
+    return Job(run_dir, proc.returncode, out, err, base / "ckpt", argv)
+
+
+def _deepspeed(script: Path, *args: str) -> List[str]:
+    return ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), str(script), *args]
+
+
+@functools.lru_cache(maxsize=None)
+def hf_trainer() -> Job:
+    """(a) HF Trainer, ZeRO-2, torchrun, 2 ranks, saves at steps 2 and 4."""
+    ckpt = root() / "hf_trainer" / "ckpt"
+    cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "hf_train.py"),
+           str(ckpt), "--stage", "2", "--steps", "4", "--save-steps", "2"]
+    return zeropilot_run("hf_trainer", cmd)
+
+
+@functools.lru_cache(maxsize=None)
+def raw_deepspeed() -> Job:
+    """(b) The raw DeepSpeed example, ZeRO-3, ``deepspeed`` launcher, 2 ranks, saves at steps 3 and 6."""
+    ckpt = root() / "raw_deepspeed" / "ckpt"
+    cmd = _deepspeed(EXAMPLE / "train.py", "--deepspeed_config", str(EXAMPLE / "ds_config.json"),
+                     "--steps", "6", "--save-every", "3", "--save-dir", str(ckpt))
+    return zeropilot_run("raw_deepspeed", cmd)
+
+
+def _faults(name: str, fault: str, flags: List[str]) -> Job:
+    ckpt = root() / name / "ckpt"
+    cmd = _deepspeed(JOBS / "ds_faults.py", "--fault", fault, "--save-dir", str(ckpt),
+                     "--deepspeed_config", str(JOBS / "ds_config.json"))
+    return zeropilot_run(name, cmd, ["--no-check", *flags])
+
+
+@functools.lru_cache(maxsize=None)
+def killed_in_save() -> Job:
+    """(c) Rank 1 SIGKILLed in the middle of its model-states write at step 2."""
+    return _faults("killed_in_save", "kill-in-save", [])
+
+
+@functools.lru_cache(maxsize=None)
+def hang_save_rank0_only() -> Job:
+    """(d) save_checkpoint under ``if rank == 0``: rank 0 waits in the save's barrier, rank 1 trains on."""
+    return _faults("hang_save_rank0_only", "save-rank0-only", ["--hang-timeout", "8", "--on-hang", "stop"])
+
+
+@functools.lru_cache(maxsize=None)
+def hang_sleep_rank1() -> Job:
+    """(d) Rank 1 sleeps while rank 0 waits in a barrier."""
+    return _faults("hang_sleep_rank1", "sleep-rank1", ["--hang-timeout", "8", "--on-hang", "stop"])
+
+
+@functools.lru_cache(maxsize=None)
+def hang_stale_lock() -> Job:
+    """A lock left by a killed op build: every rank waits for it before its first step.
+
+    No sitecustomize here: the ranks build the shm op as DeepSpeed does on CPU, and find the lock."""
+    env = job_env("hang_stale_lock")
+    env["PYTHONPATH"] = str(REPO / "src")
+    lock = Path(env["TORCH_EXTENSIONS_DIR"]) / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text("")
+    ckpt = root() / "hang_stale_lock" / "ckpt"
+    cmd = _deepspeed(EXAMPLE / "train.py", "--deepspeed_config", str(EXAMPLE / "ds_config.json"),
+                     "--steps", "2", "--save-dir", str(ckpt))
+    return zeropilot_run("hang_stale_lock", cmd, ["--hang-timeout", "8", "--on-hang", "stop"], env=env)
