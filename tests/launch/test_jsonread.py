@@ -37,7 +37,8 @@ def test_nan_and_infinity_as_python_json():
 
 
 @pytest.mark.parametrize("text, line, col", [
-    ('{"a": 1,}', 1, 9),
+    ('{"a": 1,,}', 1, 9),
+    ('{"a": 1 /* open', 1, 9),
     ('{\n  "a": 1\n  "b": 2\n}', 3, 3),
     ('', 1, 1),
     ('{"a": "BATCH_SIZE}', 1, 7),

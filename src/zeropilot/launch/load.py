@@ -6,7 +6,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 from zeropilot.checkpoint.names import is_checkpoint_dir
 from zeropilot.errors import InputError
@@ -14,8 +14,9 @@ from zeropilot.launch.classify import classify
 from zeropilot.launch.commands import (VISIBLE_DEVICE_VARS, LaunchCommand, as_int, count_devices, interpret,
                                        parse_flag_args)
 from zeropilot.launch.document import Document, Node, set_paths
-from zeropilot.launch.jsonread import parse_json
+from zeropilot.launch.jsonread import read_json
 from zeropilot.launch.model import Launch, PythonFile, Reference, WorldSize
+from zeropilot.launch.pyread import MAX_PYTHON_BYTES, parse_python
 from zeropilot.launch.shell import parse_script
 from zeropilot.launch.versions import resolve_versions
 
@@ -27,6 +28,20 @@ _SKIP_DIRS = {".git", ".hg", "__pycache__", "node_modules", ".venv", "venv", "si
 _CONFIG_SUFFIXES = {".json", ".yaml", ".yml", ".conf"}
 _SCRIPT_SUFFIXES = {".sh", ".bash"}
 _REQ_NAME = re.compile(r"^(requirements.*|.*freeze.*|constraints.*)\.txt$", re.I)
+# Files a model, tokenizer, checkpoint or dataset folder holds beside a launch: never a launch, and some are
+# large (a 150k-token tokenizer.json is 7-11 MB). Discovery skips them by name, without reading them.
+_NOT_LAUNCH = {
+    "tokenizer.json": "a tokenizer", "tokenizer_config.json": "a tokenizer config",
+    "special_tokens_map.json": "a tokenizer file", "added_tokens.json": "a tokenizer file",
+    "vocab.json": "a tokenizer vocabulary", "chat_template.json": "a chat template",
+    "generation_config.json": "a generation config", "preprocessor_config.json": "a processor config",
+    "processor_config.json": "a processor config", "adapter_config.json": "a PEFT adapter config",
+    "trainer_state.json": "a Trainer checkpoint state", "dataset_info.json": "a dataset registry",
+    "dataset_dict.json": "a dataset", "dataset_infos.json": "a dataset card", "state.json": "a dataset state",
+}
+_NOT_LAUNCH_SUFFIX = (".safetensors.index.json", ".bin.index.json", ".index.json")
+# A model's config.json says what the model is; a launch config never has these at its top level.
+_MODEL_CONFIG_KEYS = ("model_type", "architectures")
 
 
 def load_launch(
@@ -50,7 +65,7 @@ def load_launch(
         InputError: when a path does not exist or ``versions`` is malformed.
     """
     launch = Launch()
-    files: List[Path] = []
+    files: List[Tuple[Path, bool]] = []  # (file, found by discovery rather than named)
     for raw in paths:
         path = Path(raw)
         try:
@@ -62,12 +77,12 @@ def load_launch(
         except OSError as exc:
             raise InputError(f"cannot read: {exc.strerror}", path) from None
         if stat.S_ISDIR(st.st_mode):
-            files.extend(_discover(path, launch))
+            files.extend((found, True) for found in _discover(path, launch))
         else:
-            files.append(path)
+            files.append((path, False))
     seen = set()
     requirement_files = []
-    for path in files:
+    for path, discovered in files:
         key = _key(path)
         if key in seen:
             continue
@@ -75,11 +90,35 @@ def load_launch(
         if _REQ_NAME.match(path.name):
             requirement_files.append(path)
             continue
-        _read_into(launch, path, explicit=True)
+        _read_into(launch, path, discovered)
     launch.versions = resolve_versions(versions, requirement_files, use_installed=use_installed)
     _follow_references(launch, seen)
+    _refuse_relaxed_json(launch)
     launch.world_size = _world_size(launch, world_size)
     return launch
+
+
+def _refuse_relaxed_json(launch: Launch) -> None:
+    """Comments and trailing commas where the file's reader is ``json.load``: an input error.
+
+    DeepSpeed reads its config with ``hjson.load`` (``deepspeed/runtime/config.py``), which accepts them; the
+    HF integration and accelerate read the same file with ``json.load`` (``HfDeepSpeedConfig``), and
+    ``HfArgumentParser.parse_json_file`` reads training arguments with ``json.loads``: both refuse them.
+    """
+    linked = {id(d) for d in launch.links.values()}
+    for doc in list(launch.documents):
+        if not doc.relaxed:
+            continue
+        if doc.kind == "ds_config" and id(doc) in linked:
+            reader = "the HF Trainer and accelerate read it with json.load (HfDeepSpeedConfig)"
+        elif doc.kind == "train_args":
+            reader = "transformers reads training arguments with json.loads (HfArgumentParser.parse_json_file)"
+        else:
+            continue
+        line, what = doc.relaxed[0]
+        launch.read_errors.append(InputError(
+            f"a {what}: DeepSpeed's own loader (hjson) accepts it, but {reader}, which refuses it; remove it",
+            doc.path, line))
 
 
 def _key(path: Path) -> str:
@@ -109,11 +148,33 @@ def _discover(root: Path, launch: Launch) -> List[Path]:
                 path = Path(dirpath) / name
                 if path.is_symlink() and not path.exists():
                     continue
+                why = _not_a_launch(path)
+                if why:
+                    launch.skipped.append((path, why))
+                    continue
                 found.append(path)
         if len(found) > MAX_DISCOVERED:
             raise InputError(f"more than {MAX_DISCOVERED} candidate files: point check at the launch's "
                              "folder or files", root)
     return found
+
+
+def _not_a_launch(path: Path) -> Optional[str]:
+    """Why a discovered file is not read (None: read it), from its name and size only."""
+    name = path.name.lower()
+    if name in _NOT_LAUNCH:
+        return _NOT_LAUNCH[name]
+    if name.endswith(_NOT_LAUNCH_SUFFIX):
+        return "a weights index"
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None  # reading it reports why
+    if size > MAX_FILE_BYTES:
+        return f"larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB: not a launch file"
+    if path.suffix == ".py" and size > MAX_PYTHON_BYTES:
+        return f"a Python file larger than {MAX_PYTHON_BYTES // 1024} KiB: not a training script zeropilot reads"
+    return None
 
 
 def read_text(path: Path) -> str:
@@ -148,35 +209,45 @@ def read_text(path: Path) -> str:
         raise InputError(f"not UTF-8 text (byte 0x{data[exc.start]:02x})", path, line, col) from None
 
 
-def _read_into(launch: Launch, path: Path, explicit: bool) -> Optional[Document]:
+def _read_into(launch: Launch, path: Path, discovered: bool = False) -> Optional[Document]:
+    """Read one file into the launch; an unreadable file goes to ``read_errors``. A file found by discovery
+    that turns out to be a dataset or a model config goes to ``skipped``."""
     try:
-        return _read_file(launch, path)
+        return _read_file(launch, path, discovered)
     except InputError as exc:
         launch.read_errors.append(exc)
         return None
 
 
-def _read_file(launch: Launch, path: Path) -> Optional[Document]:
+def _read_file(launch: Launch, path: Path, discovered: bool = False) -> Optional[Document]:
     text = read_text(path)
     suffix = path.suffix.lower()
     if suffix in _SCRIPT_SUFFIXES or (not suffix and text.startswith("#!") and "sh" in text.split("\n", 1)[0]):
         launch.scripts.append(parse_script(text, path))
         return None
     if suffix == ".py":
-        launch.python_files.append(PythonFile(path, text))
+        tree, error = parse_python(text, path)
+        launch.python_files.append(PythonFile(path, text, tree, error))
         return None
     if suffix in (".json", ".conf") or (not suffix and text.lstrip().startswith("{")):
-        root, fmt = parse_json(text, path), "json"
+        if discovered and text.lstrip().startswith("["):
+            launch.skipped.append((path, "a JSON list (a dataset), not a launch config"))
+            return None
+        read = read_json(text, path)
+        root, fmt, relaxed = read.root, "json", read.relaxed
     else:
         from zeropilot.launch.yamlread import parse_yaml  # PyYAML's import is a third of check's start-up
 
-        root, fmt = parse_yaml(text, path), "yaml"
+        root, fmt, relaxed = parse_yaml(text, path), "yaml", []
     keys = root.value.keys() if isinstance(root.value, dict) else ()
     scalars = [k for k, v in root.value.items() if not isinstance(v.value, dict)] if keys else []
     kind, flavour = classify(keys, fmt, scalars)
     if not isinstance(root.value, dict):
         kind = "other"
-    doc = Document(path, kind, fmt, root, text, flavour)
+    if discovered and kind == "other" and any(k in keys for k in _MODEL_CONFIG_KEYS):
+        launch.skipped.append((path, "a model config"))
+        return None
+    doc = Document(path, kind, fmt, root, text, flavour, relaxed)
     launch.documents.append(doc)
     return doc
 
@@ -214,7 +285,7 @@ def _load_reference(launch: Launch, seen: set, ref: Reference) -> Optional[Docum
     doc = _find_document(launch, ref.resolved)
     if doc is None and _key(ref.resolved) not in seen:
         seen.add(_key(ref.resolved))
-        doc = _read_into(launch, ref.resolved, explicit=False)
+        doc = _read_into(launch, ref.resolved)
     return doc
 
 
@@ -246,7 +317,7 @@ def _command_references(launch: Launch, seen: set, lc: LaunchCommand) -> None:
         resolved = _resolve(lc.program, bases)
         if resolved is not None and _key(resolved) not in seen:
             seen.add(_key(resolved))
-            _read_into(launch, resolved, explicit=False)
+            _read_into(launch, resolved)
     flags = parse_flag_args(lc.program_args)
     if lc.launcher != "llamafactory" and any(k == "deepspeed" or k == "deepspeed_config" for k, _, _ in flags):
         doc = _flags_document(lc, flags)

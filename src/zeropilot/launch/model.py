@@ -25,14 +25,18 @@ class PythonFile:
 
     @property
     def tree(self):
-        """The module's ``ast`` (None with ``error`` set when it does not parse)."""
-        import ast
+        """The module's ``ast`` (None with ``error`` set when it does not parse).
 
+        ``load_launch`` parses every script it reads (:func:`zeropilot.launch.pyread.parse_python`), so a
+        script too large or deep to read is an input error there, not an exception here.
+        """
         if self._tree is None and self.error is None:
+            from zeropilot.launch.pyread import parse_python
+
             try:
-                self._tree = ast.parse(self.text, filename=str(self.path))
-            except (SyntaxError, ValueError, RecursionError) as exc:
-                self.error = str(exc)
+                self._tree, self.error = parse_python(self.text, self.path)
+            except InputError as exc:
+                self.error = exc.reason
         return self._tree
 
 
@@ -93,6 +97,7 @@ class Launch:
     links: Dict[int, Document] = field(default_factory=dict)
     checkpoint_dirs: List[Path] = field(default_factory=list)
     gpus: Optional[str] = None
+    skipped: List[Tuple[Path, str]] = field(default_factory=list)
     machine: Optional[MachineState] = None
 
     def of_kind(self, kind: str) -> List[Document]:

@@ -8,10 +8,10 @@ variables the script set before, so config paths resolve.
 from __future__ import annotations
 
 import re
-import shlex
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
@@ -64,51 +64,131 @@ class Script:
         return out
 
 
-def _logical_lines(text: str):
+MAX_LINE = 256 * 1024
+_PHYSICAL = re.compile(r"[^\n]*\n?")
+# One token as shlex (posix, whitespace_split, punctuation_chars=";&|()", commenters="#") splits it: blanks,
+# a comment, a run of punctuation, or a word of unquoted, quoted and backslash-escaped parts.
+_TOKEN = re.compile(r"""(?P<blank>[ \t\r\n]+)|(?P<comment>\#.*)|(?P<punct>[;&|()]+)|"""
+                    r"""(?P<word>(?:'[^']*'|"(?:[^"\\]|\\[\s\S])*"|\\[\s\S]|[^\s'"\\;&|()\#])+)""", re.S)
+_PART = re.compile(r"""'([^']*)'|"((?:[^"\\]|\\[\s\S])*)"|\\([\s\S])|([^'"\\]+)""")
+_IN_DOUBLE = re.compile(r"""\\([\\"])""")
+
+
+@dataclass
+class Origin:
+    """Where the characters of a joined logical line came from: (offset in line, offset in file) per piece."""
+
+    pieces: List[Tuple[int, int]] = field(default_factory=list)
+    length: int = 0
+
+    def add(self, file_offset: int, length: int) -> None:
+        self.pieces.append((self.length, file_offset))
+        self.length += length
+
+    def __call__(self, index: int) -> int:
+        """The file offset of character ``index`` of the logical line."""
+        if not self.pieces:
+            return 0
+        i = max(bisect_right(self.pieces, (index, float("inf"))) - 1, 0)
+        line_at, file_at = self.pieces[i]
+        return file_at + index - line_at
+
+
+def _logical_lines(text: str) -> Iterator[Tuple[int, str, Origin]]:
     """(first line number, joined text, origin) with ``\\`` continuations joined.
 
-    ``origin[i]`` is the offset in ``text`` of character ``i`` of the joined line.
+    A logical line longer than :data:`MAX_LINE` (far above the kernel's 128 KiB limit on one argument) is no
+    launch command: it is yielded empty, and its pieces are not kept, so memory stays bounded.
     """
     buf: List[str] = []
-    origin: List[int] = []
+    origin = Origin()
     start_line = None
     offset = 0
-    for lineno, line in enumerate(text.splitlines(keepends=True), 1):
+    lineno = 0
+    for m in _PHYSICAL.finditer(text):
+        line = m.group(0)
+        if not line:
+            break
+        lineno += 1
         stripped = line.rstrip("\r\n")
         if start_line is None:
             start_line = lineno
         cont = stripped.endswith("\\") and not stripped.endswith("\\\\")
         body = stripped[:-1] + " " if cont else stripped
-        buf.append(body)
-        origin.extend(range(offset, offset + len(body)))
+        if origin.length <= MAX_LINE:
+            buf.append(body)
+            origin.add(offset, len(body))
+        else:
+            buf = []
         offset += len(line)
         if cont:
             continue
-        yield start_line, "".join(buf), origin
-        buf, origin, start_line = [], [], None
+        yield start_line, ("".join(buf) if origin.length <= MAX_LINE else ""), origin
+        buf, origin, start_line = [], Origin(), None
     if buf:
         yield start_line, "".join(buf), origin
 
 
+class _TooLong(Exception):
+    pass
+
+
 def _expand(word: str, variables: Dict[str, str]) -> str:
+    """``$VAR``/``${VAR}``/``${VAR:-default}`` replaced from ``variables``; the word itself when the result
+    would pass :data:`MAX_LINE` (``A=$A$A`` on each of 40 lines is 2**40 characters, no launch value)."""
+    if "$" not in word:
+        return word
+    size = [len(word)]
+
     def sub(m: re.Match) -> str:
         name = m.group(1) or m.group(3)
         default = m.group(2)
-        if name in variables:
-            return variables[name]
-        return default if default is not None else m.group(0)
+        value = variables[name] if name in variables else (default if default is not None else m.group(0))
+        size[0] += len(value)
+        if size[0] > MAX_LINE:
+            raise _TooLong
+        return value
 
-    return _VAR.sub(sub, word)
-
-
-def _split(line: str) -> Optional[List[str]]:
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
-    lexer.whitespace_split = True
-    lexer.commenters = "#"
     try:
-        return list(lexer)
-    except ValueError:  # unbalanced quotes: fall back to a plain split
-        return line.split("#", 1)[0].split() or None
+        return _VAR.sub(sub, word)
+    except _TooLong:
+        return word
+
+
+def _unquote(word: str) -> str:
+    """A word's value as shlex (posix) gives it: quotes removed, backslash escapes applied."""
+    out = []
+    for m in _PART.finditer(word):
+        single, double, escaped, plain = m.groups()
+        if double is not None:
+            out.append(_IN_DOUBLE.sub(r"\1", double))
+        else:
+            out.append(next(g for g in (single, escaped, plain) if g is not None))
+    return "".join(out)
+
+
+def _split(line: str) -> Optional[List[Tuple[str, int]]]:
+    """(word, offset in line) of each token; separators are words too. Linear: one regular expression.
+
+    Behaves like ``shlex`` (posix, punctuation ``;&|()``, ``#`` comments) would, which read one character per
+    Python step (7 s for a 7 MB line). Unbalanced quotes: a plain split of the text before any ``#``.
+    """
+    words: List[Tuple[str, int]] = []
+    pos, n = 0, len(line)
+    while pos < n:
+        m = _TOKEN.match(line, pos)
+        if m is None:  # an unbalanced quote or a trailing backslash
+            head = line.split("#", 1)[0]
+            return [(w.group(0), w.start()) for w in re.finditer(r"\S+", head)] or None
+        kind = m.lastgroup
+        if kind == "comment":
+            break
+        if kind == "punct":
+            words.append((m.group(0), m.start()))
+        elif kind == "word":
+            words.append((_unquote(m.group(0)), m.start()))
+        pos = m.end()
+    return words
 
 
 def parse_script(text: str, path: Path) -> Script:
@@ -119,26 +199,26 @@ def parse_script(text: str, path: Path) -> Script:
         words = _split(line)
         if not words:
             continue
-        current: List[str] = []
-        cursor = [0]
-        for word in words + [";"]:
-            if word in _SEPARATORS:
+        current: List[Tuple[str, int]] = []
+        for word in words + [(";", len(line))]:
+            if word[0] in _SEPARATORS:
                 if current:
-                    _add_command(script, current, path, lineno, line, origin, variables, cursor)
+                    _add_command(script, current, path, lineno, line, origin, variables)
                 current = []
             else:
                 current.append(word)
     return script
 
 
-def _add_command(script, words, path, lineno, line, origin, variables, cursor) -> None:
-    while words and words[0] in _KEYWORDS:
-        words = words[1:]
+def _add_command(script, tokens, path, lineno, line, origin, variables) -> None:
+    while tokens and tokens[0][0] in _KEYWORDS:
+        tokens = tokens[1:]
     prefix: Dict[str, EnvSetting] = {}
-    while words and _ASSIGN.match(words[0]):
-        name, value = _ASSIGN.match(words[0]).groups()
+    while tokens and _ASSIGN.match(tokens[0][0]):
+        name, value = _ASSIGN.match(tokens[0][0]).groups()
         prefix[name] = EnvSetting(name, _expand(value, variables), path, lineno, exported=False)
-        words = words[1:]
+        tokens = tokens[1:]
+    words = [w for w, _ in tokens]
     if not words:
         for setting in prefix.values():
             variables[setting.name] = setting.value
@@ -161,13 +241,5 @@ def _add_command(script, words, path, lineno, line, origin, variables, cursor) -
         setting.command = argv[0]
         setting.exported = True
         script.env.append(setting)
-    offsets = []
-    pos = cursor[0]
-    for w in words:
-        idx = line.find(w[:20], pos) if w else -1
-        if idx < 0:
-            idx = pos
-        offsets.append(origin[idx] if idx < len(origin) else (origin[-1] if origin else 0))
-        pos = idx + 1
-    cursor[0] = pos
+    offsets = [origin(at) for _, at in tokens]
     script.commands.append(Command(argv, path, lineno, prefix, line.strip(), offsets))
