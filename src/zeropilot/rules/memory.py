@@ -31,7 +31,7 @@ def unplannable(launch: Launch) -> Optional[Tuple[Document, str]]:
     if not lv.model:
         return pairs[0][0], "the training arguments name no model_name_or_path"
     try:
-        resolve_model(lv.model, lv.model_base)
+        resolve_model(lv.model, lv.model_base, launch.hub)
     except InputError:
         return pairs[0][0], (f"model_name_or_path {lv.model!r} is not a config, a cached Hub id or a catalogued "
                              "name here")
@@ -51,7 +51,7 @@ def _plans(launch: Launch) -> Iterator[Tuple[Document, Document, object]]:
     if not lv.model:
         return
     try:
-        arch = resolve_model(lv.model, lv.model_base)
+        arch = resolve_model(lv.model, lv.model_base, launch.hub)
         text = launch.gpus if "x" in launch.gpus.lower() else f"{lv.world_size or 1}x{launch.gpus}"
         hardware = parse_gpus(text)
         values, _ = resolve_auto(lv.values, arch.hidden)
