@@ -27,7 +27,9 @@ EVENT_VERSION = 1
 #: save / load: a checkpoint save or load ended (step, tag, path, bytes, seconds, phases[], mem_before,
 #:        mem_peak, mem_after).
 #: oom: an out-of-memory error on this rank (step, phase, request_bytes, file: the oom-rank-N.json).
-#: error: an exception left the training code (type, message, where: innermost frames last).
+#: error: an exception left the training code (type, message, where: innermost frames last,
+#:        peer_failure: true when the exception is this rank noticing a failed peer, e.g. gloo's
+#:        "Connection reset by peer" or an aborted NCCL communicator: a consequence, not the first failure).
 #: end: the rank's interpreter is exiting normally (steps).
 EVENTS = ("start", "init", "step", "save", "load", "oom", "error", "end")
 
