@@ -19,6 +19,7 @@ def check(
     gpus: Optional[str] = None,
     use_installed: bool = True,
     machine=None,
+    oracle: bool = False,
 ) -> Tuple[CheckResult, Launch]:
     """Check a launch.
 
@@ -32,6 +33,8 @@ def check(
         use_installed: read installed versions (off in tests that pin versions).
         machine: this machine's op-build locks (``zeropilot.launch.machine.MachineState``) for MC001; by default
             read from this machine's torch extensions folder when ``use_installed`` is on.
+        oracle: also ask the installed DeepSpeed / transformers / accelerate (a subprocess, seconds; see
+            :mod:`zeropilot.oracle`).
 
     Returns:
         The result and the launch that was read.
@@ -58,6 +61,10 @@ def check(
         env.update({k: s.value for k, s in launch.env().items()})  # the launch's own TORCH_EXTENSIONS_DIR, if any
         machine = inspect_machine(env)
     launch.machine = machine
+    if oracle:
+        from zeropilot.oracle import ask
+
+        launch.oracle = ask(launch)
     select: Set[str] = set(select)
     ignore: Set[str] = set(ignore)
     rules = [r for r in all_rules() if (not select or r.code in select) and r.code not in ignore]

@@ -26,6 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--select", metavar="CODES", help="only these rule codes (comma-separated)")
     p.add_argument("--ignore", metavar="CODES", help="skip these rule codes (comma-separated)")
     p.add_argument("--gpus", metavar="COUNTxMEM", help="GPUs for memory rules, e.g. 4x16GiB")
+    p.add_argument("--oracle", action="store_true",
+                   help="also validate each DeepSpeed config with the installed DeepSpeed/transformers/accelerate "
+                        "(a subprocess; takes seconds)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--fix", action="store_true", help="apply safe fixes in place")
     group.add_argument("--diff", action="store_true", help="show the safe fixes as a diff; change nothing")
@@ -44,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if args.world_size is not None and args.world_size < 1:
         raise InputError(f"--world-size must be at least 1, got {args.world_size}")
     result, launch = check(args.paths, versions=args.versions, world_size=args.world_size,
-                           select=_codes(args.select), ignore=_codes(args.ignore), gpus=args.gpus)
+                           select=_codes(args.select), ignore=_codes(args.ignore), gpus=args.gpus,
+                           oracle=args.oracle)
     if args.fix or args.diff:
         edits = [e for f in result.findings if f.fix and f.fix.applicability == Applicability.SAFE
                  for e in f.fix.edits]
