@@ -63,19 +63,23 @@ def _launch_values(path: Optional[str]):
     from zeropilot.launch import load_launch
     from zeropilot.memory.from_launch import values_from_launch
 
-    return values_from_launch(load_launch([path], use_installed=False))
+    launch = load_launch([path], use_installed=False)
+    if launch.read_errors:  # as `check` does: a plan from half a launch would be silently wrong
+        raise launch.read_errors[0]
+    return values_from_launch(launch)
 
 
 def _resolve_arch(args: argparse.Namespace, lv):
-    from zeropilot.models import resolve_model
+    from zeropilot.models import HubAccess, resolve_model
 
+    hub = HubAccess.from_env()  # sizing the named model is what plan is asked; HF_HUB_OFFLINE=1 stops it
     if args.model:
-        return resolve_model(args.model), "flag --model"
+        return resolve_model(args.model, hub=hub), "flag --model"
     if lv is None or not lv.model:
         raise InputError("no model: pass --model (a config.json, model directory, Hub id or catalogued name)"
                          + ("" if lv is None else "; the launch names no model_name_or_path"))
     try:
-        return resolve_model(lv.model, lv.model_base), lv.sources.get("model", "launch")
+        return resolve_model(lv.model, lv.model_base, hub), lv.sources.get("model", "launch")
     except InputError as exc:
         why = exc.reason.split(";")[0] if exc.path is None else exc.render()
         raise InputError(f"model_name_or_path {lv.model!r} ({lv.sources.get('model')}) cannot be sized here "
