@@ -5,7 +5,7 @@ import json
 import pytest
 
 from zeropilot.errors import InputError
-from zeropilot.models import from_config, normalise, resolve_model
+from zeropilot.models import HubAccess, from_config, normalise, resolve_model
 
 
 @pytest.fixture(autouse=True)
@@ -42,6 +42,8 @@ def test_hf_cache_snapshot_is_read(tmp_path):
 
 def test_unknown_model_is_one_clear_error():
     with pytest.raises(InputError, match="offline"):
+        resolve_model("acme/never-heard-of-it", hub=HubAccess.from_env())
+    with pytest.raises(InputError, match="the Hub was not asked"):
         resolve_model("acme/never-heard-of-it")
 
 

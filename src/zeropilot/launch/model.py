@@ -84,6 +84,7 @@ class Launch:
         checkpoint_dirs: ``checkpoint-N`` / ``global_stepN`` folders seen while discovering.
         gpus: ``--gpus COUNTxMEM`` given to check, for the memory rules.
         machine: this machine's op-build locks (:mod:`zeropilot.launch.machine`), None when not inspected.
+        oracle: what the installed libraries said (``zeropilot.oracle.OracleReport``), None when not asked.
     """
 
     documents: List[Document] = field(default_factory=list)
@@ -98,7 +99,9 @@ class Launch:
     checkpoint_dirs: List[Path] = field(default_factory=list)
     gpus: Optional[str] = None
     skipped: List[Tuple[Path, str]] = field(default_factory=list)
+    hub: Optional[object] = None
     machine: Optional[MachineState] = None
+    oracle: Optional[object] = None
 
     def of_kind(self, kind: str) -> List[Document]:
         return [d for d in self.documents if d.kind == kind]

@@ -227,6 +227,66 @@ def registered() -> Dict[str, Rule]:
     return _RULES
 
 
+# --- selection (``--select`` / ``--ignore``, ``[tool.zeropilot]``, inline suppressions) -------------------
+
+_PREFIX = re.compile(r"^[A-Z]+[0-9]*$")
+_EXACT = 100  # specificity of a full code or a rule name; a prefix's is its length
+
+
+def match_selector(selector: str, rules: Sequence[Rule]) -> Tuple[List[Rule], int]:
+    """(rules, specificity) a selector names: ``ALL``, a code (``DS001``, redirects followed), a rule name
+    (``fp16-and-bf16-both-enabled``) or a code prefix (``DS``, ``DS0``).
+
+    Raises:
+        InputError: nothing matches; the message suggests the closest codes, names or prefixes.
+    """
+    from zeropilot.errors import InputError
+
+    token = selector.strip()
+    up = REDIRECTS.get(token.upper(), token.upper())
+    if up == "ALL":
+        return list(rules), 0
+    for r in rules:
+        if r.code == up or r.name == token.lower():
+            return [r], _EXACT
+    if _PREFIX.match(up):
+        hits = [r for r in rules if r.code.startswith(up)]
+        if hits:
+            return hits, len(up)
+    raise InputError(f"unknown rule selector {token!r}{_did_you_mean(token, rules)}: `zeropilot rules` lists "
+                     "the codes; a prefix such as DS selects a group")
+
+
+def _did_you_mean(token: str, rules: Sequence[Rule]) -> str:
+    import difflib
+
+    prefixes = {r.code.rstrip("0123456789") for r in rules}
+    words = [r.code for r in rules] + [r.name for r in rules] + sorted(prefixes)
+    close = difflib.get_close_matches(token.upper() if _PREFIX.match(token.upper()) else token.lower(),
+                                      words, n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def select_rules(rules: Sequence[Rule], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> List[Rule]:
+    """The rules that run, chosen as ruff chooses them.
+
+    An empty ``select`` means every rule. A rule runs when the most specific selector naming it comes from
+    ``select``: ``--select DS001 --ignore DS`` runs DS001 only; on equal specificity ``ignore`` wins.
+
+    Raises:
+        InputError: a selector names no rule (never "ran nothing, exit 0").
+    """
+    best: Dict[str, Tuple[int, bool]] = {}
+    chosen = list(select) or ["ALL"]
+    for selectors, keep in ((chosen, True), (list(ignore), False)):
+        for selector in selectors:
+            hits, weight = match_selector(selector, rules)
+            for r in hits:
+                if r.code not in best or weight >= best[r.code][0]:
+                    best[r.code] = (weight, keep)
+    return [r for r in rules if best.get(r.code, (0, False))[1]]
+
+
 def run_rules(launch, rules: Iterable[Rule]) -> List[Finding]:
     findings: List[Finding] = []
     for r in rules:
