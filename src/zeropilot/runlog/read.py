@@ -29,6 +29,8 @@ MAX_EVENTS = 200_000  # non-step records, all ranks together
 MAX_STACK = 1 << 20
 STEP_COLUMNS = ("t", "step", "seconds") + MEMORY_FIELDS
 NAN = float("nan")
+_decode = json.JSONDecoder().decode
+_EMPTY: Dict[str, Any] = {}
 
 
 @dataclass
@@ -64,8 +66,20 @@ class RunRecords:
     stacks: Dict[int, str] = field(default_factory=dict)  # stacks-rank-N.txt, bounded, undecodable bytes replaced
 
 
+_BIG = 1 << 1000  # integers below this convert to float without overflow
+
+
 def _number(value: Any) -> float:
-    """A finite float, or NaN for null, non-numbers, infinities and integers too large for a float."""
+    """A finite float, or NaN for null, non-numbers, infinities and integers too large for a float.
+
+    The common cases (an int of a sane size, a finite float) are tested first by exact type: this
+    runs 14 times per step record, 11 million times for 100k steps x 8 ranks.
+    """
+    kind = type(value)
+    if kind is int and -_BIG < value < _BIG:
+        return float(value)
+    if kind is float:
+        return value if value - value == 0.0 else NAN  # inf - inf and nan - nan are NaN
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return NAN
     try:
@@ -103,8 +117,8 @@ def _lines(path: Path, problems: List[str]) -> Iterator[Dict[str, Any]]:
                     raw = fh.readline(MAX_LINE)
                 continue
             try:
-                record = json.loads(raw)
-            except ValueError:
+                record = _decode(raw.decode("utf-8"))
+            except ValueError:  # UnicodeDecodeError is one
                 skipped += 1  # a torn last line after a kill, or garbage
                 continue
             if isinstance(record, dict):
@@ -120,6 +134,8 @@ def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budg
     budget = budget if budget is not None else _Budget(MAX_STEP_ROWS, MAX_EVENTS)
     records = RankRecords(rank)
     cols = records.steps
+    t_col, step_col, secs_col = cols["t"], cols["step"], cols["seconds"]
+    mem_cols = [(name, cols[name]) for name in MEMORY_FIELDS]
     for rec in _lines(path, problems):
         if rec.get("event") != "step":
             if budget.events <= 0:
@@ -132,12 +148,13 @@ def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budg
             budget.dropped_steps += 1
             continue
         budget.steps -= 1
-        mem = rec.get("mem") if isinstance(rec.get("mem"), dict) else {}
-        cols["t"].append(_number(rec.get("t")))
-        cols["step"].append(_number(rec.get("step")))
-        cols["seconds"].append(_number(rec.get("seconds")))
-        for name in MEMORY_FIELDS:
-            cols[name].append(_number(mem.get(name)))
+        mem = rec.get("mem")
+        get = mem.get if isinstance(mem, dict) else _EMPTY.get
+        t_col.append(_number(rec.get("t")))
+        step_col.append(_number(rec.get("step")))
+        secs_col.append(_number(rec.get("seconds")))
+        for name, col in mem_cols:
+            col.append(_number(get(name)))
     return records
 
 

@@ -9,6 +9,8 @@ by ``docs/report.schema.json``); :func:`compare` puts two of them side by side. 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import statistics
 from typing import Any, Dict, List, Optional
@@ -23,12 +25,12 @@ VERDICTS = ("ok", "oom", "hang", "crash", "running")
 
 
 def _finite(values) -> List[float]:
-    return [v for v in values if not math.isnan(v)]
+    return [v for v in values if v == v]  # NaN != NaN
 
 
 def _max(values) -> Optional[int]:
-    vals = _finite(values)
-    return int(max(vals)) if vals else None
+    top = max((v for v in values if v == v), default=None)
+    return None if top is None else int(top)
 
 
 def window_peak(before: Optional[float], after: Optional[float]) -> Optional[int]:
@@ -132,10 +134,17 @@ def _rank_summary(rec: RankRecords, plan_bytes: Optional[int]) -> Dict[str, Any]
     }
 
 
-def _first_step_after(rec: RankRecords, t: float, before_counter: Optional[float]) -> Optional[Dict[str, Any]]:
+def _in_order(times) -> bool:
+    """True when step times never go back (and hold no NaN): then a binary search finds a time."""
+    return all(a <= b for a, b in zip(times, itertools.islice(times, 1, None)))
+
+
+def _first_step_after(rec: RankRecords, t: float, before_counter: Optional[float],
+                      in_order: bool) -> Optional[Dict[str, Any]]:
     cols = rec.steps
-    for i, ts in enumerate(cols["t"]):
-        if ts > t:
+    times = cols["t"]
+    for i in range(bisect.bisect_right(times, t) if in_order else 0, len(times)):
+        if times[i] > t:
             mem = {name: (None if math.isnan(cols[name][i]) else int(cols[name][i])) for name in MEMORY_FIELDS}
             return {"step": nz.integer(cols["step"][i]), "seconds": nz.num(cols["seconds"][i]), "mem": mem,
                     "window_peak_reserved_bytes": window_peak(before_counter, cols["peak_reserved_bytes"][i])}
@@ -145,6 +154,7 @@ def _first_step_after(rec: RankRecords, t: float, before_counter: Optional[float
 def _checkpoint_ops(records: RunRecords, kind: str) -> List[Dict[str, Any]]:
     ops = []
     for rank, rec in sorted(records.ranks.items()):
+        in_order = kind == "save" and _in_order(rec.steps["t"])
         for e in rec.of(kind):
             t = nz.num(e.get("t"))
             seconds = nz.num(e.get("seconds"))
@@ -155,7 +165,7 @@ def _checkpoint_ops(records: RunRecords, kind: str) -> List[Dict[str, Any]]:
                   "start_t": (t - seconds) if t is not None and seconds is not None else t}
             if kind == "save" and t is not None:
                 counter = (op["mem_after"] or {}).get("peak_reserved_bytes")
-                op["first_step_after"] = _first_step_after(rec, t, counter)
+                op["first_step_after"] = _first_step_after(rec, t, counter, in_order)
             elif kind == "save":
                 op["first_step_after"] = None
             ops.append(op)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from zeropilot.runlog import normalize as nz
@@ -89,11 +90,34 @@ def rank_columns(rec: RankRecords, fields: List[str]) -> Tuple[array, Dict[str, 
 
 
 def _has(col: array) -> bool:
-    return any(not math.isnan(v) for v in col)
+    return any(v == v for v in col)  # NaN != NaN
 
 
 def _index(xs: array, x0: float, x1: float) -> Optional[List[int]]:
     return bucket_index(xs, x0, x1, BUCKETS) if len(xs) > 2 * BUCKETS else None
+
+
+@dataclass
+class RankSeries:
+    """One rank's memory columns on the chart's time axis, with their buckets, computed once per page."""
+
+    xs: array
+    cols: Dict[str, array]
+    index: Optional[List[int]]
+
+    def points(self, name: str):
+        return minmax(self.xs, self.cols[name], self.index, BUCKETS)
+
+
+def prepare(records: RunRecords, t0: float, x_end: float) -> Dict[int, RankSeries]:
+    """Every rank's memory columns (steps and the events' moments), shifted to start at 0, bucketed."""
+    fields = [f for f, _, _ in MEMORY_SERIES] + [HOST_SERIES[0]]
+    out = {}
+    for rank, rec in sorted(records.ranks.items()):
+        xs, cols = rank_columns(rec, fields)
+        xs = array("d", (x - t0 for x in xs))
+        out[rank] = RankSeries(xs, cols, _index(xs, 0.0, x_end))
+    return out
 
 
 def gpu_fields(records: RunRecords) -> bool:
@@ -127,23 +151,21 @@ def _y_top(values: List[Optional[float]]) -> float:
     return max(vals) * 1.08 if vals and max(vals) > 0 else 1.0
 
 
-def memory_chart(records: RunRecords, summary: Dict[str, Any], rank: int, x_end: float, t0: float) -> str:
+def memory_chart(prep: RankSeries, summary: Dict[str, Any], rank: int, x_end: float, t0: float,
+                 gpu: bool) -> str:
     """One rank's memory over time, with capacity, plan, saves, loads and OOMs marked."""
-    rec = records.ranks[rank]
     info = next(r for r in summary["ranks"] if r["rank"] == rank)
-    series = list(MEMORY_SERIES) if gpu_fields(records) else [HOST_SERIES]
-    xs, cols = rank_columns(rec, [f for f, _, _ in series])
-    xs = array("d", (x - t0 for x in xs))
-    tops = [max((v for v in c if not math.isnan(v)), default=None) for c in cols.values()]
+    series = list(MEMORY_SERIES) if gpu else [HOST_SERIES]
+    cols = prep.cols
+    tops = [max((v for v in cols[f] if v == v), default=None) for f, _, _ in series]
     cap, plan = info["device_total_bytes"], info["plan_bytes"]
     chart = Chart(f"mem-rank-{rank}", WIDTH, 230, (0.0, x_end), (0.0, _y_top(tops + [cap, plan])),
                   x_label=fmt_time, y_label=fmt_gib, title=f"rank {rank}: memory over time")
     chart.axes(y_ticks=gib_ticks(chart))
     _ops_spans(chart, summary, rank, t0)
-    index = _index(xs, 0.0, x_end)
     for f, cls, name in series:
         if _has(cols[f]):
-            chart.line(minmax(xs, cols[f], index, BUCKETS), f"series {cls}",
+            chart.line(prep.points(f), f"series {cls}",
                        attrs=f'data-rank="{rank}" data-field="{f}"', title=f"rank {rank}: {name}")
     if cap is not None and series[0][0] != "host_rss_bytes":
         chart.hline(cap, "cap", f"capacity {fmt_gib(cap)}")
@@ -155,14 +177,13 @@ def memory_chart(records: RunRecords, summary: Dict[str, Any], rank: int, x_end:
     return chart.svg()
 
 
-def overview_chart(records: RunRecords, summary: Dict[str, Any], x_end: float, t0: float, chart_id: str) -> str:
+def overview_chart(prep: Dict[int, RankSeries], summary: Dict[str, Any], x_end: float, chart_id: str,
+                   gpu: bool) -> str:
     """Every rank's reserved memory (host RSS on CPU) on one chart: one series per rank."""
-    field = "reserved_bytes" if gpu_fields(records) else "host_rss_bytes"
+    field = "reserved_bytes" if gpu else "host_rss_bytes"
     lines, tops = [], []
-    for rank, rec in sorted(records.ranks.items()):
-        xs, cols = rank_columns(rec, [field])
-        xs = array("d", (x - t0 for x in xs))
-        pts = minmax(xs, cols[field], _index(xs, 0.0, x_end), BUCKETS)
+    for rank, series in sorted(prep.items()):
+        pts = series.points(field)
         tops += [max((y for _, y in pts), default=None)]
         lines.append((rank, pts))
     caps = [r["device_total_bytes"] for r in summary["ranks"]] if field == "reserved_bytes" else []

@@ -19,7 +19,15 @@ def bucket_index(xs: Sequence[float], x0: float, x1: float, buckets: int) -> Lis
     """Bucket of each x in ``[x0, x1]`` (shared by every series that has these x values)."""
     scale = buckets / (x1 - x0) if x1 > x0 else 0.0
     last = buckets - 1
-    return [min(last, max(0, int((x - x0) * scale))) if not math.isnan(x) else -1 for x in xs]
+    try:  # the usual case, every x finite and inside the range: one plain pass
+        fast = [int((x - x0) * scale) for x in xs]
+        if not fast or (min(fast) >= 0 and max(fast) <= last):
+            return fast
+        if min(fast) >= 0 and max(fast) == buckets:  # x == x1 exactly lands one past the end
+            return [b if b < buckets else last for b in fast]
+    except ValueError:  # a NaN
+        pass
+    return [min(last, max(0, int((x - x0) * scale))) if x == x else -1 for x in xs]
 
 
 def minmax(xs: Sequence[float], ys: Sequence[float], index: Optional[List[int]], buckets: int) -> List[Point]:

@@ -77,10 +77,12 @@ def _memory_sections(records: RunRecords, summary: Dict[str, Any]) -> Tuple[str,
     t0 = charts.run_start(records)
     end = charts.x_end(records, summary, t0)
     ranks = sorted(records.ranks)
-    overview = (rank_legend(ranks) + charts.overview_chart(records, summary, end, t0, "overview")
+    prep = charts.prepare(records, t0, end)
+    gpu = charts.gpu_fields(records)
+    overview = (rank_legend(ranks) + charts.overview_chart(prep, summary, end, "overview", gpu)
                 if ranks else "<p>no rank recorded anything</p>")
-    per_rank = "".join(f"<h3>rank {r}</h3>" + charts.memory_chart(records, summary, r, end, t0) for r in ranks)
-    mem_legend = legend(LEGEND_MEM if charts.gpu_fields(records) else (("#9467bd", "host RSS"),) + LEGEND_MEM[4:])
+    per_rank = "".join(f"<h3>rank {r}</h3>" + charts.memory_chart(prep[r], summary, r, end, t0, gpu) for r in ranks)
+    mem_legend = legend(LEGEND_MEM if gpu else (("#9467bd", "host RSS"),) + LEGEND_MEM[4:])
     return overview, (mem_legend + per_rank if per_rank else "")
 
 
@@ -133,8 +135,9 @@ def render_compare(rec_a: RunRecords, rec_b: RunRecords, cmp: Dict[str, Any]) ->
     cols = []
     for label, rec, s in (("A", rec_a, cmp["a"]), ("B", rec_b, cmp["b"])):
         t0 = charts.run_start(rec)
-        chart = charts.overview_chart(rec, s, charts.x_end(rec, s, t0), t0, f"overview-{label.lower()}") \
-            if rec.ranks else "<p>no rank recorded anything</p>"
+        end = charts.x_end(rec, s, t0)
+        chart = charts.overview_chart(charts.prepare(rec, t0, end), s, end, f"overview-{label.lower()}",
+                                      charts.gpu_fields(rec)) if rec.ranks else "<p>no rank recorded anything</p>"
         cols.append(f'<div id="run-{label.lower()}"><h2>{label}: <code>{esc(s["run_dir"])}</code></h2>'
                     f"{sections.verdict(s)}{rank_legend(sorted(rec.ranks))}{chart}</div>")
     body = ("<h1>zeropilot report: two runs</h1>" + section("metrics", "A against B", sections.table(
