@@ -122,8 +122,8 @@ def raw_deepspeed() -> Job:
 
 def _faults(name: str, fault: str, flags: List[str]) -> Job:
     ckpt = root() / name / "ckpt"
-    cmd = _deepspeed(JOBS / "ds_faults.py", "--fault", fault, "--save-dir", str(ckpt),
-                     "--deepspeed_config", str(JOBS / "ds_config.json"))
+    cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "ds_faults.py"),
+           "--fault", fault, "--save-dir", str(ckpt), "--deepspeed_config", str(JOBS / "ds_config.json")]
     return zeropilot_run(name, cmd, ["--no-check", *flags])
 
 

@@ -167,7 +167,9 @@ def attach(engine: Any, seconds: Any = None) -> None:
     from zeropilot.guard import telemetry
     import sys
 
-    guard.record("init", zero_stage=stage, seconds=seconds, mem=guard.memory(),
+    guard.announce("deepspeed")
+    guard.record("init", zero_stage=stage, seconds=seconds, mem=guard.memory(), framework=guard.framework,
+                 device=telemetry.device_info(sys.modules.get("torch")),
                  allocator_settings=telemetry.allocator_settings(sys.modules.get("torch")))
     guard.step = int(getattr(engine, "global_steps", 0) or 0)
     guard.set_phase("idle")

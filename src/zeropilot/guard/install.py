@@ -58,6 +58,17 @@ def _on_c10d(module: Any) -> None:
         dist.init_process_group = init_process_group
 
 
+_PEER = ("connection reset by peer", "connection closed by peer", "remote worker", "broken pipe",
+         "communicator was aborted", "nccl communicator", "socket timeout", "read error", "write error",
+         "heartbeat monitor", "watchdog caught collective operation timeout")
+
+
+def peer_failure(kind: str, message: str) -> bool:
+    """Whether an exception is this rank noticing that a peer failed (a collective broke under it)."""
+    text = message.lower()
+    return kind in ("DistBackendError", "DistNetworkError") or any(p in text for p in _PEER)
+
+
 def _excepthook() -> None:
     previous = sys.excepthook
 
@@ -68,17 +79,59 @@ def _excepthook() -> None:
         if guard is not None and not issubclass(kind, (KeyboardInterrupt, SystemExit)):
             import traceback
 
-            frames = traceback.extract_tb(tb)
+            frames = [f for f in traceback.extract_tb(tb) if "zeropilot/guard" not in f.filename.replace("\\", "/")]
             guard.failed = True
             guard.record("error", type=kind.__name__, message=str(value)[:2000], step=guard.step, phase=guard.phase,
+                         peer_failure=peer_failure(kind.__name__, str(value)),
                          where=[f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.lineno})" for f in frames[-12:]])
         previous(kind, value, tb)
 
     sys.excepthook = hook
 
 
+_HELPERS = ("--multiprocessing-fork", "multiprocessing.forkserver", "multiprocessing.resource_tracker",
+            "compile_worker", "torch._inductor")
+
+
+def _is_helper() -> bool:
+    """A helper process that inherited a rank's environment (spawned DataLoader worker, compile worker)."""
+    argv = " ".join(getattr(sys, "orig_argv", sys.argv))
+    return any(h in argv for h in _HELPERS)
+
+
+def _claimed_by_other(rank: int) -> bool:
+    """Another live process already is this rank (we are its subprocess)."""
+    import json
+    import os
+
+    from zeropilot.runlog.layout import RunDir
+
+    try:
+        with open(RunDir(os.environ["ZEROPILOT_RUN_DIR"]).heartbeat(rank), encoding="utf-8") as fh:
+            pid = json.load(fh).get("pid")
+        if not isinstance(pid, int) or pid == os.getpid():
+            return False
+        os.kill(pid, 0)
+        return True
+    except (OSError, ValueError, KeyError, AttributeError):
+        return False
+
+
+def _go_live_if_rank() -> None:
+    """A process launched as a rank (RANK set by torchrun / the deepspeed launcher) is live from its start,
+    so that imports, op builds and process-group setup are watched too."""
+    from zeropilot.guard.rank import current, env_rank
+
+    rank = env_rank()
+    if rank is None or _is_helper() or _claimed_by_other(rank):
+        return
+    guard = current("python")
+    if guard is not None:
+        guard.set_phase("startup")
+
+
 def install() -> None:
-    """Register the hooks once per process."""
+    """Register the hooks once per process; a launched rank goes live at once."""
     global _done
     if _done:
         return
@@ -88,3 +141,4 @@ def install() -> None:
     when_imported("transformers.trainer", _on_trainer)
     when_imported("torch.distributed.distributed_c10d", _on_c10d)
     _excepthook()
+    _go_live_if_rank()

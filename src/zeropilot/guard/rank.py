@@ -72,6 +72,7 @@ class RankGuard:
         self.rank = rank
         self.framework = framework
         self.pid = os.getpid()
+        self.live_since = time.time()
         self.writer = EventWriter(self.dir.events(rank))
         self.step = 0
         self.phase = "init"
@@ -84,18 +85,31 @@ class RankGuard:
         self.engine_steps = False  # steps come from DeepSpeedEngine.step, not the Trainer callback
         self.baseline_mem: Optional[Dict[str, Any]] = None  # memory when the OOM observer was attached
         self.failed = False
-        self._beat_written = (None, -1)
+        self._beat_written = (None, -1, -1)
+        self.activity = 0  # grows when the main thread's call stack changed since the last beat
+        self._main_ident = threading.main_thread().ident
+        self._fingerprint: Any = None
         self._stop = threading.Event()
         self._stacks_fh = None
         self._install_stack_dump()
-        self.writer.write(event("start", rank, pid=self.pid, host=socket.gethostname(),
-                                local_rank=_env_int("LOCAL_RANK"), world_size=_env_int("WORLD_SIZE"),
-                                device=telemetry.device_info(_torch()), framework=framework,
-                                allocator_settings=telemetry.allocator_settings(_torch()),
-                                argv=list(sys.argv)))
+        self.announced = False
         self.beat(force=True)
         self._thread = threading.Thread(target=self._beat_loop, name="zeropilot-heartbeat", daemon=True)
         self._thread.start()
+
+    def announce(self, framework: Optional[str] = None) -> None:
+        """The ``start`` record, once, when the rank shows what it runs (after its device is set up)."""
+        if self.announced or os.getpid() != self.pid:
+            return
+        self.announced = True
+        if framework:
+            self.framework = framework
+        torch = _torch()
+        self.writer.write(event("start", self.rank, pid=self.pid, host=socket.gethostname(),
+                                local_rank=_env_int("LOCAL_RANK"), world_size=_env_int("WORLD_SIZE"),
+                                device=telemetry.device_info(torch), framework=self.framework,
+                                allocator_settings=telemetry.allocator_settings(torch), argv=list(sys.argv),
+                                live_since=self.live_since))
 
     # -- stacks -------------------------------------------------------------------------------
     def _install_stack_dump(self) -> None:
@@ -128,26 +142,44 @@ class RankGuard:
             self.set_phase(previous if previous not in ("forward", "backward", "step") else "idle")
 
     def beat(self, force: bool = False) -> None:
-        key = (self.phase, self.progress)
+        key = (self.phase, self.progress, self.activity)
         if not force and key == self._beat_written:
             return
         self._beat_written = key
         try:
             write_json_atomic(self.dir.heartbeat(self.rank), {
                 "t": time.time(), "rank": self.rank, "pid": self.pid, "phase": self.phase,
-                "phase_since": self.phase_since, "step": self.step, "progress": self.progress})
+                "phase_since": self.phase_since, "step": self.step, "progress": self.progress,
+                "activity": self.activity})
         except OSError:
             pass
+
+    def _sample(self) -> None:
+        """Count a change of the main thread's call stack (code objects, not line numbers) as activity.
+
+        A rank busy in Python (DeepSpeed's ZeRO-3 init, data loading) changes its stack between samples;
+        a rank blocked in a collective, a sleep or a lock-polling loop keeps the same one."""
+        frame = sys._current_frames().get(self._main_ident)
+        codes = []
+        while frame is not None and len(codes) < 64:
+            codes.append(id(frame.f_code))
+            frame = frame.f_back
+        fingerprint = tuple(codes)
+        if fingerprint != self._fingerprint:
+            self._fingerprint = fingerprint
+            self.activity += 1
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(BEAT_S):
             if os.getpid() != self.pid:  # a forked child (DataLoader worker) is not this rank
                 return
+            self._sample()
             self.beat()
 
     # -- records ------------------------------------------------------------------------------
     def record(self, kind: str, **fields: Any) -> None:
         if os.getpid() == self.pid:
+            self.announce()
             self.writer.write(event(kind, self.rank, **fields))
 
     def memory(self) -> Dict[str, Any]:
@@ -178,7 +210,8 @@ class RankGuard:
         self.phase = "exit"
         self.progress += 1
         self.beat()
-        self.record("end", steps=self.step)
+        if not self.failed:
+            self.record("end", steps=self.step)
         self.writer.close()
         if self._stacks_fh is not None:
             try:

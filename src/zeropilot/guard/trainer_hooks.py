@@ -33,6 +33,7 @@ def make_callback_class() -> type:
         def on_train_begin(self, args, state, control, **kwargs):
             guard = current("hf")
             if guard is not None:
+                guard.announce("hf")
                 guard.step = int(state.global_step or 0)
                 guard.set_phase("idle")
 

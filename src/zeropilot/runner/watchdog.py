@@ -22,6 +22,9 @@ from zeropilot.runlog.read import read_side_json
 STACK_SIGNAL = signal.SIGUSR2
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 DUMP_WAIT_S = 3.0
+#: before any rank exists (the launcher starting, a rendezvous waiting for nodes) the watchdog waits this
+#: long at least: a rank is live from its interpreter's start, so this only covers the launcher itself
+STARTUP_GRACE_S = 120.0
 
 
 def _alive(pid: Optional[int]) -> Optional[bool]:
@@ -59,7 +62,7 @@ class Watchdog:
         problems: List[str] = []
         for r in self.dir.ranks("heartbeat-rank"):
             hb = read_side_json(self.dir.heartbeat(r), problems) or {}
-            parts.append((r, hb.get("progress"), hb.get("phase")))
+            parts.append((r, hb.get("progress"), hb.get("phase"), hb.get("activity")))
         for r in self.dir.ranks("rank"):
             try:
                 parts.append((r, os.path.getsize(self.dir.events(r))))
@@ -75,7 +78,8 @@ class Watchdog:
         if key != self.last_key:
             self.last_key, self.last_change = key, now
             return None
-        if now - self.last_change < self.timeout_s:
+        limit = self.timeout_s if key else max(self.timeout_s, STARTUP_GRACE_S)
+        if now - self.last_change < limit:
             return None
         self.fired = True
         return self.fire()

@@ -32,7 +32,7 @@ def main():
     p.add_argument("--fault", default="none")
     p.add_argument("--save-dir", required=True)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--local_rank", type=int, default=0)
+    p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     p = deepspeed.add_config_arguments(p)
     a = p.parse_args()
     torch.set_num_threads(1)
