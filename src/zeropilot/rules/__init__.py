@@ -25,6 +25,7 @@ TOPICS = (
     "engine_scripts",
     "versions",
     "machine",
+    "oracle",
     "memory",
 )
 

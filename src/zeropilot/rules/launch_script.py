@@ -72,9 +72,7 @@ def destructive_kill_in_launch_script(launch: Launch) -> Iterator[Hit]:
 
 
 @rule("SH002", "world-size-exceeds-visible-devices", Severity.ERROR, versions="all",
-      witness="tests/rules/test_launch_script.py::test_sh002_deepspeed_witness; torch.cuda.set_device: 'CUDA "
-              "error: invalid device ordinal', measured on an H200 (tests/witness/cuda_probe_h200.json, "
-              "nproc_2_on_1_visible)")
+      witness="tests/rules/test_launch_script.py::test_sh002_deepspeed_witness")
 def world_size_exceeds_visible_devices(launch: Launch) -> Iterator[Hit]:
     """More processes per node than the `*_VISIBLE_DEVICES` list gives devices, or `deepspeed --num_gpus` with
     `CUDA_VISIBLE_DEVICES`.
@@ -107,6 +105,8 @@ def world_size_exceeds_visible_devices(launch: Launch) -> Iterator[Hit]:
 
     ## References
     - `torch.cuda.set_device`; torchrun `--nproc_per_node`; LLaMA-Factory `launcher.py` (NPROC_PER_NODE)
+    - measured on an H200: 'CUDA error: invalid device ordinal' (`tests/witness/cuda_probe_h200.json`,
+      `nproc_2_on_1_visible`)
     - `deepspeed/launcher/runner.py` `main` ("ignoring it because ... --num_gpus ... were used",
       `del os.environ[visible_devices_env]`, `apply_num_nodes_and_gpus`: `list(range(num_gpus))`)
     """

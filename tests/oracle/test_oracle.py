@@ -1,0 +1,84 @@
+"""The oracle: the installed DeepSpeed / transformers / accelerate judge configs in one subprocess per launch.
+
+One launch folder holds a raw DeepSpeed config, an HF Trainer pair, an accelerate pair and a healthy config, so the
+whole module costs one worker run (the libraries are imported once).
+"""
+
+import pytest
+
+from tests.conftest import write_files
+from zeropilot.check import check
+from zeropilot.launch import load_launch
+from zeropilot.oracle import ask, cases
+
+FILES = {
+    "raw/ds.json": {"train_micro_batch_size_per_gpu": 1, "gradient_allreduce_op": "sum",
+                    "zero_optimization": {"stage": 3}},
+    "hf/ds.json": {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto",
+                   "zero_optimization": {"stage": 2}},
+    "hf/train.yaml": "output_dir: out\nper_device_train_batch_size: 2\ndeepspeed: ds.json\n",
+    "acc/ds.json": {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}},
+    "acc/accelerate.yaml": "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n"
+                           "deepspeed_config:\n  deepspeed_config_file: ds.json\nnum_processes: 1\n",
+    "ok/ds.json": {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}},
+}
+
+
+@pytest.fixture(scope="module")
+def oracle_run(tmp_path_factory):
+    root = write_files(tmp_path_factory.mktemp("oracle"), FILES)
+    result, launch = check([root], select={"OR000", "OR001", "OR002", "OR003"}, use_installed=False, oracle=True)
+    by_file = {}
+    for f in result.findings:
+        by_file.setdefault(f.file.replace(str(root) + "/", ""), []).append(f)
+    return by_file, launch
+
+
+@pytest.mark.witness
+@pytest.mark.slow
+def test_or001_witness(oracle_run):
+    """DeepSpeed's own DeepSpeedConfig refuses "sum" at ZeRO-3; the finding sits on the key, with its line."""
+    by_file, launch = oracle_run
+    [f] = by_file["raw/ds.json"]
+    assert (f.code, f.key, f.line) == ("OR001", "gradient_allreduce_op", 3)
+    assert "not supported with ZeRO stage 3" in f.message and launch.oracle.versions["deepspeed"]
+    assert "ok/ds.json" not in by_file
+
+
+@pytest.mark.witness
+@pytest.mark.slow
+def test_or002_witness(oracle_run):
+    """transformers' mismatch check: the config's micro batch 4 against per_device_train_batch_size 2."""
+    by_file, _ = oracle_run
+    [f] = by_file["hf/ds.json"]
+    assert (f.code, f.key) == ("OR002", "train_micro_batch_size_per_gpu") and "per_device_train_batch_size" in \
+        f.message
+
+
+@pytest.mark.witness
+@pytest.mark.slow
+def test_or003_witness(oracle_run):
+    """accelerate's DeepSpeedPlugin refuses a DeepSpeed config without a zero_optimization section."""
+    by_file, _ = oracle_run
+    [f] = by_file["acc/ds.json"]
+    assert f.code == "OR003" and "ZeRO optimization config" in f.message
+
+
+def test_cases_carry_world_size_and_pairs(tmp_path):
+    root = write_files(tmp_path, dict(FILES, **{"run.sh": "deepspeed --num_gpus 4 train.py\n"}))
+    launch = load_launch([root], use_installed=False)
+    by_path = {c["config"].get("train_micro_batch_size_per_gpu"): c for c in cases(launch)}
+    assert by_path[4]["train_args"]["per_device_train_batch_size"] == 2
+    assert all(c["world_size"] == 4 for c in cases(launch))
+
+
+def test_or000_timeout(tmp_path):
+    """A worker past its time limit is killed and reported as one warning."""
+    root = write_files(tmp_path, {"ds.json": FILES["ok/ds.json"]})
+    launch = load_launch([root], use_installed=False)
+    launch.oracle = ask(launch, timeout_s=0.05)
+    assert "did not answer within" in launch.oracle.failure
+    from zeropilot.rules import get_rule
+
+    [f] = get_rule("OR000").run(launch)
+    assert f.severity.value == "warning"
