@@ -13,6 +13,9 @@ Splits:
   (Runs of data/h200_call2.jsonl ran up to four at a time, packed by predicted peak: their memory
   outside PyTorch is NVML's per-process figure, ``non_torch_nvml_gb``.)
   capped    runs under a memory cap (emulated 16/24 GiB cards): scored on the fits/OOM verdict.
+  x2-fit / x2-holdout  issue 14's runs on 2 x H200 (data/h200x2_call*.jsonl, world size 1 and 2, ZeRO-3
+            with and without zero.Init, 7-8B full fine-tuning, offload): the split is in each spec,
+            chosen before the run (make_specs_x2.py); only x2-fit rows fit the issue-14 constants.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from zeropilot.models.arch import from_config  # noqa: E402
 SHARED = ROOT.parent / "shared" / "calibration" / "measured_h200.jsonl"
 LOCAL_COPY = HERE / "data" / "calibration_h200.jsonl"
 OWN = sorted((HERE / "data").glob("h200_call*.jsonl"))
+X2 = sorted((HERE / "data").glob("h200x2_call*.jsonl"))
 CALIBRATED_NAMES = {"qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.2-3b"}
 
 
@@ -75,13 +79,19 @@ def spec_inputs(spec: dict, total_gb: float) -> PlanInputs:
         offload_param="cpu" if spec.get("offload_param") else "none", overlap_comm=bool(spec.get("overlap", False)),
         reduce_bucket_size=int(spec.get("rbs", 5e8)), prefetch_bucket_size=int(spec.get("pbs", 5e8)),
         param_persistence_threshold=int(spec.get("ppt", 1e6)), attn=spec.get("attn", "sdpa"),
-        expandable_segments="expandable_segments:true" in str(spec.get("alloc_conf", "")).lower())
+        expandable_segments="expandable_segments:true" in str(spec.get("alloc_conf", "")).lower(),
+        # the probe builds the model on the GPU unless the spec asks for zero.Init (older rows never did)
+        zero_init=bool(spec.get("zero_init")), sub_group_size=int(spec.get("sgs", 1e9)),
+        max_live_parameters=int(spec.get("mlp", 1e9)), max_reuse_distance=int(spec.get("mrd", 1e9)))
 
 
 def _measured(r: dict) -> Optional[int]:
     if r.get("status") != "ok":
         return None
-    steady = {s["tag"]: s for s in r["snaps"]}["steady"]
+    snaps = {s["tag"]: s for s in r["snaps"]}
+    steady = dict(snaps["steady"])
+    if r.get("peaks_reset_after_init"):  # the probe reset the peak counters after the init phase
+        steady["peak_reserved"] = max(steady["peak_reserved"], snaps["after_init"]["peak_reserved"])
     # Capped runs ran four at a time: device-wide free memory counts the others, NVML's per-process does not.
     nt = r.get("non_torch_nvml_gb") if r["spec"].get("cap_gib") or r.get("concurrent") else r.get("non_torch_gb")
     if nt is None:
@@ -93,6 +103,8 @@ def _split(r: dict, source: str) -> str:
     s = r["spec"]
     if s.get("cap_gib"):
         return "capped"
+    if "split" in s:  # issue-14 rows: the split was written into the spec before it was measured
+        return "x2-" + s["split"]
     if source == "calibration":
         return "tuning"
     return "holdout" if s.get("name") in CALIBRATED_NAMES else "new-arch"
@@ -107,13 +119,15 @@ def calibration_drift() -> Optional[str]:
 
 def load_rows() -> List[Row]:
     """Every measured row, calibration first."""
-    files = [("calibration", LOCAL_COPY)] + [(p.stem, p) for p in OWN]
+    files = [("calibration", LOCAL_COPY)] + [(p.stem, p) for p in OWN + X2]
     rows = []
     for source, path in files:
         for line in path.read_text().splitlines():
             if not line.strip():
                 continue
             r = json.loads(line)
+            if r.get("rank", 0) != 0:
+                continue  # ranks of one world-size-2 run measure alike (bench/multigpu); rank 0 stands for it
             inputs = spec_inputs(r["spec"], r.get("total_gpu_gb", 139.8))
             rows.append(Row(source, _split(r, source), r, inputs, _measured(r), r.get("status") == "ok",
                             r["spec"].get("cap_gib")))

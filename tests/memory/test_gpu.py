@@ -75,10 +75,10 @@ def test_expandable_segments_reduce_the_allocator_gap():
     assert on < estimate_gpu(_inputs()).by_name()["allocator_overhead"]
 
 
-def test_world_size_above_one_says_nccl_is_unmeasured():
+def test_world_size_above_two_says_the_world_size_two_figure_is_used():
     plan = make_plan(_inputs(hardware=parse_gpus("4x16GiB"), stage=3, lora_rank=16))
-    assert "unmeasured" in plan.gpu.components[-1].reason
-    assert any("world size 1" in n for n in plan.notes)
+    assert "world size > 1" in next(c.reason for c in plan.gpu.components if c.name == "non_torch")
+    assert any("world sizes 1 and 2" in n for n in plan.notes)
 
 
 def test_verdicts():

@@ -31,8 +31,18 @@ class Constants:
         fit_gap_trans: reserved-but-unallocated bytes per byte of the larger transient (fitted).
         fit_gap_overlap: extra reserved bytes per byte of reduce bucket with overlap_comm (fitted).
         gap_expandable: share of the gap left with expandable segments.
-        non_torch_zero12 / non_torch_zero3: memory outside PyTorch at world size 1 (FACTS F, measured).
-        nccl_multi_gpu: extra NCCL buffers per GPU at world size > 1 (not measured: an assumption).
+        non_torch_zero12 / non_torch_zero3: memory outside PyTorch at world size 1 (FACTS F, measured) with
+            the model built on the GPU (ZeRO-3: without ``zero.Init``).
+        non_torch_zero3_init: the same for ZeRO-3 built inside ``zero.Init`` (NVML per process, H200).
+        nccl_multi_gpu: extra per GPU at world size 2 (NCCL communicators; measured on 2 x H200:
+            1.76-1.77 GiB against 1.29-1.30 at world size 1).
+        fit_gap_sub: ZeRO-3's reserved-but-unallocated bytes per byte of one sub-group's step
+            temporaries (fitted; replaces ``fit_gap_state`` for ZeRO-3 with the optimizer on the GPU).
+        fit_gap_gather: reserved-but-unallocated bytes while ZeRO-3 gathers parameters (world size > 1
+            or parameter offload), per byte of the largest gathered tensor (fitted).
+        init_reserved: reserved per allocated byte at the init phase's peak (measured: 1.01-1.03).
+        source: where the outside-PyTorch figures come from (a hardware profile names itself here).
+        fit_live: share of ``stage3_max_live_parameters`` that stays gathered at the peak (fitted).
         host_base: host memory of one training process without offload (measured RSS, ~2.2 GiB).
         host_offload_per_param: host bytes per offloaded trainable element (measured RSS, torch AdamW).
     """
@@ -53,7 +63,13 @@ class Constants:
     gap_expandable: float = 0.3
     non_torch_zero12: float = 1.30 * GIB
     non_torch_zero3: float = 1.68 * GIB
-    nccl_multi_gpu: float = 0.5 * GIB
+    non_torch_zero3_init: float = 1.29 * GIB
+    nccl_multi_gpu: float = 0.47 * GIB
+    fit_gap_sub: float = 0.8
+    fit_gap_gather: float = 1.0
+    fit_live: float = 0.875
+    init_reserved: float = 1.02
+    source: str = "measured on H200, bench/plan and bench/multigpu"
     host_base: float = 2.2 * GIB
     host_offload_per_param: float = 30.0
 

@@ -1,8 +1,11 @@
 """Per-GPU memory of one ZeRO training process: each component in bytes, with the reason for its size.
 
-The peak is ``resident + max(backward transient, optimizer-step transient)`` bytes allocated by PyTorch,
-plus what the caching allocator reserves on top (fragmentation), plus memory outside PyTorch (CUDA
-context, cuBLAS, NCCL). That sum is what ``nvidia-smi`` shows. Formulas and constants: ``docs/plan.md``.
+Training's peak is ``resident + max(backward transient, optimizer-step transient)`` bytes allocated by
+PyTorch, plus what the caching allocator reserves on top (fragmentation), plus memory outside PyTorch
+(CUDA context, cuBLAS, NCCL). That sum is what ``nvidia-smi`` shows. Before training, building the model
+and ``deepspeed.initialize`` have their own peak (the init phase): for ZeRO-3 without ``zero.Init`` every
+GPU holds the whole 16-bit model until ``initialize`` partitions it, and the caching allocator keeps it
+reserved. The larger of the two phases is the peak. Formulas and constants: ``docs/plan.md``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ class Component:
         name: stable key (``weights_frozen``, ``logits`` ...), used in JSON.
         bytes: size on one GPU.
         phase: ``resident`` (held through the step), ``backward`` (peak of the backward pass),
-            ``step`` (peak of the optimizer step) or ``overhead`` (allocator and outside PyTorch).
+            ``step`` (peak of the optimizer step), ``overhead`` (allocator and outside PyTorch) or
+            ``init`` (building the model and ``deepspeed.initialize``, before training).
         reason: how the size was worked out, in words.
     """
 
@@ -42,9 +46,11 @@ class GpuMemory:
         peak_bytes: what nvidia-smi would show at the peak (``gpu_peak_bytes``).
         allocated_peak_bytes: PyTorch's ``max_memory_allocated`` at the peak.
         reserved_peak_bytes: PyTorch's ``max_memory_reserved`` at the peak.
-        peak_phase: ``backward`` or ``step``: which transient sets the peak.
+        peak_phase: ``backward``, ``step`` (which transient of training sets the peak) or ``init``
+            (building and partitioning the model sets it).
         params: total parameters (with LoRA: the base model plus the adapters); trainable: those with
             gradients.
+        train_peak_bytes / init_peak_bytes: the peak of each phase as nvidia-smi shows it.
     """
 
     components: Tuple[Component, ...]
@@ -54,6 +60,8 @@ class GpuMemory:
     peak_phase: str
     params: int
     trainable: int
+    train_peak_bytes: int = 0
+    init_peak_bytes: int = 0
 
     def by_name(self) -> dict:
         return {c.name: c.bytes for c in self.components}
@@ -97,6 +105,8 @@ def _grads_and_optimizer(inputs: PlanInputs, trainable: int) -> List[Component]:
     grad_why = (f"bf16 gradient partition (1/{n}) in a flat buffer" if inputs.stage >= 2
                 else "bf16 gradients of every trainable parameter (ZeRO-0/1 do not partition them)")
     off = inputs.offload_optimizer != "none"
+    if off and inputs.stage == 3:
+        grad_share, grad_why = 0, "ZeRO-3 with offload_optimizer keeps gradient partitions in pinned CPU memory"
     where = f"on {inputs.offload_optimizer.upper()} (offload_optimizer)" if off else "on the GPU"
     master = 0 if off else 4 * part
     adam = 0 if off else 8 * part
@@ -109,18 +119,32 @@ def _grads_and_optimizer(inputs: PlanInputs, trainable: int) -> List[Component]:
     ]
 
 
-def _zero_buffers(inputs: PlanInputs, counts: ParamCounts, trainable: int) -> Component:
+def _zero_buffers(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Component:
     """Reduce bucket(s); for ZeRO-3 also the gathered (live) parameters and the prefetch bucket."""
     rbs = min(inputs.reduce_bucket_size, max(trainable, 1))
     buckets = 2 if (inputs.overlap and inputs.stage in (1, 2)) else 1
     total = 2 * rbs * buckets
     why = f"{buckets} reduce bucket(s) of {rbs / 1e6:.0f} M bf16 elements"
-    if (inputs.stage == 3 and inputs.world_size > 1) or inputs.offload_param != "none":
+    if gathers(inputs):
         largest_layer = max(counts.per_layer)
         live = max(counts.largest, largest_layer) + min(inputs.prefetch_bucket_size, inputs.max_live_parameters)
-        total += 2 * live
-        why += f"; gathered parameters: the largest layer/tensor + prefetch bucket, {live / 1e6:.0f} M bf16"
+        kept = 0.0
+        if inputs.max_reuse_distance > 0:
+            kept = c.fit_live * min(inputs.max_live_parameters, counts.total)
+        total += 2 * (live + kept)
+        why += (f"; gathered parameters: the largest layer/tensor + prefetch bucket, {live / 1e6:.0f} M bf16"
+                f", + {kept / 1e6:.0f} M kept gathered for reuse ({c.fit_live:.2f} × min("
+                f"stage3_max_live_parameters {inputs.max_live_parameters / 1e6:.0f} M, all parameters))")
+    if inputs.hpz_partition_size > 1 and inputs.stage == 3:
+        hpz = 2 * counts.total / inputs.hpz_partition_size
+        total += hpz
+        why += f"; ZeRO++ hpZ secondary partition: 2 B × {counts.total / 1e6:.0f} M / {inputs.hpz_partition_size}"
     return Component("zero_buffers", int(total), "resident", why)
+
+
+def gathers(inputs: PlanInputs) -> bool:
+    """Whether ZeRO-3 gathers parameters for each layer (world size > 1, or parameters on the CPU)."""
+    return inputs.stage == 3 and (inputs.world_size > 1 or inputs.offload_param != "none")
 
 
 def activation_bytes(inputs: PlanInputs, c: Constants = DEFAULT) -> Tuple[int, str]:
@@ -156,31 +180,60 @@ def logits_bytes(inputs: PlanInputs, c: Constants = DEFAULT) -> Tuple[int, str]:
     return int(tokens * a.vocab * per * c.fit_logits), why
 
 
-def _step_temporaries(inputs: PlanInputs, trainable: int, c: Constants) -> Component:
+def step_elements(inputs: PlanInputs, counts: ParamCounts, trainable: int) -> float:
+    """Elements one optimizer step works on at once: the partition, or for ZeRO-3 one sub-group.
+
+    DeepSpeed's ``_create_fp16_sub_groups`` closes a sub-group once it reaches ``sub_group_size``, so a
+    sub-group can exceed it by one parameter's partition.
+    """
+    part = trainable / inputs.world_size if inputs.stage >= 1 else trainable
+    if inputs.stage != 3:
+        return part
+    largest = counts.largest if inputs.lora_rank is None else 0
+    return min(part, inputs.sub_group_size + largest / inputs.world_size)
+
+
+def _step_temporaries(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Component:
     if inputs.offload_optimizer != "none":
         return Component("step_temporaries", 0, "step", "optimizer step runs on the CPU (offload_optimizer)")
-    part = trainable / inputs.world_size if inputs.stage >= 1 else trainable
-    return Component("step_temporaries", int((4 + c.step_temp) * part), "step",
-                     f"fp32 gradient partition (4 B) + AdamW foreach temporaries ({c.step_temp:.0f} B) "
-                     f"per trainable element of the partition")
+    elems = step_elements(inputs, counts, trainable)
+    where = (f"one sub-group at a time ({elems / 1e6:.0f} M elements; sub_group_size "
+             f"{inputs.sub_group_size / 1e6:.0f} M)" if inputs.stage == 3 else "per trainable element of the partition")
+    return Component("step_temporaries", int((4 + c.step_temp) * elems), "step",
+                     f"fp32 gradient (4 B) + AdamW foreach temporaries ({c.step_temp:.1f} B), {where}")
 
 
 def _non_torch(inputs: PlanInputs, c: Constants) -> Component:
-    base = c.non_torch_zero3 if inputs.stage == 3 else c.non_torch_zero12
-    why = (f"CUDA context, cuBLAS, NCCL: {_gib(base)} measured at world size 1 on an H200 "
-           f"(ZeRO-{'3' if inputs.stage == 3 else '1/2'})")
+    if inputs.stage == 3:
+        base = c.non_torch_zero3_init if inputs.zero_init else c.non_torch_zero3
+        what = "ZeRO-3, " + ("built in zero.Init" if inputs.zero_init else "model built on the GPU")
+    else:
+        base, what = c.non_torch_zero12, "ZeRO-1/2"
+    why = f"CUDA context, cuBLAS, NCCL: {_gib(base)} at world size 1 ({what}; {c.source})"
     if inputs.world_size > 1:
         base += c.nccl_multi_gpu
-        why += f"; + {_gib(c.nccl_multi_gpu)} NCCL buffers assumed at world size {inputs.world_size} (unmeasured)"
+        why += f"; + {_gib(c.nccl_multi_gpu)} NCCL communicators at world size > 1 ({c.source})"
     return Component("non_torch", int(base), "overhead", why)
 
 
-def _gap(inputs: PlanInputs, optimizer_bytes: int, transient: int, c: Constants) -> Component:
-    """Reserved but unallocated memory of the caching allocator at the peak (fitted)."""
+def _gap(inputs: PlanInputs, optimizer_bytes: int, transient: int, step_bytes: int, largest: int,
+         c: Constants) -> Component:
+    """Reserved but unallocated memory of the caching allocator at the peak (fitted).
+
+    ZeRO-1/2 and ZeRO-3 at world size 1 scale with the optimizer state on the GPU; ZeRO-3 at world size
+    > 1 frees and re-allocates each sub-group's step temporaries (the gap scales with them, not with the
+    whole state) and each gathered parameter (the gap scales with the largest gathered tensor).
+    """
     overlap = 2 * inputs.reduce_bucket_size if (inputs.overlap and inputs.stage in (1, 2)) else 0
-    gap = c.fit_gap_state * optimizer_bytes + c.fit_gap_trans * transient + c.fit_gap_overlap * overlap
-    why = (f"caching-allocator fragmentation: {c.fit_gap_state:.2f} × GPU optimizer state + "
-           f"{c.fit_gap_trans:.2f} × the peak transient"
+    if gathers(inputs):
+        state = c.fit_gap_sub * step_bytes + c.fit_gap_gather * 2 * largest
+        state_why = (f"{c.fit_gap_sub:.2f} × one sub-group's step temporaries + {c.fit_gap_gather:.2f} × the "
+                     "largest gathered tensor")
+    else:
+        state = c.fit_gap_state * optimizer_bytes
+        state_why = f"{c.fit_gap_state:.2f} × GPU optimizer state"
+    gap = state + c.fit_gap_trans * transient + c.fit_gap_overlap * overlap
+    why = (f"caching-allocator fragmentation: {state_why} + {c.fit_gap_trans:.2f} × the peak transient"
            + (f" + {c.fit_gap_overlap:.1f} × overlap_comm bucket" if overlap else "")
            + " (fitted on H200 measurements)")
     if inputs.expandable_segments:
@@ -189,24 +242,54 @@ def _gap(inputs: PlanInputs, optimizer_bytes: int, transient: int, c: Constants)
     return Component("allocator_overhead", int(gap), "overhead", why)
 
 
+def _init_phase(inputs: PlanInputs, params: int, trainable: int) -> Component:
+    """Bytes allocated while the model is built and ``deepspeed.initialize`` partitions it (ZeRO-3).
+
+    Inside ``zero.Init`` each GPU only ever holds its partition; without it the whole 16-bit model is on
+    every GPU until ``initialize`` partitions it. ``initialize`` then adds the fp32 master partition and
+    the 16-bit gradient buffer (on the GPU unless the optimizer is offloaded).
+    """
+    n = inputs.world_size
+    on_gpu_states = 0 if inputs.offload_optimizer != "none" else 6 * trainable / n
+    part_weights = 0 if inputs.offload_param != "none" else 2 * params / n
+    after = part_weights + on_gpu_states
+    if inputs.zero_init:
+        return Component("init_peak", int(after), "init",
+                         f"built inside zero.Init: 1/{n} of the 16-bit weights, then initialize's fp32 master "
+                         "partition and gradient buffer")
+    whole = 2 * params
+    return Component("init_peak", int(max(whole, after)), "init",
+                     f"no zero.Init: the whole 16-bit model ({whole / GIB:.2f} GiB) on every GPU until "
+                     "deepspeed.initialize partitions it; the caching allocator keeps it reserved")
+
+
 def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     """The per-GPU memory of ``inputs`` at its peak, component by component."""
     counts = count_params(inputs.arch)
     trainable = trainable_params(inputs, counts)
     resident = _weights(inputs, counts, trainable) + _grads_and_optimizer(inputs, trainable)
-    resident.append(_zero_buffers(inputs, counts, trainable))
+    resident.append(_zero_buffers(inputs, counts, trainable, c))
     act, act_why = activation_bytes(inputs, c)
     lg, lg_why = logits_bytes(inputs, c)
     backward = [Component("activations", act, "backward", act_why), Component("logits", lg, "backward", lg_why)]
-    step = _step_temporaries(inputs, trainable, c)
+    step = _step_temporaries(inputs, counts, trainable, c)
     resident_bytes = sum(x.bytes for x in resident)
     backward_bytes = act + lg
     phase = "backward" if backward_bytes >= step.bytes else "step"
     allocated = resident_bytes + max(backward_bytes, step.bytes)
     opt = sum(x.bytes for x in resident if x.name.startswith("optimizer_"))
-    gap = _gap(inputs, opt, max(backward_bytes, step.bytes), c)
+    gap = _gap(inputs, opt, max(backward_bytes, step.bytes), step.bytes, counts.largest, c)
     non_torch = _non_torch(inputs, c)
     reserved = allocated + gap.bytes
-    comps = tuple(resident + backward + [step, gap, non_torch])
     params = counts.total + (trainable if inputs.lora_rank else 0)
-    return GpuMemory(comps, reserved + non_torch.bytes, allocated, reserved, phase, params, trainable)
+    comps = resident + backward + [step, gap, non_torch]
+    train_peak = reserved + non_torch.bytes
+    init_peak = 0
+    if inputs.stage == 3:
+        init = _init_phase(inputs, params, trainable)
+        comps.append(init)
+        init_peak = int(init.bytes * c.init_reserved) + non_torch.bytes
+        if init_peak > train_peak:
+            phase, allocated, reserved = "init", init.bytes, int(init.bytes * c.init_reserved)
+    peak = max(train_peak, init_peak)
+    return GpuMemory(tuple(comps), peak, allocated, reserved, phase, params, trainable, train_peak, init_peak)

@@ -73,6 +73,16 @@ class PlanInputs:
         overlap_comm: DeepSpeed ``overlap_comm`` (default True for stage 3, False otherwise).
         reduce_bucket_size / prefetch_bucket_size / param_persistence_threshold / max_live_parameters:
             ZeRO bucket settings in elements (DeepSpeed defaults; HF "auto" resolves to h², 0.9h², 10h).
+        max_reuse_distance: ``stage3_max_reuse_distance`` (elements): gathered parameters reused within
+            it stay gathered, up to ``max_live_parameters``.
+        sub_group_size: ZeRO-3's ``sub_group_size`` (elements): the optimizer step runs one sub-group
+            of the partition at a time.
+        zero_init: ZeRO-3 model built inside ``deepspeed.zero.Init`` (partitioned from the start: HF
+            Trainer, accelerate, LLaMA-Factory); False for a script that builds the whole model and then
+            calls ``deepspeed.initialize`` (every GPU holds the whole 16-bit model during init).
+        hpz_partition_size: ZeRO++ ``zero_hpz_partition_size`` (1: off): a secondary copy of the 16-bit
+            parameters partitioned within a node.
+        host_mem_bytes: host RAM of one node (``--host-mem`` or detected), None when unknown.
         attn: attention implementation (``sdpa``, ``eager``, ``flash``).
         expandable_segments: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (LLaMA-Factory sets it).
         disk_write_bytes_per_s: checkpoint write speed of the disk the run saves to.
@@ -104,6 +114,11 @@ class PlanInputs:
     prefetch_bucket_size: int = 50_000_000
     param_persistence_threshold: int = 100_000
     max_live_parameters: int = 1_000_000_000
+    max_reuse_distance: int = 1_000_000_000
+    sub_group_size: int = 1_000_000_000
+    zero_init: bool = True
+    hpz_partition_size: int = 1
+    host_mem_bytes: Optional[int] = None
     attn: str = "sdpa"
     expandable_segments: bool = False
     disk_write_bytes_per_s: float = 1.0 * GB
@@ -151,6 +166,10 @@ class PlanInputs:
             bad.append(f"offload_param {self.offload_param} needs ZeRO stage 3 (stage is {self.stage})")
         if self.attn not in ATTENTION:
             bad.append(f"attn {self.attn!r} (sdpa, eager, flash)")
+        if self.sub_group_size < 1 or self.max_live_parameters < 0 or self.max_reuse_distance < 0:
+            bad.append("sub_group_size must be positive; live-parameter limits not negative")
+        if self.hpz_partition_size < 1 or (self.hardware and self.hardware.gpus_per_node % self.hpz_partition_size):
+            bad.append(f"zero_hpz_partition_size {self.hpz_partition_size} (must divide the GPUs per node)")
         if self.disk_write_bytes_per_s <= 0:
             bad.append("disk write speed must be positive")
         if bad:

@@ -75,9 +75,13 @@ def _after_save(inputs: PlanInputs, gpu: GpuMemory) -> Tuple[int, str]:
 
 def _notes(inputs: PlanInputs, ckpt: Checkpoint) -> List[str]:
     notes = []
-    if inputs.world_size > 1:
-        notes.append(f"measured at world size 1 (H200); at world size {inputs.world_size} the NCCL buffers are "
-                     "an assumption (unmeasured above 1 GPU)")
+    if inputs.world_size > 2:
+        notes.append(f"memory outside PyTorch was measured at world sizes 1 and 2; at world size "
+                     f"{inputs.world_size} the world-size-2 figure is used (NCCL rings grow little with ranks)")
+    if inputs.hardware is not None and inputs.hardware.nodes > 1:
+        notes.append(f"{inputs.hardware.nodes} nodes: parameters, gradients and optimizer state are partitioned "
+                     f"over all {inputs.world_size} ranks; NCCL's inter-node (IB/RoCE) buffers are not measured "
+                     "(run `zeropilot calibrate` on two nodes' worth of ranks to measure them)")
     if inputs.attn == "flash":
         notes.append("flash attention sized like sdpa (both keep O(seq) per head); not measured separately")
     if inputs.offload_optimizer == "nvme" or inputs.offload_param == "nvme":
