@@ -58,6 +58,10 @@ LOAD_CASES = [
     ("DS019", _cfg(bf16={"enabled": True, "bf16_optimizer_states": True}, zero_optimization={"stage": 2}), True),
     ("DS019", _cfg(data_types={"keep_in_fp32_modules": "norm"}), True),
     ("DS019", _cfg(data_types={"keep_in_fp32_modules": ["norm"]}), False),
+    ("DS019", _cfg(zero_optimization={"stage": 3, "reduce_bucket_size": 0}), True),
+    ("DS019", _cfg(zero_optimization={"stage": 3, "stage3_prefetch_bucket_size": 0}), False),
+    ("DS019", _cfg(zero_optimization={"stage": 2, "allgather_bucket_size": -2}), True),
+    ("DS019", _cfg(zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 1.5}}), True),
 ]
 
 

@@ -283,8 +283,34 @@ def grad_accum_dtype_without_zero(launch: Launch) -> Iterator[Hit]:
                                    f"accumulate in {f.precision}, or use ZeRO stage >= 1")
 
 
+# Numeric bounds of DeepSpeed 0.19.8's pydantic fields (zero/config.py, zero/offload_config.py): key -> (low,
+# low inclusive, high). Aliases are listed under the name configs use.
+BOUNDS = {
+    "zero_optimization.reduce_bucket_size": (0, False, None),
+    **{f"zero_optimization.{k}": (0, True, None) for k in (
+        "allgather_bucket_size", "sub_group_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+        "stage3_max_live_parameters", "stage3_max_reuse_distance", "zero_hpz_partition_size")},
+    **{f"zero_optimization.offload_param.{k}": (0, True, None) for k in ("buffer_count", "buffer_size", "max_in_cpu")},
+    "zero_optimization.offload_optimizer.buffer_count": (0, True, None),
+    "zero_optimization.offload_optimizer.ratio": (0, True, 1.0),
+}
+
+
+def _out_of_bounds(doc) -> Iterator[Hit]:
+    for key, (low, inclusive, high) in BOUNDS.items():
+        node = doc.get(key)
+        value = _number(node.value) if node is not None and not is_auto(node) else None
+        if value is None:
+            continue
+        if value < low or (value == low and not inclusive) or (high is not None and value > high):
+            need = f"{'>=' if inclusive else '>'} {low}" + (f" and <= {high}" if high is not None else "")
+            yield Hit(doc, node, f"`{key}` is {node.raw or node.value}: DeepSpeed requires {need} "
+                                 f"(ValidationError when it builds its config)")
+
+
 def _other_refusals(f: DsFacts) -> Iterator[Hit]:
     doc = f.doc
+    yield from _out_of_bounds(doc)
     zero = doc.get("zero_optimization")
     if zero is not None and not zero.is_mapping and not isinstance(zero.value, bool):
         yield Hit(doc, zero, "`zero_optimization` must be a section (or the deprecated true/false): DeepSpeed "
@@ -327,7 +353,8 @@ def _other_refusals(f: DsFacts) -> Iterator[Hit]:
 def config_value_refused_at_load(launch: Launch) -> Iterator[Hit]:
     """A value one of DeepSpeed's other config validators refuses.
 
-    Covered: a ZeRO stage outside 0-3, `zero_optimization` neither a section nor a boolean,
+    Covered: numeric bounds of the ZeRO fields (`reduce_bucket_size` > 0, bucket and threshold sizes >= 0,
+    `offload_optimizer.ratio` in [0, 1]), a ZeRO stage outside 0-3, `zero_optimization` neither a section nor a boolean,
     `compute_grad_norm: false` outside ZeRO-1/2, a partial `offload_optimizer.ratio` below ZeRO-3, an unknown
     `communication_data_type`, fp16/bf16 master weights or `bf16_optimizer_states` without ZeRO,
     `bf16_optimizer_states` without `bf16_master_weights_and_grads`, and `data_types.keep_in_fp32_modules`
