@@ -1,13 +1,18 @@
-"""The check as a library call: read a launch, run the rules, return the result."""
+"""The check as a library call: read a launch, run the rules, return the result.
+
+No hidden I/O: the call reads the files it is given and nothing else. This machine's GPUs and the
+Hugging Face Hub are inputs (``gpus``, ``hub``); the ``zeropilot check`` command detects the GPUs and says so.
+"""
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 from zeropilot.errors import InputError
 from zeropilot.launch import Launch, load_launch
 from zeropilot.report import CheckResult
 from zeropilot.rules import all_rules, run_rules
+from zeropilot.rules.registry import match_selector, select_rules
 
 
 def check(
@@ -18,8 +23,8 @@ def check(
     ignore: Iterable[str] = (),
     gpus: Optional[str] = None,
     use_installed: bool = True,
-    machine=None,
-    oracle: bool = False,
+    hub=None,
+    per_file_ignores: Optional[Dict[str, Sequence[str]]] = None,
 ) -> Tuple[CheckResult, Launch]:
     """Check a launch.
 
@@ -27,52 +32,49 @@ def check(
         paths: files or folders of the launch.
         versions: ``NAME=VER,...`` overrides of the installed versions.
         world_size: overrides the world size the launch implies.
-        select, ignore: rule codes to run only / to skip.
-        gpus: ``COUNTxMEM`` for the memory rules (``4x16GiB``); by default the NVIDIA GPUs of this machine
-            (``nvidia-smi``), if any.
-        use_installed: read installed versions (off in tests that pin versions).
-        machine: this machine's op-build locks (``zeropilot.launch.machine.MachineState``) for MC001; by default
-            read from this machine's torch extensions folder when ``use_installed`` is on.
-        oracle: also ask the installed DeepSpeed / transformers / accelerate (a subprocess, seconds; see
-            :mod:`zeropilot.oracle`).
+        select, ignore: rule codes, names or prefixes to run only / to skip (as ruff: the most specific wins).
+        gpus: ``COUNTxMEM`` or ``MEM`` for the memory rules (``4x16GiB``); None: they wait for it.
+        use_installed: read installed package versions (off in tests that pin versions).
+        hub: a :class:`zeropilot.models.HubAccess` to read unknown model configs from; None: no network.
+        per_file_ignores: glob -> codes/prefixes silenced in matching files (see ``report/suppress.py``).
 
     Returns:
-        The result and the launch that was read.
+        The result (findings less inline suppressions, notices) and the launch that was read.
 
     Raises:
-        InputError: a path cannot be read, or `gpus` is not ``COUNTxMEM`` / ``MEM``.
+        InputError: a path cannot be read, a selector names no rule, or `gpus` is not ``COUNTxMEM`` / ``MEM``.
     """
+    rules = all_rules()
+    chosen = select_rules(rules, select, ignore)
+    for selectors in (per_file_ignores or {}).values():
+        for selector in selectors:
+            match_selector(selector, rules)
     if gpus:
         _check_gpus(gpus)
     launch = load_launch(paths, versions=versions, world_size=world_size, use_installed=use_installed)
-    if gpus is None and use_installed:
-        from zeropilot.launch.hardware import visible_gpus
-
-        detected = visible_gpus()  # this machine's NVIDIA GPUs, if any; else the memory rules wait for --gpus
-        # The card size is this machine's; how many ranks share the work is the launch's world size.
-        gpus = detected.split("x", 1)[1] if detected else None
     launch.gpus = gpus
-    if machine is None and use_installed:
-        import os
-
-        from zeropilot.launch.machine import inspect_machine
-
-        env = dict(os.environ)
-        env.update({k: s.value for k, s in launch.env().items()})  # the launch's own TORCH_EXTENSIONS_DIR, if any
-        machine = inspect_machine(env)
-    launch.machine = machine
-    if oracle:
-        from zeropilot.oracle import ask
-
-        launch.oracle = ask(launch)
-    select: Set[str] = set(select)
-    ignore: Set[str] = set(ignore)
-    rules = [r for r in all_rules() if (not select or r.code in select) and r.code not in ignore]
-    findings = run_rules(launch, rules)
+    launch.hub = hub
+    findings = run_rules(launch, chosen)
+    findings, suppressed, notices = _suppress(launch, findings, rules, per_file_ignores or {})
     files = sorted({str(d.path) for d in launch.documents} | {str(s.path) for s in launch.scripts}
                    | {str(p.path) for p in launch.python_files})
-    result = CheckResult(findings, launch.versions, launch.world_size, list(launch.read_errors), files)
+    if not files and not launch.read_errors:
+        notices.insert(0, "no launch file found in " + ", ".join(str(p) for p in paths) +
+                       " (looked for DeepSpeed JSON, training YAML/JSON, accelerate YAML, shell and Python "
+                       "scripts); nothing was checked")
+    result = CheckResult(findings, launch.versions, launch.world_size, list(launch.read_errors), files,
+                         notices=notices, suppressed=suppressed,
+                         skipped=[(str(p), why) for p, why in launch.skipped])
     return result, launch
+
+
+def _suppress(launch: Launch, findings, rules, per_file_ignores):
+    from zeropilot.report.suppress import apply
+
+    texts = {str(d.path): d.text for d in launch.documents if d.fmt != "flags"}
+    texts.update({str(s.path): s.text for s in launch.scripts})
+    texts.update({str(p.path): p.text for p in launch.python_files})
+    return apply(findings, texts, rules, per_file_ignores)
 
 
 def _check_gpus(gpus: str) -> None:

@@ -20,12 +20,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="versions to assume instead of the installed ones (deepspeed, transformers, "
                         "accelerate, torch, peft, llamafactory)")
     p.add_argument("--world-size", type=int, metavar="N", help="number of training processes")
-    p.add_argument("--format", choices=("text", "json", "sarif"), default="text")
-    p.add_argument("--fail-on", choices=("error", "warning", "info"), default="error",
+    p.add_argument("--format", choices=("text", "json", "sarif"), default="text",
+                   help="json: the versioned zeropilot.check/1 document (docs/json-schema.md)")
+    p.add_argument("--fail-on", choices=("error", "warning", "info"), default=None,
                    help="lowest severity that makes the exit status 1 (default: error)")
-    p.add_argument("--select", metavar="CODES", help="only these rule codes (comma-separated)")
-    p.add_argument("--ignore", metavar="CODES", help="skip these rule codes (comma-separated)")
-    p.add_argument("--gpus", metavar="COUNTxMEM", help="GPUs for memory rules, e.g. 4x16GiB")
+    p.add_argument("--select", metavar="RULES",
+                   help="only these rules: codes, names or prefixes such as DS (comma-separated)")
+    p.add_argument("--extend-select", metavar="RULES", help="add these rules to the selection")
+    p.add_argument("--ignore", metavar="RULES", help="skip these rules: codes, names or prefixes")
+    p.add_argument("--gpus", metavar="COUNTxMEM",
+                   help="GPUs for memory rules, e.g. 4x16GiB (default: this machine's, from nvidia-smi; "
+                        "'none': do not detect)")
+    p.add_argument("--hub", action="store_true",
+                   help="read model configs not found locally from the Hugging Face Hub (honours HF_ENDPOINT, "
+                        "HF_TOKEN, HF_HUB_OFFLINE); off by default: check makes no network request")
+    p.add_argument("--isolated", action="store_true", help="ignore [tool.zeropilot] in pyproject.toml")
     p.add_argument("--oracle", action="store_true",
                    help="also validate each DeepSpeed config with the installed DeepSpeed/transformers/accelerate "
                         "(a subprocess; takes seconds)")
@@ -36,7 +45,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _codes(text):
-    return {c.strip().upper() for c in text.split(",") if c.strip()} if text else set()
+    return [c.strip() for c in text.split(",") if c.strip()] if text else []
+
+
+def _options(args: argparse.Namespace) -> dict:
+    """check()'s arguments: the flags, over ``[tool.zeropilot]`` found from the first path upward."""
+    from zeropilot.settings import Settings, find_pyproject, load_settings
+
+    source = None if args.isolated else find_pyproject(args.paths)
+    settings = load_settings(source) if source else Settings()
+    base = source.parent if source else Path.cwd()
+    select = _codes(args.select) or settings.select
+    select = select + settings.extend_select + _codes(args.extend_select) if select else []
+    if not select and (settings.extend_select or args.extend_select):
+        select = ["ALL"]
+    gpus = args.gpus or settings.gpus
+    if gpus is None:
+        gpus = _detected_card()
+    elif gpus.lower() == "none":
+        gpus = None
+    hub = None
+    if args.hub or settings.hub:
+        from zeropilot.models import HubAccess
+
+        hub = HubAccess.from_env()
+        _note(f"model configs not found locally are read from the Hub: {hub.describe()}")
+    return {"versions": args.versions or settings.versions, "world_size": args.world_size or settings.world_size,
+            "select": select, "ignore": settings.ignore + _codes(args.ignore), "gpus": gpus, "hub": hub,
+            "per_file_ignores": {(str(base / g) if "/" in g else g): c
+                                 for g, c in settings.per_file_ignores.items()},
+            "fail_on": args.fail_on or settings.fail_on or "error"}
+
+
+def _detected_card():
+    """This machine's card size for the memory rules (the count is the launch's world size), said on stderr."""
+    from zeropilot.launch.hardware import visible_gpus
+
+    detected = visible_gpus()
+    if not detected:
+        return None
+    _note(f"memory rules use this machine's GPUs: {detected} (nvidia-smi); --gpus overrides, --gpus none "
+          "turns detection off")
+    return detected.split("x", 1)[1]
+
+
+def _note(message: str) -> None:
+    print(f"zeropilot: {message}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,9 +100,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.world_size is not None and args.world_size < 1:
         raise InputError(f"--world-size must be at least 1, got {args.world_size}")
-    result, launch = check(args.paths, versions=args.versions, world_size=args.world_size,
-                           select=_codes(args.select), ignore=_codes(args.ignore), gpus=args.gpus,
-                           oracle=args.oracle)
+    options = _options(args)
+    fail_on = options.pop("fail_on")
+    result, launch = check(args.paths, **options)
+    for notice in result.notices:
+        print(f"zeropilot: warning: {notice}", file=sys.stderr)
     if args.fix or args.diff:
         edits = [e for f in result.findings if f.fix and f.fix.applicability == Applicability.SAFE
                  for e in f.fix.edits]
@@ -68,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"fixed: {path}", file=sys.stderr)
     out = _render(result, args.format)
     sys.stdout.write(out)
-    return result.exit_code(Severity(args.fail_on))
+    return result.exit_code(Severity(fail_on))
 
 
 def _render(result, fmt: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from zeropilot.errors import InputError
@@ -11,7 +10,9 @@ from zeropilot.errors import InputError
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("rules", help="list the rules of check")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="json: the versioned zeropilot.rules/1 document (docs/json-schema.md)")
+    p.add_argument("--select", metavar="RULES", help="only these rules: codes, names or prefixes (DS, HF)")
     p.set_defaults(func=run)
     e = subparsers.add_parser("explain", help="print one rule's documentation")
     e.add_argument("code", metavar="CODE", help="a rule code (DS001) or name")
@@ -20,13 +21,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from zeropilot.rules import all_rules
+    from zeropilot.rules.registry import select_rules
 
-    rules = all_rules()
+    selected = [c.strip() for c in (args.select or "").split(",") if c.strip()]
+    rules = select_rules(all_rules(), selected)
     if args.format == "json":
-        json.dump([{"code": r.code, "name": r.name, "severity": r.severity.value, "summary": r.summary,
-                    "versions": r.versions, "fixable": r.fixable, "status": r.status, "witness": r.witness}
-                   for r in rules], sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from zeropilot.report.jsonout import RULES_SCHEMA, dumps, envelope
+
+        sys.stdout.write(dumps(envelope(RULES_SCHEMA, {"rules": [
+            {"code": r.code, "name": r.name, "severity": r.severity.value, "summary": r.summary,
+             "versions": r.versions, "packages": list(r.packages), "fixable": r.fixable, "status": r.status,
+             "witness": r.witness} for r in rules]})))
         return 0
     for r in rules:
         fix = " (fix)" if r.fixable else ""

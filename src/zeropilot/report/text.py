@@ -64,6 +64,10 @@ def _footer(result: CheckResult, paint) -> List[str]:
         counts += f"; fixed {s['fixed']}"
     if s["unreadable"]:
         counts += f"; {s['unreadable']} file(s) could not be read"
+    if s["suppressed"]:
+        counts += f"; {s['suppressed']} suppressed"
+    if s["skipped"]:
+        counts += f"; {s['skipped']} skipped (not launch files)"
     ws = result.world_size
     world = f"world size: {ws.value if ws.value is not None else 'unknown'} ({ws.reason})"
     versions = ", ".join(f"{n} {pv.raw or 'unknown'}" + (f" [{pv.source}]" if pv.raw and pv.source != "installed"
