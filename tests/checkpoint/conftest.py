@@ -80,12 +80,20 @@ _CACHE = {}  # module-level so that tests/cli, which imports this fixture, share
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
     """``checkpoints(name)`` builds the named checkpoint on first use and returns its :class:`Built`."""
-    base = tmp_path_factory.getbasetemp() / "ckpts"
-    base.mkdir(exist_ok=True)
+    keep = os.environ.get("ZEROPILOT_TEST_CKPT_CACHE")  # a folder kept across sessions (local runs only)
+    base = Path(keep) if keep else tmp_path_factory.getbasetemp() / "ckpts"
+    base.mkdir(parents=True, exist_ok=True)
 
     def get(name: str) -> Built:
         if name not in _CACHE:
-            _CACHE[name] = _build(name, base / name)
+            root = base / name
+            done = root / ".built.json"
+            if keep and done.is_file() and json.loads(done.read_text()) == SPECS[name]:
+                _CACHE[name] = Built(name, root)
+            else:
+                shutil.rmtree(root, ignore_errors=True)
+                _CACHE[name] = _build(name, root)
+                done.write_text(json.dumps(SPECS[name]))
         return _CACHE[name]
 
     return get

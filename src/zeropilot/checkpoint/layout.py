@@ -18,14 +18,20 @@ A Hugging Face Trainer writes ``output_dir/checkpoint-N/`` as such a ``save_dir`
 ``global_stepN``) with ``trainer_state.json``, ``config.json`` or PEFT adapter files beside it.
 
 Use :func:`read_layout`; it raises :class:`~zeropilot.errors.InputError` only when the path is not a
-checkpoint at all. Problems of a checkpoint (missing, empty, truncated rank files, a ``latest`` that
-points nowhere) are listed in :attr:`CheckpointLayout.problems`, not raised.
+checkpoint at all (or ``--tag`` is not a tag name). Problems of a checkpoint (missing, empty, truncated
+rank files, a ``latest`` that points nowhere or outside the save folder, a rank file that is a FIFO or a
+symlink leaving the checkpoint) are listed in :attr:`CheckpointLayout.problems`, not raised.
+
+Hostile input: every file is opened through :mod:`zeropilot.checkpoint.fsguard` (regular files inside
+the checkpoint's root, bounded reads); ``latest`` and ``--tag`` must name one folder of the save dir;
+world sizes claimed by file names or pickles are never enumerated past what is on disk.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import pickletools
+import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +40,13 @@ from typing import Dict, List, Optional, Tuple
 from zeropilot.checkpoint.names import (GLOBAL_STEP_RE, HF_CHECKPOINT_RE, HF_MODEL_FILES, HF_WEIGHT_FILES,
                                        LATEST_FILE, MODEL_RE, MODEL_STATES_SUFFIX, OPTIM_RE, OPTIM_STATES_SUFFIX,
                                        PEFT_FILES, TRAINER_FILES, ZERO12_MODEL_FILE)
+from zeropilot.checkpoint import fsguard
+from zeropilot.checkpoint.fsguard import Confinement
+from zeropilot.checkpoint.terminal import clean
 from zeropilot.errors import InputError
+
+_LISTED_MISSING = 32  # missing rank files named one by one; the rest are counted
+_TAG_RE = re.compile(r"^[^/\\\x00-\x1f\x7f]{1,255}$")
 
 
 @dataclass(frozen=True)
@@ -53,7 +65,7 @@ class RankFile:
 
     @property
     def empty(self) -> bool:
-        return self.size == 0
+        return self.size == 0 and not self.truncated or self.truncated == "empty (0 bytes)"
 
 
 @dataclass
@@ -82,6 +94,8 @@ class CheckpointLayout:
     problems: List[str] = field(default_factory=list)
     unknown: Dict[str, str] = field(default_factory=dict)
     hf_checkpoints: List[Path] = field(default_factory=list)  # checkpoint-N dirs of an output dir
+    confinement: Optional[Confinement] = None  # the folder every file read must stay inside
+    missing_count: int = 0  # expected rank files absent (``missing`` names at most _LISTED_MISSING)
 
     @property
     def rank_files(self) -> List[RankFile]:
@@ -137,13 +151,14 @@ def optim_file_name(rank: int, prefix: str = "") -> str:
     return f"{prefix}zero_pp_rank_{rank}_mp_rank_00{OPTIM_STATES_SUFFIX}"
 
 
-def read_layout(path, tag: Optional[str] = None) -> CheckpointLayout:
+def read_layout(path, tag: Optional[str] = None, follow_symlinks: bool = False) -> CheckpointLayout:
     """Read the layout of the checkpoint at `path` without torch.
 
     Args:
         path: an HF Trainer output dir (its last ``checkpoint-N`` is taken), a ``checkpoint-N``
             dir, a DeepSpeed save dir (with ``latest``) or a tag dir.
         tag: the tag to read instead of what ``latest`` says.
+        follow_symlinks: open files whose symlinks lead outside the checkpoint folder.
 
     Returns:
         The layout; its ``problems`` list what is damaged or missing.
@@ -156,29 +171,36 @@ def read_layout(path, tag: Optional[str] = None) -> CheckpointLayout:
         raise InputError("no such file or directory", root)
     if not root.is_dir():
         raise InputError("not a directory: give the checkpoint folder", root)
+    if tag is not None and not _TAG_RE.match(tag) or tag in (".", ".."):
+        raise InputError(f"--tag {clean(tag)!r}: not a tag name (one folder name, no '/')", root)
     kind, save_dir, hf_checkpoints = _classify(root)
+    confinement = Confinement.of(save_dir if (kind == "tag-dir" and save_dir) else root, follow_symlinks)
     problems: List[str] = []
-    latest = _read_latest(save_dir) if save_dir else None
+    latest = _read_latest(save_dir, confinement, problems) if save_dir else None
     tags = _list_tags(save_dir) if save_dir else []
     tag_name, tag_dir = _resolve_tag(root, kind, save_dir, latest, tags, tag, problems)
+    if tag_dir != root and not confinement.follow_symlinks and not confinement.contains(tag_dir):
+        problems.append(f"{tag_dir}: a symlink to {os.path.realpath(tag_dir)}, outside the checkpoint folder: "
+                        "refused (pass --follow-symlinks if you trust it)")
+        tag_dir = root / ".zeropilot-refused-tag"
     layout = CheckpointLayout(
         path=root, kind=kind, save_dir=save_dir, tag=tag_name, tag_dir=tag_dir, latest=latest, tags=tags,
         stage=None, world_size=None, optim_dtype=None, ds_version=None, model_files=[], optim_files=[],
         missing=[], hf_files=_hf_files(save_dir or tag_dir.parent), problems=problems,
-        hf_checkpoints=hf_checkpoints,
+        hf_checkpoints=hf_checkpoints, confinement=confinement,
     )
-    if tag_dir.is_dir():
+    if fsguard.kind_of(tag_dir) == "dir":
         _read_tag_dir(layout)
     return layout
 
 
 def _classify(root: Path) -> Tuple[str, Optional[Path], List[Path]]:
-    if (root / LATEST_FILE).is_file() or _list_tags(root):
+    if fsguard.kind_of(root / LATEST_FILE) is not None or _list_tags(root):
         kind = "hf-checkpoint" if (root / "trainer_state.json").is_file() else "save-dir"
         return kind, root, []
     if _rank_files_in(root):
         parent = root.parent
-        return "tag-dir", (parent if (parent / LATEST_FILE).is_file() else None), []
+        return "tag-dir", (parent if fsguard.kind_of(parent / LATEST_FILE) is not None else None), []
     checkpoints = sorted(
         (p for p in root.iterdir() if p.is_dir() and HF_CHECKPOINT_RE.match(p.name)),
         key=lambda p: int(HF_CHECKPOINT_RE.match(p.name).group(1)),
@@ -208,14 +230,22 @@ def _tag_order(tag: str) -> Tuple[int, int, str]:
     return (0, int(m.group(1)), tag) if m else (1, 0, tag)
 
 
-def _read_latest(save_dir: Path) -> Optional[str]:
+def _read_latest(save_dir: Path, confinement: Confinement, problems: List[str]) -> Optional[str]:
+    """The tag `latest` names, or None (with a problem when it exists but is not a readable tag name)."""
     f = save_dir / LATEST_FILE
-    if not f.is_file():
+    kind = fsguard.kind_of(f)
+    if kind is None:
         return None
     try:
-        return f.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
+        text = fsguard.read_bounded(f, fsguard.LATEST_LIMIT, confinement).decode("utf-8", errors="replace").strip()
+    except InputError as exc:
+        problems.append(f"{exc.render()}: `latest` not followed")
         return None
+    if not _TAG_RE.match(text) or text in (".", ".."):
+        problems.append(f"{f}: holds {clean(text[:80])!r}, which is not a tag folder name (one folder of "
+                        f"{save_dir}, no '/'): not followed")
+        return None
+    return text
 
 
 def _resolve_tag(root, kind, save_dir, latest, tags, tag, problems) -> Tuple[str, Path]:
@@ -247,12 +277,13 @@ def _resolve_tag(root, kind, save_dir, latest, tags, tag, problems) -> Tuple[str
 
 
 def _hf_files(folder: Path) -> Dict[str, Path]:
+    """Side files beside the checkpoint (regular files or links to them; opened later through fsguard)."""
     names = HF_MODEL_FILES + PEFT_FILES + TRAINER_FILES + HF_WEIGHT_FILES
-    return {n: folder / n for n in names if (folder / n).is_file()}
+    return {n: folder / n for n in names if fsguard.kind_of(folder / n) == "file"}
 
 
 def _read_tag_dir(layout: CheckpointLayout) -> None:
-    model, optim, prefixes = _scan_rank_files(layout.tag_dir)
+    model, optim, prefixes = _scan_rank_files(layout.tag_dir, layout.confinement)
     if len(prefixes) > 1:
         layout.problems.append(
             f"{layout.tag_dir}: optimizer files with several dtype prefixes ({', '.join(sorted(prefixes))}): "
@@ -267,41 +298,45 @@ def _read_tag_dir(layout: CheckpointLayout) -> None:
     _record_damage(layout)
 
 
-def _scan_rank_files(tag_dir: Path) -> Tuple[List[RankFile], List[RankFile], set]:
+def _scan_rank_files(tag_dir: Path, confinement: Optional[Confinement] = None
+                     ) -> Tuple[List[RankFile], List[RankFile], set]:
     model: List[RankFile] = []
     optim: List[RankFile] = []
     prefixes = set()
     for p in sorted(tag_dir.iterdir()):
-        if not p.is_file():
-            continue
         m = MODEL_RE.match(p.name)
         o = OPTIM_RE.match(p.name)
         if p.name == ZERO12_MODEL_FILE:
-            model.append(_rank_file(p, "model", None))
+            model.append(_rank_file(p, "model", None, confinement))
         elif m:
-            model.append(_rank_file(p, "model", int(m.group(1))))
+            model.append(_rank_file(p, "model", int(m.group(1)), confinement))
         elif o:
             prefixes.add(o.group(1) or "")
-            optim.append(_rank_file(p, "optim", int(o.group(2))))
+            optim.append(_rank_file(p, "optim", int(o.group(2)), confinement))
     key = lambda f: (-1 if f.rank is None else f.rank)  # noqa: E731
     return sorted(model, key=key), sorted(optim, key=key), prefixes
 
 
-def _rank_file(path: Path, kind: str, rank: Optional[int]) -> RankFile:
-    size = path.stat().st_size
-    return RankFile(path=path, kind=kind, rank=rank, size=size, truncated=_truncation(path, size))
+def _rank_file(path: Path, kind: str, rank: Optional[int], confinement: Optional[Confinement]) -> RankFile:
+    try:
+        fd = fsguard.open_regular(path, confinement)
+    except InputError as exc:
+        return RankFile(path=path, kind=kind, rank=rank, size=0, truncated=exc.reason)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return RankFile(path=path, kind=kind, rank=rank, size=size, truncated=_truncation(f, size))
 
 
-def _truncation(path: Path, size: int) -> Optional[str]:
-    """Why `path` cannot be a whole torch zip archive (None when it looks whole)."""
+def _truncation(f, size: int) -> Optional[str]:
+    """Why the open file `f` cannot be a whole torch zip archive (None when it looks whole)."""
     if size == 0:
         return "empty (0 bytes)"
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(f) as zf:
             for info in zf.infolist():
                 if info.header_offset + info.compress_size > size:
-                    return f"record {info.filename} runs past the end of the file"
-    except zipfile.BadZipFile:
+                    return f"record {clean(info.filename)} runs past the end of the file"
+    except (zipfile.BadZipFile, ValueError, EOFError):
         return "not a complete zip archive (no end-of-archive record): truncated or not written by torch.save"
     except OSError as exc:
         return f"unreadable: {exc}"
@@ -324,6 +359,9 @@ def _infer_stage_and_world(layout: CheckpointLayout) -> None:
             layout.unknown["stage"] = "no rank files to read it from"
     layout.stage = stage
     world = facts.get("partition_count")
+    if world is not None and world <= 0:
+        layout.problems.append(f"{layout.tag_dir}: the optimizer files say {world} ranks (partition_count)")
+        world = None
     if world is None and ranks:
         world = max(ranks) + 1
         layout.unknown["world_size"] = "from the highest rank file name: ranks past the last file may be missing"
@@ -347,17 +385,16 @@ def _first_facts(files: List[RankFile], keys: Tuple[str, ...]) -> Dict[str, obje
 def pickle_facts(path: Path, keys: Tuple[str, ...]) -> Dict[str, object]:
     """Scalar values stored under `keys` in a torch zip archive's pickle, without unpickling.
 
-    Walks the opcodes of ``data.pkl``: after a string equal to a wanted key, the next int
-    (or, for ``ds_version``, string) opcode is its value. Lists of ints (``partition_count`` is one
-    per parameter group) give their first element. Returns what was found.
+    Walks the opcodes of ``data.pkl`` (read through :func:`torchzip.read_archive`, which validates
+    the archive first): after a string equal to a wanted key, the next int (or, for ``ds_version``,
+    string) opcode is its value. Lists of ints (``partition_count`` is one per parameter group) give
+    their first element. Returns what was found; nothing for a file that is not a valid archive.
     """
+    from zeropilot.checkpoint import torchzip
+
     try:
-        with zipfile.ZipFile(path) as zf:
-            names = [n for n in zf.namelist() if n.endswith("data.pkl")]
-            if not names:
-                return {}
-            data = zf.read(names[0])
-    except (zipfile.BadZipFile, OSError, KeyError):
+        data = torchzip.read_archive(path).pickle
+    except (torchzip.Unsupported, InputError, OSError):
         return {}
     return _scan_opcodes(data, keys)
 
@@ -375,10 +412,11 @@ def _scan_opcodes(data: bytes, keys: Tuple[str, ...]) -> Dict[str, object]:
             if pending is not None:
                 budget -= 1
                 if op.name in _INT_OPS and pending != "ds_version":
-                    found[pending] = int(arg)
+                    if isinstance(arg, int) and 0 <= arg < 1 << 62:
+                        found[pending] = int(arg)
                     pending = None
                 elif op.name in _STR_OPS and pending == "ds_version":
-                    found[pending] = str(arg)
+                    found[pending] = str(arg)[:64]
                     pending = None
                 elif budget <= 0:
                     pending = None
@@ -387,26 +425,39 @@ def _scan_opcodes(data: bytes, keys: Tuple[str, ...]) -> Dict[str, object]:
                 pending, budget = arg, 12
             if len(found) == len(keys):
                 break
-    except (ValueError, pickletools.__dict__.get("UnpicklingError", ValueError)):
+    except Exception:  # noqa: BLE001 - a crafted pickle may break genops anywhere: no facts, not a crash
         pass
     return found
 
 
 def _find_missing(layout: CheckpointLayout, prefix: str) -> None:
+    """Name the absent rank files: at most _LISTED_MISSING one by one, never enumerating a huge world."""
     world, stage = layout.world_size, layout.stage
     if world is None:
         return
     names = {f.name for f in layout.rank_files}
-    expected = [optim_file_name(r, prefix) for r in range(world)]
+    makers = [lambda r: optim_file_name(r, prefix)]
     if stage == 3 or (stage is None and any(f.rank is not None for f in layout.model_files)):
-        expected += [model_file_name(r) for r in range(world)]
-    else:
-        expected.append(ZERO12_MODEL_FILE)
-    layout.missing = [n for n in expected if n not in names]
+        makers.append(model_file_name)
+    elif ZERO12_MODEL_FILE not in names:
+        layout.missing.append(ZERO12_MODEL_FILE)
+        layout.missing_count += 1
+    for make in makers:
+        present = sum(1 for r in {f.rank for f in layout.rank_files if f.rank is not None and f.rank < world}
+                      if make(r) in names)
+        layout.missing_count += world - present
+        for r in range(world):
+            if len(layout.missing) >= _LISTED_MISSING or len(layout.missing) >= layout.missing_count:
+                break
+            if make(r) not in names:
+                layout.missing.append(make(r))
     for n in layout.missing:
         layout.problems.append(f"{layout.tag_dir / n}: missing (expected {world} ranks)")
+    if layout.missing_count > len(layout.missing):
+        layout.problems.append(f"{layout.tag_dir}: {layout.missing_count - len(layout.missing)} more rank files "
+                               f"missing (expected {world} ranks)")
     extra = sorted(f.name for f in layout.rank_files if f.rank is not None and f.rank >= world)
-    for n in extra:
+    for n in extra[:_LISTED_MISSING]:
         layout.problems.append(f"{layout.tag_dir / n}: rank beyond the saved world size {world} "
                                "(left from another run?)")
 
@@ -419,10 +470,10 @@ def _record_damage(layout: CheckpointLayout) -> None:
         layout.problems.append(f"{layout.tag_dir}: no rank files")
 
 
-def read_json(path: Path) -> Optional[dict]:
-    """A JSON object from `path`, or None when it is absent or unreadable."""
+def read_json(path: Path, confinement: Optional[Confinement] = None) -> Optional[dict]:
+    """A JSON object from `path` (bounded, regular file, inside `confinement`), or None when it is
+    absent, unreadable, too large or not an object."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return fsguard.read_json(path, confinement)
+    except InputError:
         return None
-    return data if isinstance(data, dict) else None

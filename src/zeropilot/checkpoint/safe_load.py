@@ -40,7 +40,7 @@ class DeepSpeedObject:
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "args")
-        return f"{type(self).__name__}({fields or ', '.join(map(repr, self.args))})"
+        return f"{type(self).__name__}({fields or ', '.join(map(repr, getattr(self, 'args', ())))})"
 
 
 class ZeroStageEnum(DeepSpeedObject):

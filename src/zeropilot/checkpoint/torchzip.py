@@ -553,9 +553,7 @@ class _Unpickler(_PU):
 def _new(cls, args) -> DeepSpeedObject:
     if not (isinstance(cls, type) and issubclass(cls, _DS_CLASSES)) or not isinstance(args, tuple):
         raise _Refused(f"pickle NEWOBJ of {_short(cls)}: only DeepSpeed's plain objects are made")
-    obj = cls.__new__(cls)
-    obj.args = args
-    return obj
+    return cls.__new__(cls)  # as pickle's NEWOBJ does: no __init__, the fields come with BUILD
 
 
 _LEAVES = (str, bytes, int, float, bool, type(None), StoredTensor)
