@@ -25,6 +25,8 @@ def check(
     use_installed: bool = True,
     hub=None,
     per_file_ignores: Optional[Dict[str, Sequence[str]]] = None,
+    machine=None,
+    oracle: bool = False,
 ) -> Tuple[CheckResult, Launch]:
     """Check a launch.
 
@@ -37,6 +39,10 @@ def check(
         use_installed: read installed package versions (off in tests that pin versions).
         hub: a :class:`zeropilot.models.HubAccess` to read unknown model configs from; None: no network.
         per_file_ignores: glob -> codes/prefixes silenced in matching files (see ``report/suppress.py``).
+        machine: this machine's op-build locks (``zeropilot.launch.machine.inspect_machine``) for MC001; None: not
+            inspected (the CLI reads them).
+        oracle: also ask the installed DeepSpeed / transformers / accelerate, in a subprocess (seconds; see
+            :mod:`zeropilot.oracle`).
 
     Returns:
         The result (findings less inline suppressions, notices) and the launch that was read.
@@ -54,6 +60,11 @@ def check(
     launch = load_launch(paths, versions=versions, world_size=world_size, use_installed=use_installed)
     launch.gpus = gpus
     launch.hub = hub
+    launch.machine = machine
+    if oracle:
+        from zeropilot.oracle import ask
+
+        launch.oracle = ask(launch)
     findings = run_rules(launch, chosen)
     findings, suppressed, notices = _suppress(launch, findings, rules, per_file_ignores or {})
     files = sorted({str(d.path) for d in launch.documents} | {str(s.path) for s in launch.scripts}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Dict
@@ -70,7 +71,10 @@ def _options(args: argparse.Namespace) -> dict:
 
         hub = HubAccess.from_env()
         _note(f"model configs not found locally are read from the Hub: {hub.describe()}")
-    return {"versions": args.versions or settings.versions, "world_size": args.world_size or settings.world_size,
+    from zeropilot.launch.machine import inspect_machine
+
+    return {"machine": inspect_machine(os.environ), "oracle": args.oracle,
+            "versions": args.versions or settings.versions, "world_size": args.world_size or settings.world_size,
             "select": select, "ignore": settings.ignore + _codes(args.ignore), "gpus": gpus, "hub": hub,
             "per_file_ignores": {(str(base / g) if "/" in g else g): c
                                  for g, c in settings.per_file_ignores.items()},
