@@ -14,8 +14,9 @@ fails or times out yields one warning (OR000), never a traceback.
 
 API::
 
-    from zeropilot.oracle import ask
+    from zeropilot.oracle import ask, ask_many
     report = ask(launch)          # OracleReport: verdicts per DeepSpeed config, versions, seconds
+    reports = ask_many(launches)  # one worker for several launches (benchmarks, corpora)
     report.verdicts[doc_id]       # list of Refusal (library, message, key, line)
 """
 
@@ -130,23 +131,30 @@ def _run_worker(request: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
 
 def ask(launch, timeout_s: float = DEFAULT_TIMEOUT_S) -> OracleReport:
     """Ask the installed libraries about every DeepSpeed config of the launch."""
-    request = {"cases": cases(launch)}
-    report = OracleReport()
+    return ask_many([launch], timeout_s)[0]
+
+
+def ask_many(launches: List[Any], timeout_s: float = DEFAULT_TIMEOUT_S) -> List[OracleReport]:
+    """One worker (the libraries imported once) for several launches; a report per launch, in order."""
+    request = {"cases": [dict(c, id=f"{i}:{c['id']}") for i, launch in enumerate(launches) for c in cases(launch)]}
+    reports = [OracleReport() for _ in launches]
     if not request["cases"]:
-        return report
+        return reports
     started = time.perf_counter()
     answer = _run_worker(request, timeout_s)
-    report.seconds = round(time.perf_counter() - started, 3)
-    if "failure" in answer:
-        report.failure = answer["failure"]
-        return report
-    report.versions, report.import_s = answer.get("versions", {}), answer.get("import_s", 0.0)
-    docs = {str(id(f.doc)): f.doc for f in facts(launch).ds}
-    for doc_id, errors in answer.get("results", {}).items():
-        doc = docs.get(doc_id)
-        if doc is not None:
-            report.verdicts[id(doc)] = [r for e in errors for r in refusals(doc, e)]
-    return report
+    seconds = round(time.perf_counter() - started, 3)
+    for i, (launch, report) in enumerate(zip(launches, reports)):
+        report.seconds = seconds
+        if "failure" in answer:
+            report.failure = answer["failure"]
+            continue
+        report.versions, report.import_s = answer.get("versions", {}), answer.get("import_s", 0.0)
+        docs = {f"{i}:{id(f.doc)}": f.doc for f in facts(launch).ds}
+        for doc_id, errors in answer.get("results", {}).items():
+            doc = docs.get(doc_id)
+            if doc is not None:
+                report.verdicts[id(doc)] = [r for e in errors for r in refusals(doc, e)]
+    return reports
 
 
 def refusals(doc: Document, error: Dict[str, Any]) -> List[Refusal]:
