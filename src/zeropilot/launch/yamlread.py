@@ -13,7 +13,6 @@ Only the first document of a stream is read (the config; later ones are not pars
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Dict
 
@@ -26,6 +25,17 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_DEPTH = 200
 MAX_NUMBER_CHARS = 4300
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
+def _clone(node: Node) -> Node:
+    """A copy of a value's tree, so that each place an alias expands gets its own key paths."""
+    value = node.value
+    if isinstance(value, dict):
+        value = {k: _clone(v) for k, v in value.items()}
+    elif isinstance(value, list):
+        value = [_clone(v) for v in value]
+    return Node(value, line=node.line, col=node.col, start=node.start, end=node.end, key_start=node.key_start,
+                key_end=node.key_end, key_line=node.key_line, duplicates=list(node.duplicates), raw=node.raw)
 
 
 class _Composer:
@@ -72,7 +82,7 @@ class _Composer:
         if target is None:
             raise self.fail(f"not valid YAML: found undefined alias {event.anchor!r}", event.start_mark)
         self.spend(sum(1 for _ in target.walk()), event.start_mark)
-        return copy.deepcopy(target)
+        return _clone(target)
 
     def scalar(self, event) -> Node:
         self.spend(1, event.start_mark)
