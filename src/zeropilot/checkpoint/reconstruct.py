@@ -26,18 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Protocol, Tuple
 
-from zeropilot.checkpoint import safe_load, torchzip
+from zeropilot.checkpoint import consistency, fsguard, safe_load, torchzip
+from zeropilot.checkpoint.consistency import DamagedCheckpoint
+from zeropilot.checkpoint.fsguard import Confinement
 from zeropilot.checkpoint.layout import CheckpointLayout
+from zeropilot.checkpoint.terminal import clean
 
 TRAINABLE, FROZEN, BUFFER = "trainable", "frozen", "buffer"
-
-
-class DamagedCheckpoint(Exception):
-    """The rank files disagree with each other or with the saved shapes; ``files`` names them."""
-
-    def __init__(self, message: str, files: List[str]) -> None:
-        super().__init__(message)
-        self.files = files
+__all__ = ["DamagedCheckpoint", "ZeroState", "TensorEntry", "open_checkpoint", "load_file"]
 
 
 @dataclass(frozen=True)
@@ -176,34 +172,70 @@ class LoadedTensor:
         return self.tensor
 
 
-def _wrap(obj):
-    """`obj` as loaded by torch, its tensors wrapped as :class:`LoadedTensor`."""
+def _wrap(obj, path, budget: List[int], depth: int = 0):
+    """`obj` as loaded by torch, its tensors wrapped as :class:`LoadedTensor` and checked.
+
+    The walk spends one unit of `budget` per node visited and stops at torchzip.MAX_DEPTH, so a DAG of
+    shared references cannot make it (or anything after it) run for ever.
+    """
+    budget[0] -= 1
+    if budget[0] < 0 or depth > torchzip.MAX_DEPTH:
+        raise safe_load.DamagedFileError("the pickle's object graph is too large or too deep for its size: "
+                                         "refused", path)
     if hasattr(obj, "data_ptr") and hasattr(obj, "dtype"):
-        return LoadedTensor(obj)
+        return LoadedTensor(_checked_tensor(obj, path))
     if isinstance(obj, dict):
-        return type(obj)((k, _wrap(v)) for k, v in obj.items())
+        return type(obj)((k, _wrap(v, path, budget, depth + 1)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_wrap(v) for v in obj)
+        return type(obj)(_wrap(v, path, budget, depth + 1) for v in obj)
     return obj
 
 
-def load_file(path, *, trust_pickle: bool = False):
+def _checked_tensor(tensor, path):
+    """A tensor torch loaded: dense, on CPU, no more elements than its storage holds."""
+    import torch
+
+    if tensor.layout != torch.strided or tensor.device.type != "cpu":
+        where = "meta" if tensor.device.type == "meta" else f"{tensor.layout}, {tensor.device}"
+        raise safe_load.DamagedFileError(f"holds a tensor without values on CPU ({where}): cannot be exported",
+                                         path)
+    if tensor.numel() * tensor.element_size() > tensor.untyped_storage().nbytes():
+        raise safe_load.DamagedFileError(f"a view of shape {tuple(tensor.shape)} has more elements than its "
+                                         "storage (an expanding view): refused", path)
+    return tensor
+
+
+def load_file(path, *, trust_pickle: bool = False, confinement: Optional[Confinement] = None):
     """A checkpoint file's object, tensors as pieces: torch-free where possible, else through torch.
+
+    Without `trust_pickle`, torch's ``weights_only`` loader is used only after :mod:`torchzip` validated
+    the archive and asked for it (a global in torch's own allowlist, a strided tensor).
 
     Raises:
         safe_load.UnsafePickleError: (fallback) the file needs a global outside the allowlist.
-        safe_load.DamagedFileError: the file cannot be read.
+        safe_load.DamagedFileError: the file cannot be read, or breaks the format's rules.
     """
-    if not trust_pickle:
-        try:
-            loaded = torchzip.load(path)
-        except torchzip.Unsupported:
-            loaded = None
-        except OSError as exc:
-            raise safe_load.DamagedFileError(f"cannot read this file ({exc})", path) from None
-        if loaded is not None and _all_contiguous(loaded):  # pieces are byte ranges: contiguous tensors only
-            return loaded
-    return _wrap(safe_load.load(path, trust_pickle=trust_pickle))
+    budget = [8 * max(Path(path).stat().st_size if fsguard.kind_of(path) == "file" else 0, 0) + 10_000]
+    if trust_pickle:
+        os_close(fsguard.open_regular(path, confinement))
+        return _wrap(safe_load.load(path, trust_pickle=True), path, budget)
+    try:
+        loaded = torchzip.load(path, confinement)
+    except torchzip.Unsupported as exc:
+        if not exc.fallback:
+            raise safe_load.DamagedFileError(f"not read: {clean(exc)}", path) from None
+        loaded = None
+    except OSError as exc:
+        raise safe_load.DamagedFileError(f"cannot read this file ({exc})", path) from None
+    if loaded is not None and _all_contiguous(loaded):  # pieces are byte ranges: contiguous tensors only
+        return loaded
+    return _wrap(safe_load.load(path), path, budget)
+
+
+def os_close(fd: int) -> None:
+    import os
+
+    os.close(fd)
 
 
 def _all_contiguous(obj) -> bool:
@@ -230,17 +262,25 @@ def open_checkpoint(layout: CheckpointLayout, *, trust_pickle: bool = False,
             [str(f.path) for f in layout.rank_files])
     stage, world = layout.stage, layout.world_size
     model_files = [layout.model_file(0)] if stage <= 2 else [layout.model_file(r) for r in range(world)]
-    model_states = [load_file(f, trust_pickle=trust_pickle) for f in model_files]
-    first = model_states[0]
-    state = ZeroState(layout=layout, stage=stage, world_size=world, ds_version=first.get("ds_version"),
-                      entries=[], aliases=dict(first.get("shared_params") or {}), absent=[],
-                      module_dtype=_module_dtype(first), _model_states=model_states)
-    shapes = [dict(g) for g in first["param_shapes"]]
-    _build_entries(state, shapes)
+    conf = layout.confinement
+    models = [consistency.model_states(load_file(f, trust_pickle=trust_pickle, confinement=conf), f)
+              for f in model_files]
+    first = models[0]
+    state = ZeroState(layout=layout, stage=stage, world_size=world, ds_version=first.raw.get("ds_version"),
+                      entries=[], aliases=first.shared, absent=[], module_dtype=_module_dtype(first.raw),
+                      _model_states=[m.raw for m in models])
+    shapes = first.param_shapes
+    _build_entries(state, first)
+    optims = []
     if need_optimizer:
-        flat, paddings = _open_optimizer(layout, trust_pickle)
-        state._flat = flat
-        _locate_trainable(state, shapes, paddings)
+        optims = [consistency.optimizer_states(load_file(layout.optim_file(r), trust_pickle=trust_pickle,
+                                                         confinement=conf), layout.optim_file(r), stage)
+                  for r in range(world)]
+    consistency.check_ranks(layout.tag, world, models, optims)
+    _check_entries(state, models)
+    if need_optimizer:
+        state._flat = [[t.flat() for t in o.flat] for o in optims]
+        _locate_trainable(state, shapes, optims[0].paddings)
     return state
 
 
@@ -251,12 +291,11 @@ def _module_dtype(model_states: dict) -> Optional[str]:
     return None
 
 
-def _build_entries(state: ZeroState, shapes: List[dict]) -> None:
-    first = state._model_states[0]
-    trainable = {n: tuple(s) for g in shapes for n, s in g.items()}
-    frozen = {n: tuple(s) for n, s in (first.get("frozen_param_shapes") or {}).items()}
-    buffers = set(first.get("buffer_names") or [])
-    module = first.get("module") or {}
+def _build_entries(state: ZeroState, first: "consistency.ModelStates") -> None:
+    trainable = {n: s for g in first.param_shapes for n, s in g.items()}
+    frozen = first.frozen_shapes
+    buffers = set(first.buffer_names)
+    module = first.module
     names = list(module.keys()) + [n for n in list(trainable) + list(frozen) if n not in module]
     for name in names:
         if name in state.aliases and state.aliases[name] != name:
@@ -264,41 +303,58 @@ def _build_entries(state: ZeroState, shapes: List[dict]) -> None:
         if name in trainable:
             state.entries.append(TensorEntry(name, trainable[name], TRAINABLE, "float32"))
         elif name in frozen:
-            frag = first["frozen_param_fragments"][name]
+            frag = first.frozen_fragments.get(name)
+            if frag is None:
+                raise DamagedCheckpoint(f"frozen parameter {clean(name)!r} has a shape but no values in "
+                                        "frozen_param_fragments", [first.path])
             state.entries.append(TensorEntry(name, frozen[name], FROZEN, frag.dtype))
-        elif name in buffers:
+        elif name in buffers and module.get(name) is not None:
             t = module[name]
             state.entries.append(TensorEntry(name, tuple(t.shape), BUFFER, t.dtype))
         else:
             state.absent.append(name)
 
 
-def _open_optimizer(layout: CheckpointLayout, trust_pickle: bool):
-    flat, paddings = [], None
-    key = "single_partition_of_fp32_groups" if layout.stage <= 2 else "fp32_flat_groups"
-    for rank in range(layout.world_size):
-        path = layout.optim_file(rank)
-        osd = load_file(path, trust_pickle=trust_pickle)["optimizer_state_dict"]
-        count = osd.get("partition_count")
-        count = max(count) if isinstance(count, list) else count
-        if count is not None and int(count) != layout.world_size:
-            raise DamagedCheckpoint(
-                f"{path} was written by a run of {count} ranks, not {layout.world_size}: files of two runs are "
-                "mixed in one tag folder", [str(path)])
-        if key not in osd:
-            raise DamagedCheckpoint(f"{path} has no {key}: not a ZeRO-{layout.stage} optimizer file", [str(path)])
-        flat.append([t.flat() for t in osd[key]])
-        if rank == 0:
-            paddings = osd.get("param_alignment_paddings")
-    sizes = [[t.numel for t in groups] for groups in flat]
-    # ZeRO-1/2 partitions may differ (the last rank gets the remainder); ZeRO-3's never do.
-    if any(len(s) != len(sizes[0]) for s in sizes) or (layout.stage == 3 and any(s != sizes[0] for s in sizes)):
-        bad = [str(layout.optim_file(r)) for r, s in enumerate(sizes) if s != sizes[0]]
-        raise DamagedCheckpoint(f"optimizer partitions differ in size between ranks: {sizes}", bad)
-    return flat, paddings
+def _check_entries(state: ZeroState, models: List["consistency.ModelStates"]) -> None:
+    """Names writable to safetensors, aliases pointing at saved tensors, frozen fragments of the right
+    size on every rank, and no more stored bytes claimed than the model files hold."""
+    first = models[0]
+    names = [(e.name, first.path) for e in state.entries]
+    names += [(a, first.path) for a in state.aliases if a not in state._by_name]
+    consistency.check_names(names)
+    entries = state._by_name
+    for alias, target in state.aliases.items():
+        if target not in entries and alias != target:
+            raise DamagedCheckpoint(f"shared_params: {clean(alias)!r} shares {clean(target)!r}, which is not a "
+                                    "saved tensor", [first.path])
+    for e in state.entries:
+        if e.source == FROZEN:
+            _check_fragments(state, e, models)
+    claimed = sum(e.numel * torchzip.ITEMSIZE.get(e.dtype, 8) for e in state.entries if e.source != TRAINABLE)
+    held = sum(Path(m.path).stat().st_size for m in models)
+    if claimed > held:
+        raise DamagedCheckpoint(f"the module's buffers and frozen weights claim {claimed} bytes, more than the "
+                                f"model files hold ({held}): views sharing one storage", [first.path])
+
+
+def _check_fragments(state: ZeroState, entry: TensorEntry, models) -> None:
+    want = entry.numel if state.stage <= 2 else math.ceil(entry.numel / state.world_size)
+    for rank, m in enumerate(models):
+        frag = m.frozen_fragments.get(entry.name)
+        if frag is None or frag.numel != want:
+            have = "none" if frag is None else f"{frag.numel} values"
+            raise DamagedCheckpoint(f"rank {rank}: frozen_param_fragments[{clean(entry.name)!r}] holds {have}, "
+                                    f"its shape {entry.shape} needs {want} on this rank", [m.path])
 
 
 def _locate_trainable(state: ZeroState, shapes: List[dict], paddings) -> None:
+    files = [str(state.layout.optim_file(0))]
+    if state.stage <= 2 and len(shapes) != len(state._flat[0]):
+        raise DamagedCheckpoint(f"param_shapes has {len(shapes)} groups, the optimizer partitions "
+                                f"{len(state._flat[0])}", files)
+    if state.stage <= 2 and paddings is not None and [len(p) for p in paddings] != [len(g) for g in shapes]:
+        raise DamagedCheckpoint("optimizer_state_dict.param_alignment_paddings does not have one entry per "
+                                "parameter of param_shapes", files)
     if state.stage <= 2:
         _locate_zero12(state, shapes, paddings)
     else:
