@@ -261,10 +261,9 @@ def _did_you_mean(token: str, rules: Sequence[Rule]) -> str:
     import difflib
 
     prefixes = {r.code.rstrip("0123456789") for r in rules}
-    words = [r.code for r in rules] + [r.name for r in rules] + sorted(prefixes)
-    close = difflib.get_close_matches(token.upper() if _PREFIX.match(token.upper()) else token.lower(),
-                                      words, n=3, cutoff=0.6)
-    return f" (did you mean {' or '.join(close)}?)" if close else ""
+    words = {w.lower(): w for w in [r.code for r in rules] + [r.name for r in rules] + sorted(prefixes)}
+    close = difflib.get_close_matches(token.lower(), list(words), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(words[c] for c in close)}?)" if close else ""
 
 
 def select_rules(rules: Sequence[Rule], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> List[Rule]:
