@@ -1,0 +1,218 @@
+"""Hardware profiles: what ``zeropilot calibrate`` measured on one machine, read by ``plan`` and ``check``.
+
+Torch-free. A profile is a small JSON file (schema 1). ``plan --hardware FILE`` uses it; without the flag
+``plan`` looks for one matching the visible GPU model and world size in ``$ZEROPILOT_HARDWARE_DIR``,
+``~/.config/zeropilot/hardware`` and the profiles shipped in ``zeropilot/data/hardware``.
+What a profile changes in a plan (:func:`apply`): memory outside PyTorch (context, BLAS, NCCL/RCCL at
+the profile's world size), whether ``expandable_segments`` counts (only where it took effect), the disk's
+write speed, the host's RAM and the card's memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from zeropilot.errors import InputError
+
+SCHEMA = 1
+GIB = 1024**3
+MAX_PROFILE_BYTES = 1 << 20
+SHIPPED = Path(__file__).resolve().parents[1] / "data" / "hardware"
+# ZeRO-3 with the model built on the GPU (no zero.Init) held this much more outside PyTorch than inside
+# zero.Init on the H200 (1.68 vs 1.29 GiB at world size 1, bench/plan); calibrate measures the zero.Init case.
+RAW_BUILD_EXTRA = 0.38 * GIB
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One machine at one world size.
+
+    Attributes:
+        gpu_name: the device name PyTorch reports (``NVIDIA H200``, a DCU's name), None on a CPU run.
+        vendor: ``cuda``, ``rocm`` or ``cpu``.
+        world_size: processes the outside-PyTorch figure was measured with.
+        gpu_total_bytes: one card's memory.
+        outside_torch_bytes: per rank after a ZeRO-3 step (context + BLAS + NCCL/RCCL + DeepSpeed);
+            None when not measured (``unmeasured`` says why).
+        phases: outside-PyTorch bytes after each phase (``context``, ``blas``, ``comm``, ``deepspeed``).
+        expandable_segments: whether ``expandable_segments:True`` took effect on this build (None: not
+            measured).
+        segment_bytes: segment sizes the allocator made for small and large requests.
+        disk_write_bytes_per_s / disk_path: write speed (with fsync) where checkpoints go.
+        host_mem_bytes: the host's RAM.
+        versions: torch, its CUDA/HIP, DeepSpeed.
+        wall_s: how long calibrate ran.
+        unmeasured: field -> why it is missing.
+        path: the file it was read from (not stored).
+    """
+
+    gpu_name: Optional[str]
+    vendor: str
+    world_size: int
+    gpu_total_bytes: Optional[int] = None
+    outside_torch_bytes: Optional[int] = None
+    phases: Dict[str, Optional[int]] = field(default_factory=dict)
+    expandable_segments: Optional[bool] = None
+    segment_bytes: Dict[str, int] = field(default_factory=dict)
+    disk_write_bytes_per_s: Optional[float] = None
+    disk_path: Optional[str] = None
+    host_mem_bytes: Optional[int] = None
+    versions: Dict[str, Optional[str]] = field(default_factory=dict)
+    wall_s: Optional[float] = None
+    unmeasured: Dict[str, str] = field(default_factory=dict)
+    path: Optional[str] = field(default=None, compare=False)
+
+    def to_dict(self) -> dict:
+        data = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "path"}
+        data["schema"] = SCHEMA
+        return data
+
+
+def _int_or_none(value, name: str, where: str) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value > 1 << 50:
+        raise InputError(f"hardware profile {where}: {name} must be a non-negative number of bytes")
+    return int(value)
+
+
+def from_dict(data: dict, where: str = "profile") -> Profile:
+    """Check and convert a profile's JSON.
+
+    Raises:
+        InputError: not a schema-1 profile, or a value of the wrong kind.
+    """
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise InputError(f"hardware profile {where}: not a zeropilot hardware profile (schema {SCHEMA})")
+    ws = data.get("world_size")
+    if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
+        raise InputError(f"hardware profile {where}: world_size must be a positive integer")
+    vendor = data.get("vendor")
+    if vendor not in ("cuda", "rocm", "cpu"):
+        raise InputError(f"hardware profile {where}: vendor must be cuda, rocm or cpu")
+    expandable = data.get("expandable_segments")
+    if expandable is not None and not isinstance(expandable, bool):
+        raise InputError(f"hardware profile {where}: expandable_segments must be true, false or null")
+    speed = data.get("disk_write_bytes_per_s")
+    if speed is not None and (isinstance(speed, bool) or not isinstance(speed, (int, float)) or speed <= 0):
+        raise InputError(f"hardware profile {where}: disk_write_bytes_per_s must be positive")
+    name = data.get("gpu_name")
+    if name is not None and not isinstance(name, str):
+        raise InputError(f"hardware profile {where}: gpu_name must be a string")
+    phases = data.get("phases") or {}
+    segs = data.get("segment_bytes") or {}
+    if not isinstance(phases, dict) or not isinstance(segs, dict):
+        raise InputError(f"hardware profile {where}: phases and segment_bytes must be objects")
+    return Profile(
+        gpu_name=name, vendor=vendor, world_size=ws,
+        gpu_total_bytes=_int_or_none(data.get("gpu_total_bytes"), "gpu_total_bytes", where),
+        outside_torch_bytes=_int_or_none(data.get("outside_torch_bytes"), "outside_torch_bytes", where),
+        phases={str(k): _int_or_none(v, f"phases.{k}", where) for k, v in phases.items()},
+        expandable_segments=expandable,
+        segment_bytes={str(k): _int_or_none(v, f"segment_bytes.{k}", where) or 0 for k, v in segs.items()},
+        disk_write_bytes_per_s=None if speed is None else float(speed),
+        disk_path=data.get("disk_path") if isinstance(data.get("disk_path"), str) else None,
+        host_mem_bytes=_int_or_none(data.get("host_mem_bytes"), "host_mem_bytes", where),
+        versions={str(k): (str(v) if v is not None else None) for k, v in (data.get("versions") or {}).items()},
+        wall_s=data.get("wall_s") if isinstance(data.get("wall_s"), (int, float)) else None,
+        unmeasured={str(k): str(v) for k, v in (data.get("unmeasured") or {}).items()},
+        path=where)
+
+
+def load(path: str) -> Profile:
+    """Read a profile file (at most 1 MiB).
+
+    Raises:
+        InputError: missing, too large, not JSON, or not a profile.
+    """
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_PROFILE_BYTES:
+            raise InputError("larger than 1 MiB: not a hardware profile", p)
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"cannot read hardware profile: {exc.strerror}", p) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"hardware profile is not JSON: {exc}", p) from None
+    return from_dict(data, str(p))
+
+
+def slug(name: str) -> str:
+    """``NVIDIA H200`` -> ``nvidia-h200`` (the file-name stem of a profile)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def file_name(profile: Profile) -> str:
+    return f"{slug(profile.gpu_name or 'cpu')}-ws{profile.world_size}.json"
+
+
+def search_dirs() -> List[Path]:
+    dirs = []
+    if os.environ.get("ZEROPILOT_HARDWARE_DIR"):
+        dirs.append(Path(os.environ["ZEROPILOT_HARDWARE_DIR"]))
+    dirs.append(Path.home() / ".config" / "zeropilot" / "hardware")
+    dirs.append(SHIPPED)
+    return dirs
+
+
+def find(gpu_name: str, world_size: int) -> Optional[Profile]:
+    """The profile for ``gpu_name`` closest to ``world_size`` (same, else 2 for > 2, else any), or None."""
+    stem = slug(gpu_name)
+    for d in search_dirs():
+        found = {}
+        for f in sorted(d.glob(f"{stem}-ws*.json")) if d.is_dir() else []:
+            m = re.fullmatch(re.escape(stem) + r"-ws(\d+)\.json", f.name)
+            if m:
+                found[int(m.group(1))] = f
+        if found:
+            want = world_size if world_size in found else max((w for w in found if w <= world_size), default=None)
+            pick = found[want if want is not None else min(found)]
+            try:
+                return load(str(pick))
+            except InputError:
+                continue
+    return None
+
+
+def visible_gpu_name(timeout: float = 5.0) -> Optional[str]:
+    """The first visible NVIDIA GPU's name from ``nvidia-smi`` (no torch), or None."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [x.strip() for x in out.stdout.splitlines() if x.strip()]
+    return lines[0] if out.returncode == 0 and lines else None
+
+
+def apply(profile: Profile, constants, world_size: int, stage: int) -> Tuple[object, List[str]]:
+    """Constants with the profile's figures, and notes saying what changed.
+
+    The profile's outside-PyTorch figure was measured at its own world size with ZeRO-3 inside zero.Init;
+    it replaces the H200 figures (ZeRO-1/2 and zero.Init alike on the H200: 1.30 / 1.29 GiB); a build
+    without zero.Init adds the H200's measured difference.
+    """
+    notes = []
+    c = constants
+    if profile.outside_torch_bytes is not None:
+        base = profile.outside_torch_bytes
+        c = replace(c, non_torch_zero12=base, non_torch_zero3_init=base, non_torch_zero3=base + RAW_BUILD_EXTRA,
+                    nccl_multi_gpu=0.0, source=f"hardware profile {Path(profile.path or '').name or 'given'}, "
+                                              f"measured at world size {profile.world_size}")
+        notes.append(f"outside PyTorch: {base / GIB:.2f} GiB per rank from the hardware profile "
+                     f"({profile.gpu_name}, world size {profile.world_size})")
+        if world_size != profile.world_size:
+            notes.append(f"the profile was measured at world size {profile.world_size}, the plan is for "
+                         f"{world_size}: run `zeropilot calibrate --nproc {min(world_size, 8)}` for this size")
+    return c, notes

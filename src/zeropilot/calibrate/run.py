@@ -1,0 +1,161 @@
+"""``zeropilot calibrate``: start one worker per rank, measure the disk and the host, write the profile.
+
+The workers (:mod:`zeropilot.calibrate.worker`) import torch; this module does not. Each runs in its own
+process group with a timeout and is killed on every path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from zeropilot.calibrate.profile import Profile
+from zeropilot.errors import InputError
+
+WORKER_TIMEOUT_S = 240.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: List[str], env: Dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "zeropilot.calibrate.worker", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def _result(proc: subprocess.Popen, deadline: float) -> dict:
+    try:
+        out, err = proc.communicate(timeout=max(deadline - time.time(), 1.0))
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        raise InputError(f"calibrate: a worker did not finish within {WORKER_TIMEOUT_S:.0f} s") from None
+    lines = [x[10:] for x in out.splitlines() if x.startswith("CALIBRATE ")]
+    if proc.returncode != 0 or not lines:
+        tail = (err or out).strip().splitlines()[-3:]
+        raise InputError("calibrate: a worker failed: " + " | ".join(tail))
+    return json.loads(lines[-1])
+
+
+def run_workers(nproc: int, extra_env: Optional[Dict[str, str]] = None, args: Optional[List[str]] = None) -> List[dict]:
+    """Start ``nproc`` ranks (one per visible GPU) and return each one's measurements."""
+    port = _free_port()
+    procs = []
+    try:
+        for rank in range(nproc):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       PYTHONUNBUFFERED="1", **(extra_env or {}))
+            procs.append(_start(args or [], env))
+        deadline = time.time() + WORKER_TIMEOUT_S
+        return [_result(p, deadline) for p in procs]
+    finally:
+        for p in procs:
+            _kill(p)
+
+
+def disk_write_speed(directory: Path, mib: int) -> float:
+    """Bytes per second writing ``mib`` MiB to a temporary file in ``directory`` (fsync included)."""
+    if not directory.is_dir():
+        raise InputError("checkpoint directory does not exist", directory)
+    block = os.urandom(1 << 20) * 8
+    fd, tmp = tempfile.mkstemp(prefix=".zeropilot-calibrate-", dir=str(directory))
+    try:
+        t0 = time.perf_counter()
+        with os.fdopen(fd, "wb") as f:
+            left = mib << 20
+            while left > 0:
+                left -= f.write(block[:min(left, len(block))])
+            f.flush()
+            os.fsync(f.fileno())
+        return (mib << 20) / max(time.perf_counter() - t0, 1e-9)
+    except OSError as exc:
+        raise InputError(f"cannot write a test file: {exc.strerror}", directory) from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def host_mem_bytes() -> Optional[int]:
+    """MemTotal of /proc/meminfo, None where there is none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _allocator(vendor: str) -> dict:
+    conf = "expandable_segments:True"
+    env = {"PYTORCH_CUDA_ALLOC_CONF": conf, "PYTORCH_ALLOC_CONF": conf}
+    if vendor == "rocm":
+        env["PYTORCH_HIP_ALLOC_CONF"] = conf
+    return run_workers(1, env, ["--allocator"])[0]
+
+
+def calibrate(nproc: int, checkpoint_dir: Path, disk_mib: int = 1024) -> Profile:
+    """Measure this machine at world size ``nproc`` and return its profile.
+
+    Raises:
+        InputError: bad arguments, a worker that fails or hangs, an unwritable checkpoint directory.
+    """
+    if nproc < 1 or nproc > 64:
+        raise InputError(f"--nproc {nproc}: 1 to 64")
+    if disk_mib < 1 or disk_mib > 65536:
+        raise InputError(f"--disk-mib {disk_mib}: 1 to 65536")
+    t0 = time.time()
+    ranks = run_workers(nproc)
+    first = ranks[0]
+    unmeasured = dict(first.get("unmeasured", {}))
+    gpu = first["vendor"] != "cpu"
+    phases: Dict[str, Optional[int]] = {}
+    for name in ("context", "blas", "comm", "deepspeed"):
+        vals = [r["phases"].get(name) for r in ranks if r["phases"].get(name) is not None]
+        phases[name] = max(vals) if vals else None
+    outside = phases["deepspeed"] if phases["deepspeed"] is not None else phases["comm"]
+    alloc = _allocator(first["vendor"]) if gpu else {}
+    if not gpu:
+        unmeasured.update(outside_torch_bytes=unmeasured.get("gpu", "no GPU"),
+                          expandable_segments="no GPU: the allocator was not exercised")
+    elif alloc.get("expandable_segments") is None:
+        unmeasured["expandable_segments"] = alloc.get("how", "not reported")
+    speed = disk_write_speed(checkpoint_dir, disk_mib)
+    return Profile(gpu_name=first.get("gpu_name"), vendor=first["vendor"], world_size=nproc,
+                   gpu_total_bytes=first.get("gpu_total_bytes"), outside_torch_bytes=outside, phases=phases,
+                   expandable_segments=alloc.get("expandable_segments"), segment_bytes=alloc.get("segment_bytes", {}),
+                   disk_write_bytes_per_s=speed, disk_path=str(checkpoint_dir.resolve()),
+                   host_mem_bytes=host_mem_bytes(), versions=first.get("versions", {}),
+                   wall_s=round(time.time() - t0, 1), unmeasured=unmeasured)
+
+
+def write_profile(profile: Profile, path: Path) -> None:
+    """Write ``profile`` to ``path`` atomically (its folder is created when missing)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+        with os.fdopen(fd, "w") as f:
+            json.dump(profile.to_dict(), f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise InputError(f"cannot write the profile: {exc.strerror}", path) from None

@@ -1,0 +1,62 @@
+"""`zeropilot calibrate`: measure this machine into a hardware profile for ``plan`` and ``check``.
+
+Parse -> :func:`zeropilot.calibrate.run.calibrate` -> write the profile -> print it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+GIB = 1024**3
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="measure memory outside PyTorch, the allocator and the disk into a hardware profile",
+        description="A 30-60 s run on this machine (CUDA or ROCm/DTK; CPU-only machines get a profile that "
+                    "says which GPU fields are unmeasured): memory outside PyTorch per rank at --nproc ranks "
+                    "(context, BLAS, NCCL/RCCL, a small DeepSpeed ZeRO-3 run), whether expandable_segments "
+                    "takes effect, and the disk's write speed where checkpoints go. `plan` and `check` use "
+                    "the profile (--hardware FILE, or found by GPU model).")
+    p.add_argument("--nproc", type=int, default=1, help="ranks, one per GPU (the world size to measure; default 1)")
+    p.add_argument("--out", help="profile file (default ~/.config/zeropilot/hardware/<gpu>-ws<N>.json, where "
+                                 "plan finds it)")
+    p.add_argument("--checkpoint-dir", default=".", help="where checkpoints go: the disk to time (default .)")
+    p.add_argument("--disk-mib", type=int, default=1024, help="MiB written to time the disk (default 1024)")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(func=run)
+
+
+def _gib(n) -> str:
+    return "unmeasured" if n is None else f"{n / GIB:.2f} GiB"
+
+
+def render(profile, path: Path) -> str:
+    """The profile for people, with what is unmeasured and why."""
+    lines = [f"zeropilot calibrate: {profile.gpu_name or 'no GPU'} ({profile.vendor}), world size "
+             f"{profile.world_size}, {profile.wall_s} s",
+             f"  outside PyTorch per rank: {_gib(profile.outside_torch_bytes)}"
+             + "".join(f"; after {k}: {_gib(v)}" for k, v in profile.phases.items() if v is not None),
+             f"  expandable_segments takes effect: "
+             f"{'unmeasured' if profile.expandable_segments is None else profile.expandable_segments}",
+             f"  disk write ({profile.disk_path}): {profile.disk_write_bytes_per_s / 1e9:.2f} GB/s",
+             f"  host memory: {_gib(profile.host_mem_bytes)}"]
+    lines += [f"  unmeasured: {k}: {v}" for k, v in profile.unmeasured.items()]
+    lines.append(f"profile written to {path}")
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    from zeropilot.calibrate.profile import file_name, search_dirs
+    from zeropilot.calibrate.run import calibrate, write_profile
+
+    profile = calibrate(args.nproc, Path(args.checkpoint_dir), args.disk_mib)
+    path = Path(args.out) if args.out else search_dirs()[0] / file_name(profile)
+    write_profile(profile, path)
+    if args.format == "json":
+        print(json.dumps(profile.to_dict(), indent=2))
+    else:
+        print(render(profile, path), end="")
+    return 0
