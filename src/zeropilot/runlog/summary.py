@@ -161,7 +161,8 @@ def _checkpoint_ops(records: RunRecords, kind: str) -> List[Dict[str, Any]]:
             op = {"step": nz.integer(e.get("step")), "tag": nz.text(e.get("tag")), "path": nz.text(e.get("path")),
                   "bytes": nz.size(e.get("bytes")), "seconds": seconds, "phases": nz.phases(e.get("phases")),
                   "mem_before": nz.mem(e.get("mem_before")), "mem_peak": nz.mem(e.get("mem_peak")),
-                  "mem_after": nz.mem(e.get("mem_after")), "rank": rank, "t": t,
+                  "mem_after": nz.mem(e.get("mem_after")), "rank": rank, "t": t, "error": nz.text(e.get("error")),
+                  "files": nz.integer(e.get("files")),
                   "start_t": (t - seconds) if t is not None and seconds is not None else t}
             if kind == "save" and t is not None:
                 counter = (op["mem_after"] or {}).get("peak_reserved_bytes")
@@ -194,9 +195,7 @@ def _verdict(records: RunRecords, ranks: List[Dict[str, Any]], ooms: List[Dict[s
     not_ended = [r for r in ranks if not r["ended"]]
     signal = nz.text(run.get("signal"))
     if errors:
-        t, rank, e = min(errors, key=lambda x: _earliest(x[0], x[1]))
-        return {"kind": "crash", "ranks": [rank], "where": nz.texts(e.get("where")),
-                "reason": f"{nz.text(e.get('type')) or 'error'}: {nz.text(e.get('message')) or ''}".strip()}
+        return _crash(records, ranks, errors)
     if "ended_at" not in run and run.get("exit_code") is None:
         return {"kind": "running", "ranks": [], "where": [], "reason": "the run has not ended (or its supervisor died)"}
     if exit_code not in (0, None) or signal or not_ended:
@@ -210,6 +209,49 @@ def _verdict(records: RunRecords, ranks: List[Dict[str, Any]], ooms: List[Dict[s
     return {"kind": "ok", "ranks": [], "where": [], "reason": "every rank finished"}
 
 
+def _error_text(e: Dict[str, Any]) -> str:
+    return f"{nz.text(e.get('type')) or 'error'}: {nz.text(e.get('message')) or ''}".strip().rstrip(":")
+
+
+def _crash(records: RunRecords, ranks: List[Dict[str, Any]], errors: List[tuple]) -> Dict[str, Any]:
+    """The rank that failed first: its own error, else a rank that stopped silently before its peers noticed.
+
+    An ``error`` with ``peer_failure`` is a rank noticing a dead peer (gloo's "Connection reset by peer");
+    when every error is one, the rank that stopped with neither ``error`` nor ``end`` (killed: SIGKILL,
+    the kernel's OOM killer) failed first.
+    """
+    own = [x for x in errors if x[2].get("peer_failure") is not True]
+    if own:
+        t, rank, e = min(own, key=lambda x: _earliest(x[0], x[1]))
+        return {"kind": "crash", "ranks": [rank], "where": nz.texts(e.get("where")), "reason": _error_text(e)}
+    erred = {r for _, r, _ in errors}
+    silent = sorted((r for r in ranks if not r["ended"] and r["rank"] not in erred),
+                    key=lambda r: (r["last_record_t"] or 0.0, r["rank"]))
+    t, rank, e = min(errors, key=lambda x: _earliest(x[0], x[1]))
+    if not silent:
+        return {"kind": "crash", "ranks": [rank], "where": nz.texts(e.get("where")), "reason": _error_text(e)}
+    dead = silent[0]["rank"]
+    return {"kind": "crash", "ranks": [dead], "where": [],
+            "reason": f"rank {dead} stopped without an error record {_last_seen(records, silent[0])} (killed?); "
+                      f"then rank {rank} saw its peer fail: {_error_text(e)}"}
+
+
+def _last_seen(records: RunRecords, rank: Dict[str, Any]) -> str:
+    """Where a silent rank was last seen: its heartbeat if newer than its last record, else that record."""
+    beat = records.heartbeats.get(rank["rank"]) or {}
+    last_t = rank["last_record_t"]
+    if nz.text(beat.get("phase")) and (last_t is None or (nz.num(beat.get("t")) or 0.0) >= last_t):
+        step = nz.integer(beat.get("step"))
+        return f"in phase {nz.text(beat.get('phase'))}" + (f" at step {step}" if step is not None else "")
+    rec = records.ranks[rank["rank"]]
+    last_step = rec.steps["step"][-1] if rec.n_steps else math.nan
+    if rec.n_steps and (not rec.events or rec.steps["t"][-1] >= (nz.num(rec.events[-1].get("t")) or 0.0)):
+        return f"after step {int(last_step)}" if last_step == last_step else "after a step"
+    if rec.events:
+        return f"after its {nz.text(rec.events[-1].get('event')) or '?'} record"
+    return "before recording anything"
+
+
 def _step_seconds(records: RunRecords) -> Dict[str, Any]:
     """Step time over every rank's steps: median, p90, max, mean, and the first step's (warm-up)."""
     secs = sorted(s for rec in records.ranks.values() for s in _finite(rec.steps["seconds"]))
@@ -221,8 +263,29 @@ def _step_seconds(records: RunRecords) -> Dict[str, Any]:
             "mean": math.fsum(secs) / len(secs), "count": len(secs), "first": max(firsts) if firsts else None}
 
 
+def main_frames(text: str) -> List[str]:
+    """The frames of the thread that was running Python code, innermost first, from faulthandler's text.
+
+    faulthandler marks the thread that dumped as ``Current thread``: the main thread when the dump came
+    from a signal handler (how the guard takes it). Without that mark: the last thread that is not
+    a bare ``threading`` worker.
+    """
+    blocks: List[tuple] = []
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith(("Thread 0x", "Current thread 0x")):
+            blocks.append((s.startswith("Current"), []))
+        elif s.startswith("File ") and blocks:
+            blocks[-1][1].append(s)
+    current = [frames for is_current, frames in blocks if is_current and frames]
+    if current:
+        return current[-1][: nz.MAX_ITEMS]
+    busy = [frames for _, frames in blocks if frames and "_bootstrap" not in frames[-1]]
+    return (busy or [frames for _, frames in blocks] or [[]])[-1][: nz.MAX_ITEMS]
+
+
 def _stacks(records: RunRecords) -> List[Dict[str, Any]]:
-    return [{"rank": r, "text": text} for r, text in sorted(records.stacks.items())]
+    return [{"rank": r, "text": text, "main_frames": main_frames(text)} for r, text in sorted(records.stacks.items())]
 
 
 def summarize(records: RunRecords) -> Dict[str, Any]:

@@ -74,11 +74,22 @@ def _ranks(summary: Dict[str, Any]) -> List[str]:
     return lines
 
 
+def size(value: Optional[float]) -> str:
+    """A file size in decimal units, as file managers show it."""
+    if value is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f} B"
+
+
 def _op_line(kind: str, s: Dict[str, Any]) -> List[str]:
-    size = "-" if s.get("bytes") is None else f"{s['bytes'] / 1e9:.2f} GB"
     took = "-" if s.get("seconds") is None else f"{s['seconds']:.2f} s"
-    lines = [f"{kind} at step {s.get('step')} on rank {s['rank']}: {size} in {took}"
+    lines = [f"{kind} at step {s.get('step')} on rank {s['rank']}: {size(s.get('bytes'))} in {took}"
              + (f" ({clean(s['tag'])})" if s.get("tag") else "")]
+    if s.get("error"):
+        lines.append(f"    FAILED: {clean(s['error'])}")
     if s.get("phases"):
         lines.append("    phases: " + ", ".join(f"{clean(p['name'])} {secs(p['seconds'])}" for p in s["phases"]))
     peak = (s.get("mem_peak") or {}).get("peak_reserved_bytes") or main_mem(s.get("mem_peak"))
@@ -131,11 +142,10 @@ def _hang(summary: Dict[str, Any]) -> List[str]:
     for r in h["ranks"]:
         odd = " <- stuck" if r["rank"] in v["ranks"] else ""
         lines.append(f"  rank {r['rank']}: phase {clean(r['phase'])} at step {r['step']}{odd}")
-    stacks = {s["rank"]: s["text"] for s in summary.get("hang_stacks") or []}
+    stacks = {s["rank"]: s["main_frames"] for s in summary.get("hang_stacks") or []}
     for rank in v["ranks"]:
         # faulthandler writes the most recent call first: the first frames are where the rank waits
-        top = [ln for ln in stacks.get(rank, "").splitlines() if ln.strip().startswith("File ")][:3]
-        lines += [f"    rank {rank} stack: {clean(ln.strip())}" for ln in top]
+        lines += [f"    rank {rank} stack: {clean(ln)}" for ln in stacks.get(rank, [])[:4]]
     return lines + _fixes(v.get("fixes") or [])
 
 

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 from zeropilot.runlog import normalize as nz
 from zeropilot.runlog.read import RunRecords
 from zeropilot.runlog.report_html.svg import esc
-from zeropilot.runlog.text import gib, main_mem, secs
+from zeropilot.runlog.text import gib, main_mem, secs, size
 
 MAX_LOG_ROWS = 3000
 
@@ -67,8 +67,8 @@ def ops(summary: Dict[str, Any], kind: str) -> str:
         peak = (s["mem_peak"] or {}).get("peak_reserved_bytes") or main_mem(s["mem_peak"])
         phases = ", ".join(f"{p['name']} {secs(p['seconds'])}" for p in s["phases"])
         nxt = s.get("first_step_after") or {}
-        rows.append([_e(s["step"]), str(s["rank"]), "-" if s["bytes"] is None else f"{s['bytes'] / 1e9:.2f} GB",
-                     secs(s["seconds"]), esc(phases) or "-", gib(main_mem(s["mem_before"])), gib(peak),
+        took = secs(s["seconds"]) + (f'<br><b class="failed">failed: {esc(s["error"])}</b>' if s["error"] else "")
+        rows.append([_e(s["step"]), str(s["rank"]), size(s["bytes"]), took, esc(phases) or "-", gib(main_mem(s["mem_before"])), gib(peak),
                      gib(main_mem(s["mem_after"])), gib(nxt.get("window_peak_reserved_bytes")), _e(s["tag"])])
     if not rows:
         return f"<p>no {kind[:-1]} recorded</p>"
@@ -117,7 +117,8 @@ def hang(summary: Dict[str, Any]) -> str:
              "-" if r["phase_since"] is None or h["t"] is None else secs(h["t"] - r["phase_since"])]
             for r in h["ranks"]]
     stacks = "".join(f'<details class="stack" data-rank="{s["rank"]}"{" open" if s["rank"] in v["ranks"] else ""}>'
-                     f'<summary>rank {s["rank"]} stacks</summary><pre>{esc(s["text"])}</pre></details>'
+                     f'<summary>rank {s["rank"]}: {esc(s["main_frames"][0] if s["main_frames"] else "no frames")}'
+                     f'</summary><pre>{esc(s["text"])}</pre></details>'
                      for s in summary["hang_stacks"])
     return (f'<p>{_e(v["reason"])}</p>' + (f"<p>cause: {esc(v['cause'])}</p>" if v["cause"] else "")
             + f"<p>timeout {secs(h['timeout_s'])}, action {_e(h['action'])}</p>"
@@ -132,13 +133,14 @@ def _detail(e: Dict[str, Any]) -> str:
     if kind == "init":
         return f"ZeRO stage {nz.integer(e.get('zero_stage'))}, {secs(nz.num(e.get('seconds')))}"
     if kind in ("save", "load"):
-        size = nz.integer(e.get("bytes"))
-        return (f"{nz.text(e.get('tag')) or ''} {'' if size is None else f'{size / 1e9:.2f} GB'} "
-                f"in {secs(nz.num(e.get('seconds')))}")
+        failed = f"; failed: {nz.text(e.get('error'))}" if e.get("error") else ""
+        return (f"{nz.text(e.get('tag')) or ''} {size(nz.size(e.get('bytes')))} "
+                f"in {secs(nz.num(e.get('seconds')))}{failed}")
     if kind == "oom":
         return f"phase {nz.text(e.get('phase'))}, asked for {gib(nz.integer(e.get('request_bytes')))}"
     if kind == "error":
-        return f"{nz.text(e.get('type'))}: {nz.text(e.get('message'))}"
+        peer = " (noticed a failed peer)" if e.get("peer_failure") is True else ""
+        return f"{nz.text(e.get('type'))}: {nz.text(e.get('message'))}{peer}"
     if kind == "end":
         return f"{nz.integer(e.get('steps'))} steps"
     return ""

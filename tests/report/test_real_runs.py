@@ -1,0 +1,80 @@
+"""`zeropilot report` on real run directories written by `zeropilot run` (CPU, gloo, 2 ranks).
+
+The jobs come from ``tests/runjobs.py`` (run once per session, shared with the guard tests): an HF
+Trainer job and a raw DeepSpeed job that save twice, a rank SIGKILLed in a save, and a save called
+on rank 0 only (a hang the watchdog stops). Text and JSON content are asserted, the JSON validated
+against docs/report.schema.json, and the pages opened in Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests import runjobs
+from tests.report.test_html_browser import _open, _page, chromium_browser  # noqa: F401 (fixture)
+from zeropilot.cli import main
+
+pytestmark = [pytest.mark.slow]
+
+
+def _report(capsys, run_dir, fmt="json", *extra):
+    assert main(["report", str(run_dir), "--format", fmt, *map(str, extra)]) == 0
+    out = capsys.readouterr().out
+    return json.loads(out) if fmt == "json" else out
+
+
+@pytest.mark.parametrize("make,steps,saved_at", [(runjobs.hf_trainer, 4, [2, 4]), (runjobs.raw_deepspeed, 6, [3, 6])],
+                         ids=["hf_trainer", "raw_deepspeed"])
+def test_healthy_real_runs(capsys, validate, make, steps, saved_at):
+    job = make()
+    assert job.returncode == 0, job.stderr[-2000:]
+    rep = _report(capsys, job.run_dir)
+    assert validate(rep) == []
+    assert rep["verdict"]["kind"] == "ok" and rep["steps"] == steps and rep["exit_code"] == 0
+    assert [r["rank"] for r in rep["ranks"]] == [0, 1] and all(r["ended"] for r in rep["ranks"])
+    for r in rep["ranks"]:  # a CPU run: no device memory, the host's RSS instead
+        assert r["peak_reserved_bytes"] is None and r["host_rss_peak_bytes"] > 50 << 20
+        assert r["device"]["backend"] == "cpu" and r["step_records"] == steps
+    assert sorted({s["step"] for s in rep["saves"]}) == saved_at
+    for s in rep["saves"]:
+        assert s["bytes"] > 0 and s["seconds"] > 0 and s["phases"] and s["error"] is None
+        assert s["mem_before"]["host_rss_bytes"] > 0 and s["mem_after"]["host_rss_bytes"] > 0
+    # the first step has no previous step's end to count from: its seconds are null
+    assert rep["step_seconds"]["count"] == 2 * (steps - 1) and rep["step_seconds"]["median"] > 0
+    text = _report(capsys, job.run_dir, "text")
+    assert text.startswith("verdict: OK: every rank finished\n") and f"steps: {steps}, step time median" in text
+    assert f"save at step {saved_at[0]} on rank 0: " in text and "memory before " in text
+
+
+def test_killed_rank_is_named_not_the_rank_that_noticed(capsys, validate):
+    job = runjobs.killed_in_save()
+    rep = _report(capsys, job.run_dir)
+    assert validate(rep) == []
+    v = rep["verdict"]
+    assert v["kind"] == "crash" and v["ranks"] == [1], v
+    assert "rank 1 stopped without an error record" in v["reason"] and "saw its peer fail" in v["reason"]
+    assert not rep["ranks"][1]["ended"]
+
+
+def test_hang_shows_the_stuck_ranks_own_thread(capsys, validate):
+    job = runjobs.hang_save_rank0_only()
+    rep = _report(capsys, job.run_dir)
+    assert validate(rep) == []
+    assert rep["verdict"]["kind"] == "hang" and rep["verdict"]["ranks"] == [0]
+    frames = {s["rank"]: s["main_frames"] for s in rep["hang_stacks"]}
+    assert any("save_checkpoint" in f for f in frames[0]) and "barrier" in frames[0][0]
+    text = _report(capsys, job.run_dir, "text")
+    assert "rank 0: phase save" in text and "<- stuck" in text and "in barrier" in text
+
+
+def test_real_pages_in_chromium(chromium_browser, tmp_path, validate, capsys):  # noqa: F811
+    ok, hang = runjobs.hf_trainer(), runjobs.hang_save_rank0_only()
+    f = _open(chromium_browser, _page(tmp_path, ok.run_dir))
+    assert f["overview"] == ["0", "1"] and f["steps"] == ["0", "1"] and f["spans"] == 4
+    assert [c[1] for c in f["memCharts"]] == [["host_rss_bytes"], ["host_rss_bytes"]]
+    f = _open(chromium_browser, _page(tmp_path, hang.run_dir))
+    assert "hang" in f["sections"] and ["0", True] in f["stacks"]
+    cmp = _report(capsys, ok.run_dir, "json", "--compare", runjobs.raw_deepspeed().run_dir)
+    assert validate(cmp) == [] and {m["metric"] for m in cmp["metrics"]} >= {"save_seconds_median", "steps"}
