@@ -168,6 +168,7 @@ def test_tokenizer_model_config_dataset_and_big_files_are_skipped(tmp_path):
         "model.safetensors.index.json": {"weight_map": {}},
         "model/config.json": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 8},
         "data/train.json": [{"instruction": "hi", "output": "ho"}],
+        "data/chat.json": '{"messages": []}\n{"messages": []}\n',  # JSON Lines under a .json name
     })
     (tmp_path / "blob.yaml").write_bytes(b"a: 1\n" * (2 * 1024 * 1024))  # 10 MiB: over the 8 MiB cap
     launch = load_launch([tmp_path], use_installed=False)
@@ -175,7 +176,7 @@ def test_tokenizer_model_config_dataset_and_big_files_are_skipped(tmp_path):
     assert [d.path.name for d in launch.documents] == ["ds.json"]
     skipped = {p.name: why for p, why in launch.skipped}
     assert set(skipped) == {"tokenizer.json", "tokenizer_config.json", "vocab.json", "generation_config.json",
-                            "model.safetensors.index.json", "config.json", "train.json", "blob.yaml"}
+                            "model.safetensors.index.json", "config.json", "train.json", "chat.json", "blob.yaml"}
     assert skipped["config.json"] == "a model config" and "8 MiB" in skipped["blob.yaml"]
 
 

@@ -233,7 +233,13 @@ def _read_file(launch: Launch, path: Path, discovered: bool = False) -> Optional
         if discovered and text.lstrip().startswith("["):
             launch.skipped.append((path, "a JSON list (a dataset), not a launch config"))
             return None
-        read = read_json(text, path)
+        try:
+            read = read_json(text, path)
+        except InputError as exc:
+            if discovered and exc.line == 2 and exc.col == 1 and "extra text" in exc.reason:
+                launch.skipped.append((path, "JSON Lines (a dataset), not a launch config"))
+                return None
+            raise
         root, fmt, relaxed = read.root, "json", read.relaxed
     else:
         from zeropilot.launch.yamlread import parse_yaml  # PyYAML's import is a third of check's start-up
