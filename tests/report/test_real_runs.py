@@ -45,7 +45,7 @@ def test_healthy_real_runs(capsys, validate, make, steps, saved_at):
     assert rep["step_seconds"]["count"] == 2 * (steps - 1) and rep["step_seconds"]["median"] > 0
     text = _report(capsys, job.run_dir, "text")
     assert text.startswith("verdict: OK: every rank finished\n") and f"steps: {steps}, step time median" in text
-    assert f"save at step {saved_at[0]} on rank 0: " in text and "memory before " in text
+    assert f"save at step {saved_at[0]} (2 ranks): " in text and "memory before " in text
 
 
 def test_killed_rank_is_named_not_the_rank_that_noticed(capsys, validate):

@@ -47,10 +47,11 @@ def test_text_shows_verdict_steps_peaks_saves_and_environment(capsys, synth_dirs
     out = capsys.readouterr().out
     assert out.startswith("verdict: OK: every rank finished\n")
     assert "steps: 40, step time median 0.50" in out
-    assert "53.00 GiB  step 21" in out and "48.00 GiB     110%" in out
-    assert "save at step 20 on rank 0: 7.60 GB in 8.00 s (global_step20)" in out
+    assert "\n   0      40      53.00 GiB  step 21" in out and "48.00 GiB     110%" in out
+    assert "save at step 20 (2 ranks): 15.20 GB in all, 8.00 s (slowest: rank 0) [global_step20]" in out
     assert "phases: gather_16bit 1.500 s, model_states 2.000 s, optimizer_states 4.000 s, write 0.500 s" in out
-    assert "memory before 37.50 GiB, at peak 49.00 GiB, after 49.00 GiB" in out
+    assert "memory before 37.50 GiB, at peak 49.00 GiB, after 49.00 GiB (rank 0, the highest)" in out
+    assert "the first step after it (step 21) set a new peak: 53.00 GiB on rank 1" in out
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in out
 
 
@@ -108,6 +109,15 @@ def test_compare_puts_peaks_step_time_and_save_cost_side_by_side(capsys, synth_d
     assert main(["report", str(synth_dirs["ok"]), "--compare", str(after)]) == 0
     out = capsys.readouterr().out
     assert "peak_reserved_bytes" in out and "save_seconds_median" in out and "8.000 s" in out
+
+
+def test_a_long_run_lists_its_first_and_last_saves(capsys, tmp_path):
+    d = write_run(tmp_path / "long", Spec(ranks=1, steps=300, save_every=10))
+    assert main(["report", str(d)]) == 0
+    out = capsys.readouterr().out
+    shown = [ln.split()[3] for ln in out.splitlines() if ln.startswith("save at step")]
+    assert shown == ["10", "20", "30", "40", "50", "60", "250", "260", "270", "280", "290", "300"]
+    assert "... 18 more saves (all in --format json or html)" in out
 
 
 def test_out_writes_the_file_atomically_and_a_bad_folder_is_exit_2(capsys, synth_dirs, tmp_path):

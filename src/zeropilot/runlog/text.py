@@ -63,11 +63,11 @@ def _peak_at(at: Optional[Dict[str, Any]]) -> str:
 def _ranks(summary: Dict[str, Any]) -> List[str]:
     if not summary["ranks"]:
         return ["no rank recorded anything"]
-    lines = ["rank  steps  peak reserved  at          peak allocated  outside torch  capacity    host RSS   "
+    lines = ["rank   steps  peak reserved  at          peak allocated  outside torch  capacity    host RSS   "
              "plan        vs plan"]
     for r in summary["ranks"]:
         ratio = "-" if r.get("plan_ratio") is None else f"{r['plan_ratio'] * 100:.0f}%"
-        lines.append(f"{r['rank']:>4}  {r['steps']:>5}  {gib(r['peak_reserved_bytes']):>13}  "
+        lines.append(f"{r['rank']:>4}  {r['steps']:>6}  {gib(r['peak_reserved_bytes']):>13}  "
                      f"{_peak_at(r.get('peak_reserved_at')):<10}  {gib(r['peak_allocated_bytes']):>14}  "
                      f"{gib(r['outside_torch_bytes']):>13}  {gib(r['device_total_bytes']):>10}  "
                      f"{gib(r['host_rss_peak_bytes']):>9}  {gib(r['plan_bytes']):>10}  {ratio:>7}")
@@ -84,22 +84,52 @@ def size(value: Optional[float]) -> str:
     return f"{value:.0f} B"
 
 
-def _op_line(kind: str, s: Dict[str, Any]) -> List[str]:
-    took = "-" if s.get("seconds") is None else f"{s['seconds']:.2f} s"
-    lines = [f"{kind} at step {s.get('step')} on rank {s['rank']}: {size(s.get('bytes'))} in {took}"
-             + (f" ({clean(s['tag'])})" if s.get("tag") else "")]
-    if s.get("error"):
-        lines.append(f"    FAILED: {clean(s['error'])}")
-    if s.get("phases"):
-        lines.append("    phases: " + ", ".join(f"{clean(p['name'])} {secs(p['seconds'])}" for p in s["phases"]))
-    peak = (s.get("mem_peak") or {}).get("peak_reserved_bytes") or main_mem(s.get("mem_peak"))
-    mems = (main_mem(s.get("mem_before")), peak, main_mem(s.get("mem_after")))
+def _group_line(kind: str, ops: List[Dict[str, Any]]) -> List[str]:
+    """One save (or load) across the ranks that took part: size, slowest rank, its phases and memory."""
+    slow = max(ops, key=lambda o: o["seconds"] if o["seconds"] is not None else -1.0)
+    ranks = sorted(o["rank"] for o in ops)
+    sizes = [o["bytes"] for o in ops if o["bytes"] is not None]
+    took = "-" if slow["seconds"] is None else f"{slow['seconds']:.2f} s"
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(ranks)} ranks"
+    lines = [f"{kind} at step {slow.get('step')} ({who}): {size(sum(sizes) if sizes else None)}"
+             f"{' in all' if len(ranks) > 1 else ''}, {took}"
+             + (f" (slowest: rank {slow['rank']})" if len(ranks) > 1 else "")
+             + (f" [{clean(slow['tag'])}]" if slow.get("tag") else "")]
+    for o in ops:
+        if o.get("error"):
+            lines.append(f"    FAILED on rank {o['rank']}: {clean(o['error'])}")
+    if slow.get("phases"):
+        lines.append("    phases: " + ", ".join(f"{clean(p['name'])} {secs(p['seconds'])}" for p in slow["phases"]))
+    worst = max(ops, key=lambda o: _op_peak(o) or 0)
+    mems = (main_mem(worst.get("mem_before")), _op_peak(worst), main_mem(worst.get("mem_after")))
     if any(m is not None for m in mems):
-        lines.append(f"    memory before {gib(mems[0])}, at peak {gib(mems[1])}, after {gib(mems[2])}")
-    nxt = s.get("first_step_after")
-    if nxt and nxt.get("window_peak_reserved_bytes") is not None:
-        lines.append(f"    first step after (step {nxt['step']}) set a new peak: "
-                     f"{gib(nxt['window_peak_reserved_bytes'])}")
+        lines.append(f"    memory before {gib(mems[0])}, at peak {gib(mems[1])}, after {gib(mems[2])}"
+                     + (f" (rank {worst['rank']}, the highest)" if len(ops) > 1 else ""))
+    news = [(o["first_step_after"]["window_peak_reserved_bytes"], o["rank"], o["first_step_after"]["step"])
+            for o in ops if o.get("first_step_after") and o["first_step_after"].get("window_peak_reserved_bytes")]
+    if news:
+        peak, rank, step = max(news)
+        lines.append(f"    the first step after it (step {step}) set a new peak: {gib(peak)} on rank {rank}")
+    return lines
+
+
+def _op_peak(o: Dict[str, Any]) -> Optional[int]:
+    peak = o.get("mem_peak") or {}
+    return peak.get("peak_reserved_bytes") or main_mem(peak) or None
+
+
+def _ops(kind: str, ops: List[Dict[str, Any]], limit: int = 12) -> List[str]:
+    """Saves or loads grouped by step; a long run shows its first and last ones."""
+    groups: Dict[Any, List[Dict[str, Any]]] = {}
+    for o in ops:
+        groups.setdefault((o.get("step"), o.get("tag")), []).append(o)
+    keys = list(groups)
+    shown = keys if len(keys) <= limit else keys[: limit // 2] + keys[-limit // 2:]
+    lines: List[str] = []
+    for i, key in enumerate(shown):
+        if len(keys) > limit and i == limit // 2:
+            lines.append(f"... {len(keys) - limit} more {kind}s (all in --format json or html)")
+        lines += _group_line(kind, groups[key])
     return lines
 
 
@@ -161,10 +191,7 @@ def _environment(summary: Dict[str, Any]) -> List[str]:
 def render(summary: Dict[str, Any]) -> str:
     """The whole terminal report of one run."""
     lines: List[str] = _verdict(summary) + _steps(summary) + _ranks(summary)
-    for s in summary["saves"]:
-        lines += _op_line("save", s)
-    for s in summary["loads"]:
-        lines += _op_line("load", s)
+    lines += _ops("save", summary["saves"]) + _ops("load", summary["loads"])
     for o in summary["ooms"]:
         lines += _oom(o)
     if summary.get("hang"):
