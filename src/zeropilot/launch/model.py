@@ -123,12 +123,37 @@ class Launch:
         return self.links.get(id(doc))
 
     def training_pairs(self) -> List[Tuple[Document, Document]]:
-        """(training arguments, DeepSpeed config) for each training-args document that names one."""
+        """(training arguments, DeepSpeed config) for each training-args document that names one.
+
+        Flags of a raw DeepSpeed script (``deepspeed train.py --deepspeed_config ds.json`` running a script that
+        calls ``deepspeed.initialize`` itself) are not training arguments: they are left out.
+        """
         out = []
         for doc in self.train_args:
             ds = self.ds_config_for(doc)
-            if ds is not None:
+            if ds is not None and not self.raw_deepspeed_flags(doc):
                 out.append((doc, ds))
+        return out
+
+    def raw_deepspeed_flags(self, doc: Document) -> bool:
+        """Whether a flags document is the command line of a script that calls ``deepspeed.initialize`` itself
+        (no HF Trainer, no accelerate): DeepSpeed reads ``--deepspeed_config``, nothing fills ``"auto"``."""
+        if doc.fmt != "flags":
+            return False
+        programs = {Path(lc.program).name for lc in self.commands
+                    if lc.program and lc.command.file == doc.path}
+        for py in self.python_files:
+            if py.path.name in programs:
+                return _raw_deepspeed_script(py.text)
+        return False
+
+    def hf_linked_configs(self) -> List[Document]:
+        """DeepSpeed configs that the HF Trainer or accelerate read (named by their arguments or configs)."""
+        out: List[Document] = []
+        for doc in self.documents:
+            ds = self.links.get(id(doc))
+            if ds is not None and not self.raw_deepspeed_flags(doc) and all(ds is not d for d in out):
+                out.append(ds)
         return out
 
     def uses_hf_integration(self, ds: Document) -> Optional[bool]:
@@ -137,12 +162,12 @@ class Launch:
         True when training arguments or an accelerate config name it; False when only a raw
         ``deepspeed.initialize`` script is known; None when nothing says.
         """
-        if any(linked is ds for linked in self.links.values()):
+        if any(linked is ds for linked in self.hf_linked_configs()):
             return True
-        if self.train_args or self.accelerate_configs:
+        if any(not self.raw_deepspeed_flags(d) for d in self.train_args) or self.accelerate_configs:
             return True
         for py in self.python_files:
-            if "deepspeed.initialize" in py.text and "Trainer" not in py.text and "accelerate" not in py.text:
+            if _raw_deepspeed_script(py.text):
                 return False
         return None
 
@@ -158,3 +183,7 @@ class Launch:
         for script in self.scripts:
             out.update(script.exported())
         return out
+
+
+def _raw_deepspeed_script(text: str) -> bool:
+    return "deepspeed.initialize" in text and "Trainer" not in text and "accelerate" not in text

@@ -101,7 +101,7 @@ def deepspeed_config_without_zero_section(launch: Launch) -> Iterator[Hit]:
     - `transformers/training_args.py` (`DeepSpeedPlugin(hf_ds_config=...)`)
     """
     seen = set()
-    for ds in launch.links.values():
+    for ds in launch.hf_linked_configs():
         if id(ds) in seen or ds.kind != "ds_config" or not ds.root.is_mapping:
             continue
         seen.add(id(ds))
