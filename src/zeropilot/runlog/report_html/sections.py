@@ -43,22 +43,36 @@ def facts(summary: Dict[str, Any]) -> str:
     items = [("run directory", summary["run_dir"]), ("command", cmd), ("exit code", summary["exit_code"]),
              ("ranks", len(summary["ranks"])), ("steps", summary["steps"]),
              ("step time", None if st["median"] is None else
-              f"median {secs(st['median'])}, p90 {secs(st['p90'])}, max {secs(st['max'])}, first {secs(st['first'])}")]
+              f"median {secs(st['median'])}, p90 {secs(st['p90'])}, max {secs(st['max'])}"
+              + (f", first {secs(st['first'])}" if st["first"] is not None else ""))]
     return '<dl class="facts">' + "".join(f"<dt>{esc(k)}</dt><dd>{_e(v)}</dd>" for k, v in items) + "</dl>"
 
 
+def _peak_at(at: Optional[Dict[str, Any]]) -> str:
+    return "-" if not at else esc(f"{at['event']} {at['step'] if at['step'] is not None else ''}".strip())
+
+
+RANK_COLUMNS = (
+    ("rank", lambda r: str(r["rank"])),
+    ("steps", lambda r: str(r["steps"])),
+    ("peak reserved", lambda r: gib(r["peak_reserved_bytes"])),
+    ("peak at", lambda r: _peak_at(r.get("peak_reserved_at"))),
+    ("peak allocated", lambda r: gib(r["peak_allocated_bytes"])),
+    ("outside PyTorch", lambda r: gib(r["outside_torch_bytes"])),
+    ("capacity", lambda r: gib(r["device_total_bytes"])),
+    ("host RSS", lambda r: gib(r["host_rss_peak_bytes"])),
+    ("plan", lambda r: gib(r["plan_bytes"])),
+    ("vs plan", lambda r: "-" if r.get("plan_ratio") is None else f"{r['plan_ratio'] * 100:.0f}%"),
+    ("median step", lambda r: secs(r["step_seconds_median"])),
+    ("ended", lambda r: "yes" if r["ended"] else "<b>no</b>"),
+)
+
+
 def ranks(summary: Dict[str, Any]) -> str:
-    rows = []
-    for r in summary["ranks"]:
-        at = r.get("peak_reserved_at")
-        where = "-" if not at else esc(f"{at['event']} {at['step'] if at['step'] is not None else ''}".strip())
-        ratio = "-" if r.get("plan_ratio") is None else f"{r['plan_ratio'] * 100:.0f}%"
-        rows.append([str(r["rank"]), str(r["steps"]), gib(r["peak_reserved_bytes"]), where,
-                     gib(r["peak_allocated_bytes"]), gib(r["outside_torch_bytes"]), gib(r["device_total_bytes"]),
-                     gib(r["host_rss_peak_bytes"]), gib(r["plan_bytes"]), ratio, secs(r["step_seconds_median"]),
-                     "yes" if r["ended"] else "<b>no</b>"])
-    return table(["rank", "steps", "peak reserved", "peak at", "peak allocated", "outside PyTorch", "capacity",
-                  "host RSS", "plan", "vs plan", "median step", "ended"], rows, "ranks")
+    """Peaks per rank against the plan; columns no rank has a value for (GPU ones on CPU) are left out."""
+    cells = [[fn(r) for _, fn in RANK_COLUMNS] for r in summary["ranks"]]
+    keep = [i for i in range(len(RANK_COLUMNS)) if i < 2 or any(row[i] != "-" for row in cells)]
+    return table([RANK_COLUMNS[i][0] for i in keep], [[row[i] for i in keep] for row in cells], "ranks")
 
 
 def ops(summary: Dict[str, Any], kind: str) -> str:
