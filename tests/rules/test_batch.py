@@ -57,3 +57,14 @@ def test_ds020_world_from_launch(launch_dir):
     files = {"ds.json": {"train_batch_size": 30}, "run.sh": "deepspeed --num_gpus 4 train.py --deepspeed ds.json\n"}
     [f] = run_check(launch_dir(files), versions=DS_NEW, select={"DS020"})
     assert "world size 4" in f.message
+
+
+def test_raw_deepspeed_flags_are_not_training_arguments(launch_dir):
+    """`deepspeed train.py --deepspeed --deepspeed_config ds.json` running a raw deepspeed.initialize script: the
+    flags are DeepSpeed's own (deepspeed.add_config_arguments), no HF rule applies, DS020 sees a raw launch."""
+    files = {"ds.json": {"gradient_accumulation_steps": 2, "steps_per_print": 10},
+             "train.py": "import deepspeed\nengine, *_ = deepspeed.initialize(model=m, config=args.deepspeed_config)\n",
+             "run.sh": "deepspeed --num_gpus 2 train.py --deepspeed --deepspeed_config ds.json\n"}
+    findings = run_check(launch_dir(files), versions=DS_NEW)
+    errors = sorted(f.code for f in findings if f.severity.value == "error")
+    assert errors == ["DS020"], errors
