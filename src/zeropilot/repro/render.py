@@ -62,9 +62,12 @@ def _resume(v: Dict[str, Any]) -> List[str]:
     tol = v["tolerance"]
     how = "bitwise" if tol["kind"] == "bitwise" else f"within {tol['state']:g} (state) / {tol['loss']:g} (loss)"
     if v["resume_exact"]:
-        parts = ", ".join(p for p in v["details"])
+        parts = ", ".join(p for p in v["details"] if p != "restored")
         return [f"resume: EXACT ({how}): {parts} equal to the uninterrupted run"]
     lines = [f"resume: NOT EXACT: differs: {', '.join(v['differs'])}"]
+    if v.get("not_restored"):
+        lines.append(f"  cause: the resume did not restore: {', '.join(v['not_restored'])} (compared right after "
+                     "the load with the uninterrupted run right after the save)")
     for part in v["differs"]:
         d = v["details"].get(part, {})
         if part == "loss" and d.get("first_differing"):

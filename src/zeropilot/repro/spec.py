@@ -286,6 +286,20 @@ def fill_ds_config(raw: Dict[str, Any], micro: int, ga: int, world: int, precisi
     return cfg, notes
 
 
+def _scale_buckets(zero: Dict[str, Any], hidden: int) -> str:
+    """Bucket sizes of the shrunk model: as the HF integration sizes them from hidden_size (h², 0.9 h², 10 h).
+
+    The launch's (or DeepSpeed's default 5e8-element) buckets are sized for the real model; ZeRO-1/2 allocate the
+    whole reduce bucket at the first backward, gigabytes for a model of kilobytes.
+    """
+    sizes = {"reduce_bucket_size": hidden * hidden, "allgather_bucket_size": hidden * hidden,
+             "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+             "stage3_param_persistence_threshold": 10 * hidden}
+    zero.update(sizes)
+    return ("bucket sizes scaled to the shrunk model (reduce/allgather " + str(hidden * hidden) + ", prefetch "
+            + str(sizes["stage3_prefetch_bucket_size"]) + ", persistence " + str(10 * hidden) + " elements)")
+
+
 def _exclude_frozen(settings: Settings, lora: Optional[Dict[str, Any]]) -> Tuple[bool, str]:
     """Whether saves leave out frozen parameters, as the HF Trainer's checkpoint of this launch would."""
     v = settings.values
@@ -343,6 +357,8 @@ def build_spec(settings: Settings, model_config: Dict[str, Any], model_name: str
                                   float(_num(v.get("max_grad_norm")) or 1.0))
     notes += ds_notes
     zero = ds.get("zero_optimization") if isinstance(ds.get("zero_optimization"), dict) else {}
+    if shrunk:
+        notes.append(_scale_buckets(zero, hidden))
     for key in ("offload_optimizer", "offload_param"):
         if isinstance(zero.get(key), dict) and zero[key].get("device") not in (None, "none"):
             notes.append(f"zero_optimization.{key} kept ({zero[key].get('device')})")

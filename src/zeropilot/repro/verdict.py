@@ -111,10 +111,12 @@ def build(spec: ReproSpec, root: Path, legs: Dict[int, Any]) -> Dict[str, Any]:
     failures = _failures(one, two, legs)
     details: Dict[str, Any] = {}
     differs: List[str] = []
+    cause: List[str] = []
     leg2_failed = any(f["leg"] == 2 for f in failures)
     if spec.resume_from is not None and not any(f["leg"] == 1 for f in failures):
         if spec.resume_nproc != spec.nproc:
             differs.append("world_size")
+            cause.append("world_size")
             details["world_size"] = {"uninterrupted": spec.nproc, "resumed": spec.resume_nproc}
         if not leg2_failed:
             if spec.resume_nproc == spec.nproc:
@@ -125,6 +127,11 @@ def build(spec: ReproSpec, root: Path, legs: Dict[int, Any]) -> Dict[str, Any]:
                 details[part] = cmp
                 if not cmp["within_tolerance"]:
                     differs.append(part)
+            restored = _merge_compare(two, "restored")
+            if restored:
+                details["restored"] = restored
+                cause = [p for p in PARTS if p in restored and not restored[p]["within_tolerance"]]
+                differs += [p for p in cause if p not in differs]
             step = _data_order(spec, one, two) if spec.resume_nproc == spec.nproc else None
             if step is not None and "data" not in differs:
                 differs.append("data")
@@ -135,7 +142,7 @@ def build(spec: ReproSpec, root: Path, legs: Dict[int, Any]) -> Dict[str, Any]:
         exact = not differs
     return {
         "schema": SCHEMA, "case": spec.name, "run_dir": str(root), "resume_exact": exact,
-        "differs": [p for p in PARTS if p in differs], "details": details,
+        "differs": [p for p in PARTS if p in differs], "not_restored": cause, "details": details,
         "tolerance": {"kind": "bitwise" if spec.device == "cpu" else "relative", **tol,
                       "why": "CPU runs are deterministic: any difference is a resume error" if spec.device == "cpu"
                       else TOLERANCE_WHY},
@@ -151,11 +158,14 @@ def build(spec: ReproSpec, root: Path, legs: Dict[int, Any]) -> Dict[str, Any]:
     }
 
 
-def _merge_compare(two: List[Optional[Dict]]) -> Dict[str, Dict[str, Any]]:
-    """Per part, over ranks: equal only if every rank's is; the worst difference and the first paths."""
+def _merge_compare(two: List[Optional[Dict]], key: str = "compare") -> Dict[str, Dict[str, Any]]:
+    """Per part, over ranks: equal only if every rank's is; the worst difference and the first paths.
+
+    ``key``: ``compare`` (the final states) or ``restored`` (right after the load against right after the save).
+    """
     merged: Dict[str, Dict[str, Any]] = {}
     for res in two:
-        cmp = (res or {}).get("compare") or {}
+        cmp = (res or {}).get(key) or {}
         for part, c in cmp.items():
             m = merged.setdefault(part, {"bitwise": True, "within_tolerance": True, "max_rel_diff": 0.0,
                                          "differing": [], "n_differing": 0})

@@ -95,12 +95,15 @@ class Data:
 
 
 def _rng_state(cuda: bool) -> Dict[str, Any]:
+    """Every generator's state as tensors and plain values (loadable with ``weights_only=True``)."""
     import random
 
     import numpy as np
     import torch
 
-    out = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    out = {"torch": torch.get_rng_state(), "python": random.getstate(),
+           "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)]}
     if cuda:
         out["cuda"] = torch.cuda.get_rng_state()
     return out
@@ -113,10 +116,31 @@ def _set_rng_state(state: Dict[str, Any], cuda: bool) -> None:
     import torch
 
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     if cuda and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"])
+
+
+#: This rank's RNG and data position beside DeepSpeed's files (as the HF Trainer's rng_state_N.pth): DeepSpeed's
+#: client_state is written into rank 0's model file under ZeRO-1/2, so every rank would load rank 0's.
+RANK_STATE = "repro_rank_{}_state.pt"
+
+
+def _save_rank_state(tag_dir: Path, rank: int, data: Data, cuda: bool) -> None:
+    import torch
+
+    tmp = tag_dir / (RANK_STATE.format(rank) + ".tmp")
+    torch.save({"data": data.state(), "rng": _rng_state(cuda)}, str(tmp))
+    os.replace(tmp, tag_dir / RANK_STATE.format(rank))
+
+
+def _load_rank_state(tag_dir: Path, rank: int) -> Dict[str, Any]:
+    import torch
+
+    return torch.load(str(tag_dir / RANK_STATE.format(rank)), weights_only=True)
 
 
 def _ds_config(spec: ReproSpec, world: int) -> Dict[str, Any]:
@@ -202,7 +226,7 @@ def _rank_files(tag_dir: Path, rank: int) -> int:
             owner = int(m.group(1) if MODEL_RE.match(f.name) else m.group(2))
             if owner == rank:
                 total += f.stat().st_size
-        elif rank == 0 and f.is_file():
+        elif rank == 0 and f.is_file() and not f.name.startswith("repro_"):
             total += f.stat().st_size  # mp_rank_00_model_states.pt (ZeRO-1/2) and other rank-0 files
     return total
 
@@ -214,11 +238,10 @@ def save(engine, spec: ReproSpec, rec: Recorder, step: int, ckpt: Path, data: Da
     tag = f"global_step{step}"
     rec.reset_peaks()
     before = rec.mem()
-    client = {"repro": {"data": data.state(), "rng": _rng_state(cuda)}}
     t = time.perf_counter()
     with RssPeak() as rss:
-        engine.save_checkpoint(str(ckpt), tag=tag, client_state=client,
-                               exclude_frozen_parameters=spec.exclude_frozen)
+        engine.save_checkpoint(str(ckpt), tag=tag, exclude_frozen_parameters=spec.exclude_frozen)
+        _save_rank_state(ckpt / tag, dist.get_rank(), data, cuda)
         if cuda:
             torch.cuda.synchronize()
     seconds = time.perf_counter() - t
@@ -240,15 +263,16 @@ def load(engine, spec: ReproSpec, rec: Recorder, ckpt: Path, data: Data, cuda: b
     rec.reset_peaks()
     before = rec.mem()
     t = time.perf_counter()
-    path, client = engine.load_checkpoint(str(ckpt), tag=tag,
-                                          load_optimizer_states="optimizer" not in spec.leave_out,
-                                          load_lr_scheduler_states="scheduler" not in spec.leave_out)
+    # A checkpoint saved without frozen parameters (PEFT) loads non-strict, as the HF Trainer loads it.
+    path, _ = engine.load_checkpoint(str(ckpt), tag=tag, load_module_strict=not spec.exclude_frozen,
+                                     load_optimizer_states="optimizer" not in spec.leave_out,
+                                     load_lr_scheduler_states="scheduler" not in spec.leave_out)
     if path is None:
         raise RuntimeError(f"DeepSpeed found no checkpoint {tag} under {ckpt}")
+    extra = _load_rank_state(ckpt / tag, torch.distributed.get_rank())
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t
-    extra = (client or {}).get("repro", {})
     if "rng" not in spec.leave_out:
         _set_rng_state(extra["rng"], cuda)
     if "data" not in spec.leave_out:
@@ -317,7 +341,8 @@ def run_case(case: Dict[str, Any], leg: int, cuda: bool, cap: Optional[Dict[str,
     rank, world = dist.get_rank(), dist.get_world_size()
     rec = attach(root, rank, cuda, leg, spec.name)
     result: Dict[str, Any] = {"leg": leg, "rank": rank, "world_size": world, "steps": {}, "saves": [],
-                              "load": None, "error": None, "oom": None, "cap": cap, "compare": None}
+                              "load": None, "error": None, "oom": None, "cap": cap, "compare": None,
+                              "restored": None}
     rec.write("start", pid=os.getpid(), host=socket.gethostname(), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
               world_size=world, device=_device_info(cuda), framework="deepspeed", allocator_settings=None)
     step, phase = 0, "init"
@@ -331,6 +356,7 @@ def run_case(case: Dict[str, Any], leg: int, cuda: bool, cap: Optional[Dict[str,
         if leg == 2:
             phase = "load"
             result["load"] = load(engine, spec, rec, root / "checkpoints", data, cuda)
+            result["restored"] = _state(engine, spec, root, f"step{spec.resume_from}", leg, rank, data)
             first = spec.resume_from + 1
         for step in range(first, spec.steps + 1):
             phase = "step"
@@ -349,9 +375,11 @@ def run_case(case: Dict[str, Any], leg: int, cuda: bool, cap: Optional[Dict[str,
                 phase = "save"
                 folder = root / ("checkpoints" if leg == 1 else "checkpoints-leg2")
                 result["saves"].append(save(engine, spec, rec, step, folder, data, cuda))
+                if leg == 1 and step == spec.resume_from:
+                    _state(engine, spec, root, f"step{step}", leg, rank, data)
         phase = "compare"
         if spec.resume_from is not None:
-            _state(engine, spec, root, leg, rank, world, data, result)
+            result["compare"] = _state(engine, spec, root, "final", leg, rank, data)
         rec.write("end", steps=spec.steps)
     except torch.OutOfMemoryError as exc:
         rec.oom(step, phase, exc, _just_before(step, spec.saves, phase))
@@ -363,28 +391,42 @@ def run_case(case: Dict[str, Any], leg: int, cuda: bool, cap: Optional[Dict[str,
     finally:
         rec.close()
         write_json_atomic(root / f"leg{leg}-rank-{rank}.json", result)
+        _release()
     return result
 
 
-def _state(engine, spec: ReproSpec, root: Path, leg: int, rank: int, world: int, data: Data,
-           result: Dict[str, Any]) -> None:
-    """Leg 1 keeps its final state; leg 2 compares its own with it (same rank, same world size only)."""
+def _release() -> None:
+    """Forget the case's engine before the next: transformers builds every later model inside zero.Init while a
+    ZeRO-3 HfDeepSpeedConfig is alive, and DeepSpeed engines hold reference cycles."""
+    import gc
+
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    gc.collect()
+
+
+def _state(engine, spec: ReproSpec, root: Path, point: str, leg: int, rank: int,
+           data: Data) -> Optional[Dict[str, Any]]:
+    """Leg 1 keeps its state at ``point``; leg 2 compares its own with it (same rank, same world size only).
+
+    Points: ``step{R}`` (leg 1 right after the save it resumes from; leg 2 right after the load: what the
+    resume restored) and ``final`` (after the last step of both).
+    """
     import torch
 
     from zeropilot.repro import state
 
+    path = root / "state" / f"leg1-{point}-rank-{rank}.pt"
+    if leg == 2 and (spec.resume_nproc != spec.nproc or not path.is_file()):
+        return None
     mine = state.capture(engine, data.state(), spec.keep_whole)
-    folder = root / "state"
     if leg == 1:
-        folder.mkdir(parents=True, exist_ok=True)
-        torch.save(mine, str(folder / f"leg1-rank-{rank}.pt"))
-        return
-    ref_path = folder / f"leg1-rank-{rank}.pt"
-    if spec.resume_nproc != spec.nproc or not ref_path.is_file():
-        result["compare"] = None
-        return
-    reference = torch.load(str(ref_path), weights_only=True)
-    result["compare"] = state.compare(mine, reference, _tolerances(spec)["state"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(mine, str(path))
+        return None
+    reference = torch.load(str(path), weights_only=True)
+    return state.compare(mine, reference, _tolerances(spec)["state"])
 
 
 def main(argv: List[str]) -> int:
