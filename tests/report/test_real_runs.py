@@ -16,7 +16,6 @@ from tests import runjobs
 from tests.report.test_html_browser import _open, _page, chromium_browser  # noqa: F401 (fixture)
 from zeropilot.cli import main
 
-pytestmark = [pytest.mark.slow]
 
 
 def _report(capsys, run_dir, fmt="json", *extra):
@@ -25,6 +24,7 @@ def _report(capsys, run_dir, fmt="json", *extra):
     return json.loads(out) if fmt == "json" else out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make,steps,saved_at", [(runjobs.hf_trainer, 4, [2, 4]), (runjobs.raw_deepspeed, 6, [3, 6])],
                          ids=["hf_trainer", "raw_deepspeed"])
 def test_healthy_real_runs(capsys, validate, make, steps, saved_at):
@@ -48,6 +48,7 @@ def test_healthy_real_runs(capsys, validate, make, steps, saved_at):
     assert f"save at step {saved_at[0]} (2 ranks): " in text and "memory before " in text
 
 
+@pytest.mark.slow
 def test_killed_rank_is_named_not_the_rank_that_noticed(capsys, validate):
     job = runjobs.killed_in_save()
     rep = _report(capsys, job.run_dir)
@@ -58,6 +59,7 @@ def test_killed_rank_is_named_not_the_rank_that_noticed(capsys, validate):
     assert not rep["ranks"][1]["ended"]
 
 
+@pytest.mark.slow
 def test_hang_shows_the_stuck_ranks_own_thread(capsys, validate):
     job = runjobs.hang_save_rank0_only()
     rep = _report(capsys, job.run_dir)
@@ -69,6 +71,7 @@ def test_hang_shows_the_stuck_ranks_own_thread(capsys, validate):
     assert "rank 0: phase save" in text and "<- stuck" in text and "in barrier" in text
 
 
+@pytest.mark.slow
 def test_real_pages_in_chromium(chromium_browser, tmp_path, validate, capsys):  # noqa: F811
     ok, hang = runjobs.hf_trainer(), runjobs.hang_save_rank0_only()
     f = _open(chromium_browser, _page(tmp_path, ok.run_dir))
@@ -78,3 +81,17 @@ def test_real_pages_in_chromium(chromium_browser, tmp_path, validate, capsys):  
     assert "hang" in f["sections"] and ["0", True] in f["stacks"]
     cmp = _report(capsys, ok.run_dir, "json", "--compare", runjobs.raw_deepspeed().run_dir)
     assert validate(cmp) == [] and {m["metric"] for m in cmp["metrics"]} >= {"save_seconds_median", "steps"}
+
+
+RUNS = runjobs.REPO / "bench" / "report" / "runs"
+
+
+@pytest.mark.parametrize("name,kind,ranks", [("hf-trainer-cpu", "ok", []), ("killed-in-save-cpu", "crash", [1]),
+                                             ("hang-save-rank0-cpu", "hang", [0])])
+def test_committed_real_runs(capsys, validate, name, kind, ranks):
+    """The real run directories kept under bench/report/runs (written by `zeropilot run`, see its README)."""
+    rep = _report(capsys, RUNS / name)
+    assert validate(rep) == [] and rep["verdict"]["kind"] == kind and rep["verdict"]["ranks"] == ranks
+    text = _report(capsys, RUNS / name, "text")
+    assert text.startswith(f"verdict: {kind.upper()}") and "rank   steps   host RSS\n" in text
+

@@ -60,18 +60,34 @@ def _peak_at(at: Optional[Dict[str, Any]]) -> str:
     return at["event"] + (f" {at['step']}" if at.get("step") is not None else "")
 
 
+#: the per-rank table: header, width, cell; columns no rank has a value for (GPU ones on CPU) are left out
+_RANK_COLUMNS = (
+    ("rank", 4, lambda r: str(r["rank"])),
+    ("steps", 6, lambda r: str(r["steps"])),
+    ("peak reserved", 13, lambda r: gib(r["peak_reserved_bytes"])),
+    ("at", -10, lambda r: _peak_at(r.get("peak_reserved_at"))),
+    ("peak allocated", 14, lambda r: gib(r["peak_allocated_bytes"])),
+    ("outside torch", 13, lambda r: gib(r["outside_torch_bytes"])),
+    ("capacity", 10, lambda r: gib(r["device_total_bytes"])),
+    ("host RSS", 9, lambda r: gib(r["host_rss_peak_bytes"])),
+    ("plan", 10, lambda r: gib(r["plan_bytes"])),
+    ("vs plan", 7, lambda r: "-" if r.get("plan_ratio") is None else f"{r['plan_ratio'] * 100:.0f}%"),
+)
+
+
 def _ranks(summary: Dict[str, Any]) -> List[str]:
     if not summary["ranks"]:
         return ["no rank recorded anything"]
-    lines = ["rank   steps  peak reserved  at          peak allocated  outside torch  capacity    host RSS   "
-             "plan        vs plan"]
-    for r in summary["ranks"]:
-        ratio = "-" if r.get("plan_ratio") is None else f"{r['plan_ratio'] * 100:.0f}%"
-        lines.append(f"{r['rank']:>4}  {r['steps']:>6}  {gib(r['peak_reserved_bytes']):>13}  "
-                     f"{_peak_at(r.get('peak_reserved_at')):<10}  {gib(r['peak_allocated_bytes']):>14}  "
-                     f"{gib(r['outside_torch_bytes']):>13}  {gib(r['device_total_bytes']):>10}  "
-                     f"{gib(r['host_rss_peak_bytes']):>9}  {gib(r['plan_bytes']):>10}  {ratio:>7}")
-    return lines
+    cells = [[fn(r) for _, _, fn in _RANK_COLUMNS] for r in summary["ranks"]]
+    keep = [i for i in range(len(_RANK_COLUMNS)) if i < 2 or any(row[i] != "-" for row in cells)]
+
+    def fmt(values: List[str]) -> str:
+        out = []
+        for i in keep:
+            width = _RANK_COLUMNS[i][1]
+            out.append(values[i].ljust(-width) if width < 0 else values[i].rjust(width))
+        return "  ".join(out).rstrip()
+    return [fmt([h for h, _, _ in _RANK_COLUMNS])] + [fmt(row) for row in cells]
 
 
 def size(value: Optional[float]) -> str:
@@ -101,9 +117,10 @@ def _group_line(kind: str, ops: List[Dict[str, Any]]) -> List[str]:
     if slow.get("phases"):
         lines.append("    phases: " + ", ".join(f"{clean(p['name'])} {secs(p['seconds'])}" for p in slow["phases"]))
     worst = max(ops, key=lambda o: _op_peak(o) or 0)
-    mems = (main_mem(worst.get("mem_before")), _op_peak(worst), main_mem(worst.get("mem_after")))
-    if any(m is not None for m in mems):
-        lines.append(f"    memory before {gib(mems[0])}, at peak {gib(mems[1])}, after {gib(mems[2])}"
+    mems = (("before", main_mem(worst.get("mem_before"))), ("at peak", _op_peak(worst)),
+            ("after", main_mem(worst.get("mem_after"))))
+    if any(m is not None for _, m in mems):
+        lines.append("    memory " + ", ".join(f"{name} {gib(m)}" for name, m in mems if m is not None)
                      + (f" (rank {worst['rank']}, the highest)" if len(ops) > 1 else ""))
     news = [(o["first_step_after"]["window_peak_reserved_bytes"], o["rank"], o["first_step_after"]["step"])
             for o in ops if o.get("first_step_after") and o["first_step_after"].get("window_peak_reserved_bytes")]
@@ -205,6 +222,8 @@ def render(summary: Dict[str, Any]) -> str:
 def _value(metric: str, x: Optional[float]) -> str:
     if x is None:
         return "-"
+    if metric == "save_bytes":
+        return size(x)
     if metric.endswith("_bytes"):
         return gib(x)
     if "seconds" in metric:

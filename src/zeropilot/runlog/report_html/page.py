@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from zeropilot.runlog.read import RunRecords
 from zeropilot.runlog.report_html import charts, sections
 from zeropilot.runlog.report_html.svg import esc
-from zeropilot.runlog.text import gib, secs
+from zeropilot.runlog.text import gib, secs, size
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; base-uri 'none'; form-action 'none'"
 
@@ -113,6 +113,8 @@ def render(records: RunRecords, summary: Dict[str, Any]) -> str:
 def _metric_cell(metric: str, v: Optional[float]) -> str:
     if v is None:
         return "-"
+    if metric == "save_bytes":
+        return size(v)
     if metric.endswith("_bytes"):
         return gib(v)
     return secs(v) if "seconds" in metric else f"{v:g}"
