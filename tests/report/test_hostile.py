@@ -80,3 +80,24 @@ def test_reader_budgets_bound_memory_and_say_so(tmp_path, monkeypatch):
     assert records.ranks[0].n_steps == 30 and len(records.ranks[0].events) == 5
     notes = " ".join(summarize(records)["problems"])
     assert "20 step record(s) and 15 other record(s) not read" in notes and "1 unreadable line(s)" in notes
+
+
+def test_fifos_devices_and_links_are_not_read(tmp_path, capsys, validate):
+    """A FIFO would block the reader forever and a link could read outside the directory: both are notes."""
+    import os
+
+    d = write_run(tmp_path / "odd", Spec(ranks=1, steps=3, save_every=0))
+    secret = tmp_path / "secret.txt"
+    secret.write_text('{"event": "error", "type": "LEAK", "message": "outside"}\n')
+    os.mkfifo(d / "rank-1.jsonl")
+    os.symlink(secret, d / "rank-2.jsonl")
+    os.symlink("/dev/zero", d / "stacks-rank-0.txt")
+    os.mkfifo(d / "hang.json")
+    assert main(["report", str(d), "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert validate(rep) == [] and rep["verdict"]["kind"] == "ok" and rep["hang"] is None
+    assert "LEAK" not in json.dumps(rep)
+    assert sorted(rep["problems"]) == ["hang.json: not a regular file, not read",
+                                       "rank-1.jsonl: not a regular file, not read",
+                                       "rank-2.jsonl: a symbolic link, not read",
+                                       "stacks-rank-0.txt: a symbolic link, not read"]

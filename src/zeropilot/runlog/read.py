@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +101,23 @@ class _Budget:
     dropped_events: int = 0
 
 
+def regular_file(path: Path, problems: List[str]) -> bool:
+    """True for a regular file that is not a symbolic link; a note for anything else that exists.
+
+    The guard writes only regular files. A FIFO or a device would block or never end a read, and a
+    link could make the report read a file outside the directory the user named.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False
+    if stat.S_ISREG(mode):
+        return True
+    what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+    problems.append(f"{path.name}: {what}, not read")
+    return False
+
+
 def _lines(path: Path, problems: List[str]) -> Iterator[Dict[str, Any]]:
     skipped = 0
     try:
@@ -161,7 +180,7 @@ def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budg
 def read_side_json(path: Path, problems: List[str]) -> Optional[Dict[str, Any]]:
     """A JSON object file of the run directory, or None (with a note) when absent or unreadable."""
     try:
-        if not path.is_file():
+        if not regular_file(path, problems):
             return None
         if path.stat().st_size > MAX_SIDE_FILE:
             problems.append(f"{path.name}: larger than {MAX_SIDE_FILE >> 20} MiB, not read")
@@ -178,6 +197,8 @@ def read_side_json(path: Path, problems: List[str]) -> Optional[Dict[str, Any]]:
 
 def read_stack(path: Path, problems: List[str]) -> Optional[str]:
     """The text of a stacks file, at most :data:`MAX_STACK` bytes of it (a note says when cut)."""
+    if not regular_file(path, problems):
+        return None
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_STACK + 1)
@@ -199,7 +220,8 @@ def read_run(root: Path) -> RunRecords:
     problems: List[str] = []
     run = read_side_json(d.run_file, problems)
     budget = _Budget(MAX_STEP_ROWS, MAX_EVENTS)
-    ranks = {r: read_rank(d.events(r), r, problems, budget) for r in d.ranks("rank")}
+    ranks = {r: read_rank(d.events(r), r, problems, budget) for r in d.ranks("rank")
+             if regular_file(d.events(r), problems)}
     if budget.dropped_steps or budget.dropped_events:
         problems.append(f"run larger than the reader's budget: {budget.dropped_steps} step record(s) and "
                         f"{budget.dropped_events} other record(s) not read")
