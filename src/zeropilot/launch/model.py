@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from zeropilot.errors import InputError
 from zeropilot.launch.commands import LaunchCommand
 from zeropilot.launch.document import Document, Node
-from zeropilot.launch.machine import MachineState
 from zeropilot.launch.shell import EnvSetting, Script
 from zeropilot.launch.versions import Versions
+
+if TYPE_CHECKING:  # only for the annotation: check does not import it unless the CLI reads the machine
+    from zeropilot.launch.machine import MachineState
 
 
 @dataclass
