@@ -20,7 +20,8 @@ _FLAG_FIELDS = {"stage": "--stage", "micro_batch": "--micro-batch", "seq_len": "
                 "offload_optimizer": "--offload-optimizer", "offload_param": "--offload-param",
                 "overlap_comm": "--overlap-comm", "attn": "--attn", "expandable_segments": "--expandable-segments",
                 "save_total_limit": "--save-total-limit", "reduce_bucket_size": "--reduce-bucket-size",
-                "prefetch_bucket_size": "--prefetch-bucket-size"}
+                "prefetch_bucket_size": "--prefetch-bucket-size", "zero_init": "--zero-init",
+                "sub_group_size": "--sub-group-size", "max_live_parameters": "--max-live-parameters"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,6 +46,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reduce-bucket-size", type=int, help="elements")
     p.add_argument("--prefetch-bucket-size", type=int, help="elements (ZeRO-3)")
     p.add_argument("--attn", choices=["sdpa", "eager", "flash"])
+    p.add_argument("--zero-init", action=argparse.BooleanOptionalAction, default=None,
+                   help="ZeRO-3 model built inside deepspeed.zero.Init (default: follows the launch; on for HF "
+                        "Trainer/accelerate/LLaMA-Factory, off for a raw deepspeed.initialize script)")
+    p.add_argument("--sub-group-size", type=int, help="ZeRO-3 sub_group_size (elements)")
+    p.add_argument("--max-live-parameters", type=int, help="stage3_max_live_parameters (elements)")
+    p.add_argument("--hardware", metavar="FILE", help="hardware profile from `zeropilot calibrate` (default: the "
+                                                      "profile of the visible GPU model, when planning without --gpus)")
+    p.add_argument("--host-mem", type=float, metavar="GiB", help="host RAM per node (default: this machine's "
+                                                                 "when planning without --gpus)")
     p.add_argument("--expandable-segments", action=argparse.BooleanOptionalAction, default=None,
                    help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     p.add_argument("--disk-write", type=float, metavar="GB/s", help="checkpoint write speed (default 1.0)")
@@ -101,7 +111,37 @@ def _flag_values(args: argparse.Namespace) -> Dict[str, Any]:
         out["disk_free_bytes"] = int(args.disk_free * 1e9)
     if args.timeout is not None:
         out["collective_timeout_s"] = args.timeout
+    if args.host_mem is not None:
+        if args.host_mem <= 0:
+            raise InputError(f"--host-mem {args.host_mem}: must be positive (GiB)")
+        out["host_mem_bytes"] = int(args.host_mem * 2**30)
     return out
+
+
+def _profile(args: argparse.Namespace, world: int):
+    """The hardware profile named by --hardware, or found for the visible GPU when planning without --gpus."""
+    from zeropilot.calibrate.profile import find, load, visible_gpu_name
+
+    if args.hardware:
+        return load(args.hardware)
+    if args.gpus:
+        return None
+    name = visible_gpu_name()
+    return find(name, world) if name else None
+
+
+def _apply_profile(profile, values: Dict[str, Any], sources: Dict[str, str], args) -> None:
+    """Fill what the profile knows and the flags and launch did not say."""
+    where = f"hardware profile {profile.path}"
+    if profile.expandable_segments is False and values.get("expandable_segments"):
+        values["expandable_segments"] = False
+        sources["expandable_segments"] = f"{where}: expandable_segments does not take effect on this build"
+    if profile.disk_write_bytes_per_s and "disk_write_bytes_per_s" not in values:
+        values["disk_write_bytes_per_s"] = profile.disk_write_bytes_per_s
+        sources["disk_write_bytes_per_s"] = f"{where} ({profile.disk_path})"
+    if profile.host_mem_bytes and "host_mem_bytes" not in values and not args.gpus:
+        values["host_mem_bytes"] = profile.host_mem_bytes
+        sources["host_mem_bytes"] = where
 
 
 def _hardware(args: argparse.Namespace, lv):
@@ -140,9 +180,25 @@ def build_inputs(args: argparse.Namespace):
     hardware = _hardware(args, lv)
     if hardware is not None:
         sources["hardware"] = f"flag --gpus {args.gpus}"
+    world = hardware.world_size if hardware else values.get("world", 1)
+    profile = _profile(args, world)
+    if profile is not None:
+        _apply_profile(profile, values, sources, args)
+        if hardware is None and profile.gpu_total_bytes:
+            from zeropilot.memory.inputs import Hardware
+
+            hardware = Hardware(world, profile.gpu_total_bytes, args.nodes or 1,
+                                f"{world}x{profile.gpu_name} (profile)")
+            sources["hardware"] = f"hardware profile {profile.path}"
+    if "host_mem_bytes" not in values and not args.gpus:
+        from zeropilot.calibrate.run import host_mem_bytes
+
+        values["host_mem_bytes"] = host_mem_bytes()
+        sources["host_mem_bytes"] = "this machine (/proc/meminfo)"
     values.pop("world", None) if hardware is not None else None
     inputs = PlanInputs(arch=arch, hardware=hardware, sources=sources, **values)
     inputs.validate()
+    args._profile = profile
     return inputs
 
 
@@ -175,6 +231,9 @@ def _write_json_atomic(path: str, data: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from zeropilot.memory.constants import DEFAULT
     from zeropilot.memory.plan import make_plan
     from zeropilot.memory.render import render_text, to_dict
     from zeropilot.memory.search import deepspeed_config, search
@@ -182,7 +241,14 @@ def run(args: argparse.Namespace) -> int:
     inputs = build_inputs(args)
     if args.stage == "auto":
         inputs = _auto_stage(inputs)
-    plan = make_plan(inputs)
+    constants, notes = DEFAULT, []
+    if args._profile is not None:
+        from zeropilot.calibrate.profile import apply
+
+        constants, notes = apply(args._profile, DEFAULT, inputs.world_size, inputs.stage)
+    plan = make_plan(inputs, constants)
+    if notes:
+        plan = dataclasses.replace(plan, notes=tuple(notes) + plan.notes)
     found = search(inputs) if args.search else None
     if args.write_ds_config:
         if not found or not found[0]:

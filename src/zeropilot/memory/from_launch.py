@@ -143,7 +143,9 @@ def _ds_config(out: LaunchValues, doc: Document) -> None:
     for name, key in (("reduce_bucket_size", "reduce_bucket_size"),
                       ("prefetch_bucket_size", "stage3_prefetch_bucket_size"),
                       ("param_persistence_threshold", "stage3_param_persistence_threshold"),
-                      ("max_live_parameters", "stage3_max_live_parameters")):
+                      ("max_live_parameters", "stage3_max_live_parameters"),
+                      ("max_reuse_distance", "stage3_max_reuse_distance"),
+                      ("sub_group_size", "sub_group_size"), ("hpz_partition_size", "zero_hpz_partition_size")):
         value = zero.get(key)
         if value == "auto":
             out.values[name] = "auto"
@@ -190,9 +192,25 @@ def _env(out: LaunchValues, launch: Launch) -> None:
             out.sources["expandable_segments"] = f"{setting.file}:{setting.line} {name}"
 
 
+def _build(out: LaunchValues, launch: Launch) -> None:
+    """``zero_init`` from the training scripts: False for a raw ``deepspeed.initialize`` script."""
+    from zeropilot.launch.build import model_build
+
+    for py in launch.python_files:
+        if py.tree is None:
+            continue
+        b = model_build(py.tree)
+        if b.zero_init is not None:
+            out.values["zero_init"] = b.zero_init
+            out.sources["zero_init"] = f"{py.path}:{b.line} ({b.reason})"
+            if b.zero_init is False:
+                return
+
+
 def values_from_launch(launch: Launch) -> LaunchValues:
     """What ``launch`` says about the plan (first training-args document and its DeepSpeed config)."""
     out = LaunchValues()
+    _build(out, launch)
     pairs = launch.training_pairs()
     train: Optional[Document] = pairs[0][0] if pairs else (launch.train_args[0] if launch.train_args else None)
     ds: Optional[Document] = pairs[0][1] if pairs else (launch.ds_configs[0] if launch.ds_configs else None)

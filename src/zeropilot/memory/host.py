@@ -40,6 +40,8 @@ def estimate_host(inputs: PlanInputs, params: int, trainable: int, c: Constants 
     if inputs.offload_param == "cpu":
         proc += 2 * params / n
         why += f" + 2 B × {params / n / 1e6:.0f} M offloaded 16-bit parameters (pinned)"
-    load = 2 * params * per_node if inputs.stage < 3 else 2 * params
-    why += "; loading: every rank holds the 16-bit weights once (ZeRO-3 with zero.Init: one copy per node)"
+    one_copy = inputs.stage == 3 and inputs.zero_init
+    load = 2 * params if one_copy else 2 * params * per_node
+    why += ("; loading: ZeRO-3 in zero.Init reads the 16-bit weights once per node" if one_copy else
+            "; loading: every rank holds the whole 16-bit model on the CPU (no zero.Init)")
     return HostMemory(int(proc), int(proc * per_node), int(load), why)

@@ -48,6 +48,19 @@ def verdict_of(gpu: GpuMemory, gpu_bytes: Optional[int]) -> Verdict:
                                 f"(allocated peak alone {(gpu.allocated_peak_bytes + non_torch) / GIB:.1f} GiB)")
 
 
+def host_verdict_of(host: HostMemory, host_mem_bytes: Optional[int]) -> Verdict:
+    """Compare what every process of a node holds (steady, and while loading the weights) with its RAM."""
+    if host_mem_bytes is None:
+        return Verdict("unknown", None, "host RAM unknown (--host-mem GiB, or plan on the machine itself)")
+    need = max(host.per_node_bytes, host.load_peak_per_node_bytes + host.per_node_bytes // 2)
+    head = host_mem_bytes - need
+    if head >= 0:
+        return Verdict("fits", head, f"host fits: {need / GIB:.0f} of {host_mem_bytes / GIB:.0f} GiB RAM per node")
+    return Verdict("oom", head, f"host does NOT fit: every process of the node together holds ~{need / GIB:.0f} GiB, "
+                                f"the node has {host_mem_bytes / GIB:.0f} GiB: the kernel's OOM killer ends the run "
+                                "(fewer ranks per node, parameter offload off, or NVMe offload)")
+
+
 @dataclass(frozen=True)
 class Plan:
     """Everything ``zeropilot plan`` reports for one configuration."""
@@ -59,6 +72,7 @@ class Plan:
     verdict: Verdict
     after_save_extra_bytes: int
     notes: Tuple[str, ...]
+    host_verdict: Verdict = Verdict("unknown", None, "host RAM unknown")
 
     @property
     def gpu_peak_bytes(self) -> int:
@@ -112,4 +126,10 @@ def make_plan(inputs: PlanInputs, c: Constants = DEFAULT) -> Plan:
     ckpt = estimate_checkpoint(inputs, gpu.params, gpu.trainable)
     verdict = verdict_of(gpu, inputs.hardware.gpu_bytes if inputs.hardware else None)
     extra, _ = _after_save(inputs, gpu)
-    return Plan(inputs, gpu, host, ckpt, verdict, extra, tuple(_notes(inputs, ckpt)))
+    notes = _notes(inputs, ckpt)
+    if gpu.peak_phase == "init":
+        notes.insert(0, f"the init phase sets the peak ({gpu.init_peak_bytes / GIB:.1f} GiB against training's "
+                        f"{gpu.train_peak_bytes / GIB:.1f} GiB): the model is built whole on every GPU before "
+                        "deepspeed.initialize partitions it — build it inside deepspeed.zero.Init")
+    return Plan(inputs, gpu, host, ckpt, verdict, extra, tuple(notes),
+                host_verdict_of(host, inputs.host_mem_bytes))

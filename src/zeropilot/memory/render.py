@@ -12,11 +12,12 @@ _LABELS = {"weights_trainable": "weights (trainable)", "weights_frozen": "weight
            "gradients": "gradients", "optimizer_master": "fp32 master weights", "optimizer_states": "AdamW states",
            "zero_buffers": "ZeRO buffers", "activations": "activations", "logits": "logits + loss buffers",
            "step_temporaries": "optimizer step temporaries", "allocator_overhead": "allocator overhead",
-           "non_torch": "outside PyTorch"}
+           "non_torch": "outside PyTorch", "init_peak": "init phase (allocated)"}
 _FIELDS = ("stage", "micro_batch", "seq_len", "grad_accum", "gradient_checkpointing", "lora_rank",
            "offload_optimizer", "offload_param", "overlap_comm", "reduce_bucket_size", "prefetch_bucket_size",
            "attn", "expandable_segments", "save_total_limit", "gather_16bit_on_save", "save_only_model",
-           "disk_write_bytes_per_s", "collective_timeout_s")
+           "disk_write_bytes_per_s", "collective_timeout_s", "zero_init", "sub_group_size", "max_live_parameters",
+           "max_reuse_distance", "hpz_partition_size", "host_mem_bytes")
 
 
 def _gib(n: float) -> str:
@@ -46,10 +47,14 @@ def render_text(plan: Plan, candidates: Optional[Tuple[List[Candidate], Optional
     for c in plan.gpu.components:
         if c.bytes or c.name in ("activations", "logits"):
             out.append(f"  {_LABELS.get(c.name, c.name):28s}{_gib(c.bytes)}   {c.reason}")
+    if plan.gpu.init_peak_bytes:
+        out.append(f"  {'init phase peak':28s}{_gib(plan.gpu.init_peak_bytes)}   building the model and "
+                   f"deepspeed.initialize ({'zero.Init' if p.zero_init else 'no zero.Init'})")
+        out.append(f"  {'training phase peak':28s}{_gib(plan.gpu.train_peak_bytes)}")
     out.append(f"  {'peak, as nvidia-smi shows it':28s}{_gib(plan.gpu_peak_bytes)}   set by the "
                f"{plan.gpu.peak_phase} (allocated {plan.gpu.allocated_peak_bytes / GIB:.2f} GiB, reserved "
                f"{plan.gpu.reserved_peak_bytes / GIB:.2f} GiB)")
-    out += ["", f"Verdict: {plan.verdict.message}", ""]
+    out += ["", f"Verdict: {plan.verdict.message}", f"Host verdict: {plan.host_verdict.message}", ""]
     h = plan.host
     out.append(f"Host memory: {h.per_process_bytes / GIB:.1f} GiB per process, {h.per_node_bytes / GIB:.1f} GiB "
                f"per node; loading the weights: {h.load_peak_per_node_bytes / GIB:.1f} GiB per node. {h.reason}")
@@ -108,6 +113,9 @@ def to_dict(plan: Plan, candidates: Optional[Tuple[List[Candidate], Optional[Can
         "breakdown": {c.name: {"bytes": c.bytes, "phase": c.phase, "reason": c.reason} for c in plan.gpu.components},
         "verdict": {"kind": plan.verdict.kind, "headroom_bytes": plan.verdict.headroom_bytes,
                     "message": plan.verdict.message},
+        "init_peak_bytes": plan.gpu.init_peak_bytes, "train_peak_bytes": plan.gpu.train_peak_bytes,
+        "host_verdict": {"kind": plan.host_verdict.kind, "headroom_bytes": plan.host_verdict.headroom_bytes,
+                         "message": plan.host_verdict.message},
         "host": {"per_process_bytes": h.per_process_bytes, "per_node_bytes": h.per_node_bytes,
                  "load_peak_per_node_bytes": h.load_peak_per_node_bytes, "reason": h.reason},
         "checkpoint": {"total_bytes": k.total_bytes, "per_rank_bytes": k.per_rank_bytes,

@@ -1,0 +1,75 @@
+"""calibrate: the CPU path really runs (two gloo ranks), its profile says what is unmeasured, and plan uses
+profiles; model-build detection reads raw deepspeed.initialize scripts."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeropilot.calibrate.profile import GIB, apply, from_dict, load
+from zeropilot.errors import InputError
+from zeropilot.launch.build import model_build
+from zeropilot.memory.constants import DEFAULT
+
+SHIPPED = Path(__file__).resolve().parents[2] / "src" / "zeropilot" / "data" / "hardware"
+
+
+@pytest.mark.slow
+def test_cpu_run_writes_a_profile_that_says_gpu_fields_are_unmeasured(tmp_path):
+    out = tmp_path / "cpu.json"
+    proc = subprocess.run([sys.executable, "-m", "zeropilot", "calibrate", "--nproc", "2", "--out", str(out),
+                           "--checkpoint-dir", str(tmp_path), "--disk-mib", "4"], capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    profile = load(str(out))
+    assert profile.vendor == "cpu" and profile.world_size == 2
+    assert profile.outside_torch_bytes is None and "no GPU" in profile.unmeasured["outside_torch_bytes"]
+    assert profile.disk_write_bytes_per_s > 0 and "unmeasured" in proc.stdout
+    assert not list(tmp_path.glob(".zeropilot-calibrate-*"))  # the disk test file is gone
+
+
+def test_shipped_h200_profiles_load_and_replace_the_outside_torch_figure():
+    for ws in (1, 2):
+        p = load(str(SHIPPED / f"nvidia-h200-ws{ws}.json"))
+        assert p.gpu_name == "NVIDIA H200" and p.world_size == ws and p.expandable_segments is True
+        c, notes = apply(p, DEFAULT, ws, 3)
+        assert c.non_torch_zero3_init == p.outside_torch_bytes and c.nccl_multi_gpu == 0
+        assert 1.0 * GIB < p.outside_torch_bytes < 2.5 * GIB and notes
+
+
+@pytest.mark.parametrize("bad", [{}, {"schema": 1, "world_size": 0, "vendor": "cuda"},
+                                 {"schema": 1, "world_size": 1, "vendor": "cuda", "outside_torch_bytes": -1},
+                                 {"schema": 1, "world_size": 1, "vendor": "tpu"}])
+def test_a_bad_profile_is_an_input_error(bad):
+    with pytest.raises(InputError):
+        from_dict(bad)
+
+
+def test_not_json_profile_is_an_input_error(tmp_path):
+    f = tmp_path / "p.json"
+    f.write_text("{nope")
+    with pytest.raises(InputError):
+        load(str(f))
+
+
+def test_raw_deepspeed_initialize_script_is_not_zero_init():
+    raw = "import deepspeed\nm = load()\nengine, *_ = deepspeed.initialize(model=m, config='ds.json')\n"
+    assert model_build(ast.parse(raw)).zero_init is False
+    wrapped = "import deepspeed\nwith deepspeed.zero.Init():\n    m = load()\ndeepspeed.initialize(model=m)\n"
+    assert model_build(ast.parse(wrapped)).zero_init is True
+
+
+def test_plan_no_zero_init_lets_the_init_phase_set_the_peak():
+    cmd = [sys.executable, "-m", "zeropilot", "plan", "--model", "Qwen/Qwen2-7B", "--gpus", "2x16GiB", "--stage", "3",
+           "--lora-rank", "16", "--micro-batch", "1", "--seq-len", "1024", "--gradient-checkpointing",
+           "--host-mem", "64", "--format", "json"]
+    raw = json.loads(subprocess.run(cmd + ["--no-zero-init"], capture_output=True, text=True, timeout=60).stdout)
+    zi = json.loads(subprocess.run(cmd + ["--zero-init"], capture_output=True, text=True, timeout=60).stdout)
+    assert raw["peak_phase"] == "init" and raw["verdict"]["kind"] != "fits"
+    assert zi["peak_phase"] != "init" and zi["init_peak_bytes"] < raw["init_peak_bytes"]
+    assert raw["host_verdict"]["kind"] == "fits"
