@@ -7,8 +7,8 @@ Shared by the guard, report and repro tests. Every job is a real multi-process l
 - :func:`raw_deepspeed`: ``examples/raw-deepspeed/train.py`` (ZeRO-3) under the ``deepspeed`` launcher,
   6 steps, saves at steps 3 and 6.
 - :func:`killed_in_save`: rank 1 is SIGKILLed while it writes its model states during a save.
-- :func:`hang_save_rank0_only`: the save runs on rank 0 only; ``--hang-timeout 8 --on-hang stop``.
-- :func:`hang_sleep_rank1`: rank 1 sleeps before a barrier; ``--hang-timeout 8 --on-hang stop``.
+- :func:`hang_save_rank0_only`: the save runs on rank 0 only; ``--hang-timeout 10 --on-hang stop``.
+- :func:`hang_sleep_rank1`: rank 1 sleeps before a barrier; ``--hang-timeout 10 --on-hang stop``.
 - :func:`hang_stale_lock`: a stale op-build lock blocks every rank before its first step.
 
 Each returns a :class:`Job` (run directory, exit status, output, checkpoint folder). Jobs get their
@@ -133,29 +133,45 @@ def killed_in_save() -> Job:
     return _faults("killed_in_save", "kill-in-save", [])
 
 
-@functools.lru_cache(maxsize=None)
-def hang_save_rank0_only() -> Job:
-    """(d) save_checkpoint under ``if rank == 0``: rank 0 waits in the save's barrier, rank 1 trains on."""
-    return _faults("hang_save_rank0_only", "save-rank0-only", ["--hang-timeout", "8", "--on-hang", "stop"])
+HANG_FLAGS = ["--hang-timeout", "10", "--on-hang", "stop"]
 
 
-@functools.lru_cache(maxsize=None)
-def hang_sleep_rank1() -> Job:
-    """(d) Rank 1 sleeps while rank 0 waits in a barrier."""
-    return _faults("hang_sleep_rank1", "sleep-rank1", ["--hang-timeout", "8", "--on-hang", "stop"])
-
-
-@functools.lru_cache(maxsize=None)
-def hang_stale_lock() -> Job:
-    """A lock left by a killed op build: every rank waits for it before its first step.
-
-    No sitecustomize here: the ranks build the shm op as DeepSpeed does on CPU, and find the lock."""
+def _stale_lock_job() -> Job:
+    """No sitecustomize here: the ranks build the shm op as DeepSpeed does on CPU, and find the lock."""
     env = job_env("hang_stale_lock")
     env["PYTHONPATH"] = str(REPO / "src")
     lock = Path(env["TORCH_EXTENSIONS_DIR"]) / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     lock.write_text("")
     ckpt = root() / "hang_stale_lock" / "ckpt"
-    cmd = _deepspeed(EXAMPLE / "train.py", "--deepspeed_config", str(EXAMPLE / "ds_config.json"),
-                     "--steps", "2", "--save-dir", str(ckpt))
-    return zeropilot_run("hang_stale_lock", cmd, ["--hang-timeout", "8", "--on-hang", "stop"], env=env)
+    cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "ds_faults.py"),
+           "--save-dir", str(ckpt), "--deepspeed_config", str(JOBS / "ds_config.json")]
+    return zeropilot_run("hang_stale_lock", cmd, ["--no-check", *HANG_FLAGS], env=env)
+
+
+@functools.lru_cache(maxsize=None)
+def _hangs() -> dict:
+    """The three hang jobs at once: each spends most of its time waiting for the watchdog."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = {"save_rank0_only": lambda: _faults("hang_save_rank0_only", "save-rank0-only", HANG_FLAGS),
+            "sleep_rank1": lambda: _faults("hang_sleep_rank1", "sleep-rank1", HANG_FLAGS),
+            "stale_lock": _stale_lock_job}
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = {name: pool.submit(fn) for name, fn in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def hang_save_rank0_only() -> Job:
+    """(d) save_checkpoint under ``if rank == 0``: rank 0 waits in the save's barrier, rank 1 trains on."""
+    return _hangs()["save_rank0_only"]
+
+
+def hang_sleep_rank1() -> Job:
+    """(d) Rank 1 sleeps while rank 0 waits in a barrier."""
+    return _hangs()["sleep_rank1"]
+
+
+def hang_stale_lock() -> Job:
+    """A lock left by a killed op build: every rank waits for it before its first step."""
+    return _hangs()["stale_lock"]

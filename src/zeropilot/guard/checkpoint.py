@@ -46,6 +46,7 @@ def operation(kind: str, path: Any = None, tag: Any = None, step: Optional[int] 
                       None if path is None else str(path), time.time(), guard.memory())
     guard.op_stack.append(op)
     previous = guard.set_phase(kind)
+    guard.beat()  # saves and loads are rare and where ranks die or hang: their heartbeat is written at once
     error = None
     try:
         yield op
@@ -81,6 +82,7 @@ def phase(name: str) -> Iterator[None]:
         yield
         return
     previous = guard.set_phase(f"{op.kind}:{name}")
+    guard.beat()
     t0 = time.time()
     try:
         yield

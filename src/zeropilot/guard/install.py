@@ -103,11 +103,12 @@ def _claimed_by_other(rank: int) -> bool:
     """Another live process already is this rank (we are its subprocess)."""
     import json
     import os
+    from pathlib import Path
 
     from zeropilot.runlog.layout import RunDir
 
     try:
-        with open(RunDir(os.environ["ZEROPILOT_RUN_DIR"]).heartbeat(rank), encoding="utf-8") as fh:
+        with open(RunDir(Path(os.environ["ZEROPILOT_RUN_DIR"])).heartbeat(rank), encoding="utf-8") as fh:
             pid = json.load(fh).get("pid")
         if not isinstance(pid, int) or pid == os.getpid():
             return False

@@ -21,7 +21,7 @@ from zeropilot.runlog.read import read_side_json
 
 STACK_SIGNAL = signal.SIGUSR2
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
-DUMP_WAIT_S = 3.0
+DUMP_WAIT_S = 2.0
 #: before any rank exists (the launcher starting, a rendezvous waiting for nodes) the watchdog waits this
 #: long at least: a rank is live from its interpreter's start, so this only covers the launcher itself
 STARTUP_GRACE_S = 120.0
@@ -129,7 +129,8 @@ class Watchdog:
             states.append(RankState(rank=rank, phase=hb.get("phase"), step=hb.get("step"),
                                     phase_since=hb.get("phase_since"), alive=_alive(hb.get("pid")),
                                     frames=parse_stacks(text)))
-        locks = find_locks(self.env) if not states or any(s.phase == "init" for s in states) else []
+        early = not states or any(s.phase in ("startup", "init") or s.step in (0, None) for s in states)
+        locks = find_locks(self.env) if early else []
         verdict = hang_verdict(states, self.world_size, self.timeout_s, locks)
         record = {"t": time.time(), "timeout_s": self.timeout_s, "action": self.action,
                   "ranks": [{"rank": s.rank, "phase": s.phase, "phase_since": s.phase_since, "step": s.step,

@@ -1,0 +1,45 @@
+"""The hang verdict as a pure function: faulthandler text in, which rank is where out."""
+
+from __future__ import annotations
+
+from zeropilot.guard.hangs import MARKER, RankState, collective, hang_verdict, parse_stacks
+
+DUMP = """Thread 0x00007f0000000002 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/x/zeropilot/guard/rank.py", line 170 in _beat_loop
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/sp/torch/distributed/distributed_c10d.py", line 5356 in barrier
+  File "/sp/deepspeed/comm/torch.py", line 519 in barrier
+  File "/sp/deepspeed/runtime/engine.py", line 4900 in save_checkpoint
+  File "/work/train.py", line 57 in main
+  File "/work/train.py", line 67 in <module>
+"""
+
+
+def test_parse_takes_the_main_thread_of_the_last_dump_innermost_last():
+    text = "old garbage\n" + MARKER + " 1 ---\n" + DUMP
+    frames = parse_stacks("Thread 0x1 (most recent call first):\n  File \"a.py\", line 1 in f\n" + text)
+    assert [f["func"] for f in frames] == ["<module>", "main", "save_checkpoint", "barrier", "barrier"]
+    assert collective(frames) == "barrier"
+
+
+def test_rank_outside_collective_is_the_odd_one():
+    waiting = RankState(0, phase="save", step=2, alive=True, frames=parse_stacks(DUMP))
+    sleeping = RankState(1, phase="idle", step=2, alive=True, frames=[
+        {"file": "/work/train.py", "line": 67, "func": "<module>"},
+        {"file": "/work/train.py", "line": 60, "func": "main"}])
+    v = hang_verdict([waiting, sleeping], 2, 8.0)
+    assert v["ranks"] == [1] and v["where"][-1].startswith("main")
+
+
+def test_dead_and_missing_ranks_come_first():
+    waiting = RankState(0, phase="step", step=5, alive=True, frames=parse_stacks(DUMP))
+    dead = RankState(1, phase="save:write", step=5, alive=False, frames=[])
+    v = hang_verdict([waiting, dead], 3, 60.0)
+    assert v["ranks"] == [1, 2] and "gone or never started" in v["cause"]
+
+
+def test_no_rank_and_a_lock_blames_the_lock():
+    v = hang_verdict([], 2, 30.0, [{"path": "/c/torch_extensions/py311/op/lock", "age_s": 900.0}])
+    assert "lock" in v["cause"] and v["fixes"][0].startswith("if no build is running, delete /c/")
