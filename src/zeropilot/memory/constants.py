@@ -66,8 +66,8 @@ class Constants:
     non_torch_zero3_init: float = 1.29 * GIB
     nccl_multi_gpu: float = 0.47 * GIB
     fit_gap_sub: float = 0.8
-    fit_gap_gather: float = 1.0
-    fit_live: float = 0.875
+    fit_gap_gather: float = 0.8
+    fit_live: float = 1.0
     init_reserved: float = 1.02
     source: str = "measured on H200, bench/plan and bench/multigpu"
     host_base: float = 2.2 * GIB
