@@ -67,3 +67,51 @@ def test_mem003_fires_for_a_slow_save(tmp_path):
         "run.sh": "FORCE_TORCHRUN=1 NNODES=4 NPROC_PER_NODE=8 llamafactory-cli train train.yaml\n"})
     found = [f for f in _findings(root, "8x141GiB") if f.code == "MEM003"]
     assert len(found) == 1 and "collective timeout" in found[0].message
+
+
+RAW_SCRIPT = ("import deepspeed, torch\nfrom transformers import AutoModelForCausalLM\n"
+              "model = AutoModelForCausalLM.from_pretrained('Qwen/Qwen2-7B', torch_dtype=torch.bfloat16)\n"
+              "engine, *_ = deepspeed.initialize(model=model, config='ds.json')\n")
+
+
+def _raw_launch(tmp_path, script=RAW_SCRIPT):
+    return write_files(tmp_path, {
+        "ds.json": {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}},
+        "train.py": script, "run.sh": "deepspeed --num_gpus 8 train.py\n"})
+
+
+def test_mem004_fires_for_a_raw_zero3_script(tmp_path):
+    """Qwen2-7B built whole (15.2 GB in bf16) on 8 x 16 GiB cards: initialize overflows before any step.
+
+    Measured counterpart: bench/plan/data/h200x2_call3.jsonl, raw build on 16 GiB-capped H200s: OOM at init.
+    """
+    root = _raw_launch(tmp_path)
+    result, _ = check([root], gpus="8x16GiB", select={"MEM004", "MEM001"}, use_installed=False)
+    found = result.findings
+    assert [f.code for f in found] == ["MEM004"]
+    assert found[0].file.endswith("train.py") and found[0].line == 4 and "zero.Init" in found[0].message
+
+
+def test_mem004_quiet_inside_zero_init_or_on_large_cards(tmp_path):
+    wrapped = RAW_SCRIPT.replace("model = AutoModel", "with deepspeed.zero.Init(config_dict_or_path='ds.json'):\n"
+                                                        "    model = AutoModel")
+    result, _ = check([_raw_launch(tmp_path / "a", wrapped)], gpus="8x16GiB", select={"MEM004"}, use_installed=False)
+    assert result.findings == []
+    result, _ = check([_raw_launch(tmp_path / "b")], gpus="8x80GiB", select={"MEM004"}, use_installed=False)
+    assert result.findings == []
+
+
+def test_mem005_fires_when_offload_outgrows_the_host(tmp_path):
+    """Qwen2-7B full fine-tuning with optimizer and parameter offload, 8 ranks on a 128 GiB host."""
+    root = write_files(tmp_path, {
+        "ds.json": {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                          "offload_param": {"device": "cpu"}}, "train_micro_batch_size_per_gpu": 1},
+        "train.yaml": "model_name_or_path: Qwen/Qwen2-7B\nfinetuning_type: full\ndeepspeed: ds.json\n"
+                      "cutoff_len: 1024\nper_device_train_batch_size: 1\noutput_dir: out\n",
+        "run.sh": "FORCE_TORCHRUN=1 NPROC_PER_NODE=8 llamafactory-cli train train.yaml\n"})
+    small, _ = check([root], gpus="8x80GiB", select={"MEM005"}, use_installed=False, host_mem=128)
+    assert [f.code for f in small.findings] == ["MEM005"] and "OOM killer" in small.findings[0].message
+    big, _ = check([root], gpus="8x80GiB", select={"MEM005"}, use_installed=False, host_mem=2048)
+    assert big.findings == []
+    unknown, _ = check([root], gpus="8x80GiB", select={"MEM005"}, use_installed=False)
+    assert unknown.findings == []

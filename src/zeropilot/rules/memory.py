@@ -1,5 +1,6 @@
 """Rules that run ``zeropilot plan`` on a launch: predicted OOM, checkpoints that outgrow the disk, saves
-longer than the collective timeout.
+longer than the collective timeout, a ZeRO-3 script whose whole-model init overflows the GPU, and host
+memory that the node's processes outgrow.
 
 They run when the model and the hardware are known: ``zeropilot check --gpus COUNTxMEM`` and a
 ``model_name_or_path`` that resolves (a local config, the HF cache or the built-in catalogue). The plan
@@ -105,6 +106,8 @@ def predicted_gpu_oom(launch: Launch) -> Iterator[Hit]:
                   "--model NAME_OR_CONFIG` with the base model's name or config.json", severity=Severity.INFO)
     for train, ds, plan in _plans(launch):
         v = plan.verdict
+        if plan.gpu.peak_phase == "init" and plan.gpu.train_peak_bytes <= plan.inputs.hardware.gpu_bytes:
+            continue  # only the whole-model init overflows: MEM004 says so, with its fix
         if v.kind in ("oom", "tight"):
             sev = Severity.ERROR if v.kind == "oom" else Severity.WARNING
             yield Hit(ds, _zero_node(ds), f"predicted peak {plan.gpu_peak_bytes / 2**30:.1f} GiB per GPU — "
@@ -210,3 +213,134 @@ def save_longer_than_collective_timeout(launch: Launch) -> Iterator[Hit]:
                                    "other ranks' next collective times out — save less (LoRA: exclude frozen "
                                    "weights) or to a faster disk")
 
+
+
+def _pretrained_name(tree) -> Optional[str]:
+    """The first string literal passed to a ``from_pretrained`` call in a script, if any."""
+    import ast
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "from_pretrained":
+            arg = node.args[0] if node.args else next((k.value for k in node.keywords
+                                                       if k.arg == "pretrained_model_name_or_path"), None)
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                return arg.value
+    return None
+
+
+def _raw_init_plans(launch: Launch):
+    """(script, build, plan) for ZeRO-3 scripts that call deepspeed.initialize without zero.Init."""
+    if not launch.gpus:
+        return
+    from zeropilot.launch.build import model_build
+    from zeropilot.memory.from_launch import resolve_auto, values_from_launch
+    from zeropilot.memory.inputs import PlanInputs, parse_gpus
+    from zeropilot.memory.plan import make_plan
+    from zeropilot.models import resolve_model
+
+    lv = values_from_launch(launch)
+    if lv.values.get("stage") != 3:
+        return
+    for py in launch.python_files:
+        build = model_build(py.tree) if py.tree is not None else None
+        if build is None or build.zero_init is not False:
+            continue
+        name = lv.model or _pretrained_name(py.tree)
+        try:
+            arch = resolve_model(name, lv.model_base or py.path.parent) if name else None
+            if arch is None:
+                continue
+            text = launch.gpus if "x" in launch.gpus.lower() else f"{lv.world_size or 1}x{launch.gpus}"
+            values, _ = resolve_auto(lv.values, arch.hidden)
+            values["zero_init"] = False
+            plan = make_plan(PlanInputs(arch=arch, hardware=parse_gpus(text), sources=dict(lv.sources), **values))
+        except InputError:
+            continue
+        yield py, build, plan
+
+
+@rule("MEM004", "whole-model-init-exceeds-gpu", Severity.ERROR, packages=("deepspeed", "torch"),
+      versions="deepspeed 0.19.8 (engine moves a model without ds_id to the GPU, then partitions it); measured "
+               "on 2 x H200",
+      witness=("fixture:tests/memory/test_rules_memory.py::test_mem004_fires_for_a_raw_zero3_script; "
+               "deepspeed/runtime/engine.py _configure_distributed_model; bench/plan/data/h200x2_call3.jsonl "
+               "(Qwen2.5-7B LoRA, 2 x 16 GiB cap: raw build OOM at init, zero.Init build runs)"))
+def whole_model_init_exceeds_gpu(launch: Launch) -> Iterator[Hit]:
+    """A ZeRO-3 script builds the whole model before `deepspeed.initialize`, and that alone overflows the GPU.
+
+    ## Why is this bad?
+    Without `deepspeed.zero.Init`, `from_pretrained` (or `from_config`) builds the whole 16-bit model and
+    `deepspeed.initialize` moves it to every GPU before partitioning it; the caching allocator keeps that
+    memory reserved. Where the whole model is larger than training's working set (more ranks, smaller
+    cards), the launch dies with `CUDA out of memory` inside `initialize`, before the first step — although
+    the plan for training alone fits. Measured: Qwen2.5-7B LoRA on two 16 GiB-capped H200s ran when built in
+    `zero.Init` (15.6 GiB) and ran out of memory at init without it (16.7 GiB predicted).
+
+    ## Example
+    ```python
+    model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2-7B", torch_dtype=torch.bfloat16)
+    engine, *_ = deepspeed.initialize(model=model, config="ds_z3.json")
+    ```
+
+    ## Use instead
+    ```python
+    with deepspeed.zero.Init(config_dict_or_path="ds_z3.json"):
+        model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2-7B", torch_dtype=torch.bfloat16)
+    engine, *_ = deepspeed.initialize(model=model, config="ds_z3.json")
+    # or: dschf = HfDeepSpeedConfig("ds_z3.json") before from_pretrained (keep the object alive)
+    ```
+
+    ## References
+    - DeepSpeed docs, "Constructing Massive Models" (`deepspeed.zero.Init`)
+    - `zeropilot plan --no-zero-init` (init phase next to training), `bench/plan/results/accuracy.md`
+    """
+    for py, build, plan in _raw_init_plans(launch):
+        gpu, size = plan.gpu, plan.inputs.hardware.gpu_bytes
+        if plan.gpu.init_peak_bytes > size:
+            yield Hit(None, None, f"ZeRO-3 without deepspeed.zero.Init: the whole 16-bit model is on every GPU "
+                                  f"before deepspeed.initialize partitions it — init peak {gpu.init_peak_bytes / 2**30:.1f} "
+                                  f"GiB > {size / 2**30:.1f} GiB per GPU (training alone: "
+                                  f"{gpu.train_peak_bytes / 2**30:.1f} GiB) — build the model inside "
+                                  "`with deepspeed.zero.Init(config_dict_or_path=...)` or create HfDeepSpeedConfig "
+                                  "before from_pretrained", file=py.path, line=build.line, key="deepspeed.initialize")
+
+
+@rule("MEM005", "host-memory-exceeded", Severity.ERROR, packages=("deepspeed",),
+      versions="deepspeed 0.19.8 (CPU offload with pinned buffers); measured on H200 hosts",
+      witness=("fixture:tests/memory/test_rules_memory.py::test_mem005_fires_when_offload_outgrows_the_host; "
+               "bench/plan/data/h200x2_call3.jsonl host_peak_rss_gb; issue 14 (two 7-8B offloaded full "
+               "fine-tunings killed by the kernel on a 128 GiB host)"))
+def host_memory_exceeded(launch: Launch) -> Iterator[Hit]:
+    """Every process of a node together needs more host RAM than the node has (`check --host-mem GiB`).
+
+    ## Why is this bad?
+    Optimizer and parameter offload keep fp32 master weights, AdamW states and pinned 16-bit buffers in host
+    memory, one share per rank; loading without `zero.Init` holds a whole 16-bit copy per rank. When the
+    node's processes need more than its RAM, the kernel's OOM killer ends a rank (often silently: the others
+    hang in the next collective). The GPU verdict alone says "fits".
+
+    ## Example
+    ```json
+    {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}
+    ```
+
+    ## Use instead
+    ```bash
+    zeropilot plan LAUNCH --gpus 2x16GiB --host-mem 128   # host verdict next to the GPU one
+    ```
+    Fewer ranks per node, parameter offload off, or `offload_optimizer.device: nvme`.
+
+    ## References
+    - DeepSpeed docs, ZeRO-Offload / ZeRO-Infinity (host memory needs)
+    - `src/zeropilot/memory/host.py`
+    """
+    host_mem = getattr(launch, "host_mem", None)
+    if not host_mem:
+        return
+    from zeropilot.memory.plan import host_verdict_of
+
+    for train, ds, plan in _plans(launch):
+        verdict = host_verdict_of(plan.host, int(host_mem))
+        if verdict.kind == "oom":
+            node = ds.get("zero_optimization.offload_optimizer") or _zero_node(ds)
+            yield Hit(ds, node, verdict.message)
