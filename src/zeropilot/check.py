@@ -27,6 +27,7 @@ def check(
     per_file_ignores: Optional[Dict[str, Sequence[str]]] = None,
     machine=None,
     oracle: bool = False,
+    host_mem: Optional[float] = None,
 ) -> Tuple[CheckResult, Launch]:
     """Check a launch.
 
@@ -43,6 +44,7 @@ def check(
             inspected (the CLI reads them).
         oracle: also ask the installed DeepSpeed / transformers / accelerate, in a subprocess (seconds; see
             :mod:`zeropilot.oracle`).
+        host_mem: host RAM per node in GiB for the host-memory rule (MEM005); None: it waits for it.
 
     Returns:
         The result (findings less inline suppressions, notices) and the launch that was read.
@@ -61,6 +63,7 @@ def check(
     launch.gpus = gpus
     launch.hub = hub
     launch.machine = machine
+    launch.host_mem = int(host_mem * 2**30) if host_mem else None
     if oracle:
         from zeropilot.oracle import ask
 
