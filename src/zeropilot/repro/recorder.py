@@ -5,9 +5,8 @@ any run. Differences a reader should know: the repro owns its process, so it res
 at the start of every step, save and load, and every record's ``peak_*`` is that window's own peak (records carry
 ``peaks: "window"``); records carry ``leg`` (1: the uninterrupted run, 2: the resumed one) and ``case``.
 
-:func:`attach` is the one call that hooks the recorder to a rank. When the guard (``zeropilot.guard``) offers
-``attach(engine)`` it is started there too; the repro keeps writing its own step/save/load records, which carry
-what the verdict needs (losses, data order) and which the guard does not know.
+:func:`attach` starts the recorder in a rank; :func:`attach_guard` is the one call that hands the engine to the
+guard (``zeropilot.guard.attach``) when the repro runs under ``zeropilot run``.
 Imports torch lazily (this module is only imported inside a rank).
 """
 
@@ -121,14 +120,20 @@ class Recorder:
         self.writer.close()
 
 
-def attach(run_dir: Path, rank: int, cuda: bool, leg: int, case: str, engine: Any = None) -> Recorder:
-    """Start recording this rank; also attach the guard when ``zeropilot.guard.attach`` exists."""
-    rec = Recorder(run_dir, rank, cuda, leg, case)
-    if engine is not None:
-        try:
-            from zeropilot.guard import attach as guard_attach  # the guard engineer's hook, when it has landed
-        except ImportError:
-            guard_attach = None
-        if guard_attach is not None:
-            guard_attach(engine)
-    return rec
+def attach(run_dir: Path, rank: int, cuda: bool, leg: int, case: str) -> Recorder:
+    """Start recording this rank's contract records for one case."""
+    return Recorder(run_dir, rank, cuda, leg, case)
+
+
+def attach_guard(engine: Any) -> bool:
+    """Hand the engine to the guard (``zeropilot.guard.attach``) when this rank runs under ``zeropilot run``.
+
+    Only then: the guard writes into ``ZEROPILOT_RUN_DIR``, and without a run of its own it would only patch the
+    engine class. The repro's own records above stay (they carry the legs, losses and data order).
+    """
+    if not os.environ.get("ZEROPILOT_RUN_DIR"):
+        return False
+    from zeropilot.guard import attach as guard_attach
+
+    guard_attach(engine)
+    return True

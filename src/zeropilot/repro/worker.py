@@ -26,7 +26,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from zeropilot.repro.recorder import Recorder, RssPeak, attach
+from zeropilot.repro.recorder import Recorder, RssPeak, attach, attach_guard
 from zeropilot.repro.spec import ReproSpec
 from zeropilot.runlog.layout import write_json_atomic
 
@@ -350,6 +350,7 @@ def run_case(case: Dict[str, Any], leg: int, cuda: bool, cap: Optional[Dict[str,
         _seed_all(spec.seed)
         t = time.perf_counter()
         engine = build_engine(spec, world, cuda)
+        attach_guard(engine)
         rec.write("init", zero_stage=spec.stage, seconds=time.perf_counter() - t, mem=rec.mem())
         data = Data(spec, rank, world)
         first = 1
