@@ -55,7 +55,7 @@ def test_killed_rank_is_named_not_the_rank_that_noticed(capsys, validate):
     assert validate(rep) == []
     v = rep["verdict"]
     assert v["kind"] == "crash" and v["ranks"] == [1], v
-    assert "rank 1 stopped without an error record" in v["reason"] and "saw its peer fail" in v["reason"]
+    assert "rank 1 stopped recording without an error" in v["reason"] and "saw its peer fail" in v["reason"]
     assert not rep["ranks"][1]["ended"]
 
 

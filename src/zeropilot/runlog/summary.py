@@ -210,30 +210,33 @@ def _verdict(records: RunRecords, ranks: List[Dict[str, Any]], ooms: List[Dict[s
 
 
 def _error_text(e: Dict[str, Any]) -> str:
-    return f"{nz.text(e.get('type')) or 'error'}: {nz.text(e.get('message')) or ''}".strip().rstrip(":")
+    return nz.text(f"{nz.text(e.get('type')) or 'error'}: {nz.text(e.get('message')) or ''}".strip().rstrip(":"))
 
 
 def _crash(records: RunRecords, ranks: List[Dict[str, Any]], errors: List[tuple]) -> Dict[str, Any]:
-    """The rank that failed first: its own error, else a rank that stopped silently before its peers noticed.
+    """The rank that failed first, chosen by :func:`zeropilot.guard.crash.first_failure` (one rule, one place).
 
     An ``error`` with ``peer_failure`` is a rank noticing a dead peer (gloo's "Connection reset by peer");
     when every error is one, the rank that stopped with neither ``error`` nor ``end`` (killed: SIGKILL,
-    the kernel's OOM killer) failed first.
+    the kernel's OOM killer) and was not terminated by its launcher failed first.
     """
-    own = [x for x in errors if x[2].get("peer_failure") is not True]
+    from zeropilot.guard.crash import first_failure, terminated_ranks
+
+    last_t = {r["rank"]: r["last_record_t"] for r in ranks}
+    found = first_failure({r: rec.events for r, rec in records.ranks.items()}, last_t,
+                          terminated_ranks(records.stacks))
+    if found is None:
+        return {"kind": "crash", "ranks": [], "where": [], "reason": "a rank failed"}
+    rank, why = found
+    own = [e for _, r, e in errors if r == rank]
     if own:
-        t, rank, e = min(own, key=lambda x: _earliest(x[0], x[1]))
+        e = min(own, key=lambda e: _earliest(nz.num(e.get("t")), rank))
         return {"kind": "crash", "ranks": [rank], "where": nz.texts(e.get("where")), "reason": _error_text(e)}
-    erred = {r for _, r, _ in errors}
-    silent = sorted((r for r in ranks if not r["ended"] and r["rank"] not in erred),
-                    key=lambda r: (r["last_record_t"] or 0.0, r["rank"]))
-    t, rank, e = min(errors, key=lambda x: _earliest(x[0], x[1]))
-    if not silent:
-        return {"kind": "crash", "ranks": [rank], "where": nz.texts(e.get("where")), "reason": _error_text(e)}
-    dead = silent[0]["rank"]
-    return {"kind": "crash", "ranks": [dead], "where": [],
-            "reason": f"rank {dead} stopped without an error record {_last_seen(records, silent[0])} (killed?); "
-                      f"then rank {rank} saw its peer fail: {_error_text(e)}"}
+    t, other, e = min(errors, key=lambda x: _earliest(x[0], x[1]))
+    silent = next(r for r in ranks if r["rank"] == rank)
+    return {"kind": "crash", "ranks": [rank], "where": [],
+            "reason": nz.text(f"rank {rank} {why}, {_last_seen(records, silent)}; then rank {other} saw its "
+                              f"peer fail: {_error_text(e)}")}
 
 
 def _last_seen(records: RunRecords, rank: Dict[str, Any]) -> str:
