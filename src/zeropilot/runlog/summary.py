@@ -112,12 +112,15 @@ def _rank_summary(rec: RankRecords, plan_bytes: Optional[int]) -> Dict[str, Any]
     steps = _finite(cols["step"])
     secs = _finite(cols["seconds"])
     device_total = _max(cols["device_total_bytes"])
+    outside = _max(cols["outside_torch_bytes"])
+    # what the plan predicts (gpu_peak_bytes) is the reserved peak plus memory outside PyTorch (FACTS.md)
+    device_peak = peak_reserved + outside if peak_reserved is not None and outside is not None else None
     return {
         "rank": rec.rank,
         "steps": int(max(steps)) if steps else 0,
         "peak_reserved_bytes": peak_reserved,
         "peak_allocated_bytes": peak_alloc,
-        "outside_torch_bytes": _max(cols["outside_torch_bytes"]),
+        "outside_torch_bytes": outside,
         "device_total_bytes": device_total,
         "host_rss_peak_bytes": _max(cols["host_rss_bytes"]),
         "alloc_retries": _max(cols["alloc_retries"]),
@@ -129,7 +132,8 @@ def _rank_summary(rec: RankRecords, plan_bytes: Optional[int]) -> Dict[str, Any]
         "step_seconds_median": statistics.median(secs) if secs else None,
         "peak_reserved_at": _peak_source(rec, "peak_reserved_bytes"),
         "host_rss_peak_at": _peak_source(rec, "host_rss_bytes"),
-        "plan_ratio": (peak_reserved / plan_bytes) if peak_reserved is not None and plan_bytes else None,
+        "peak_device_bytes": device_peak,
+        "plan_ratio": (device_peak / plan_bytes) if device_peak is not None and plan_bytes else None,
         **_start(rec),
     }
 

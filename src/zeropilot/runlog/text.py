@@ -68,6 +68,7 @@ _RANK_COLUMNS = (
     ("at", -10, lambda r: _peak_at(r.get("peak_reserved_at"))),
     ("peak allocated", 14, lambda r: gib(r["peak_allocated_bytes"])),
     ("outside torch", 13, lambda r: gib(r["outside_torch_bytes"])),
+    ("device peak", 11, lambda r: gib(r.get("peak_device_bytes"))),
     ("capacity", 10, lambda r: gib(r["device_total_bytes"])),
     ("host RSS", 9, lambda r: gib(r["host_rss_peak_bytes"])),
     ("plan", 10, lambda r: gib(r["plan_bytes"])),

@@ -27,6 +27,7 @@ MEMORY_SERIES = (
     ("reserved_bytes", "s-reserved", "reserved"),
     ("peak_reserved_bytes", "s-peak", "peak reserved (allocator counter)"),
     ("outside_torch_bytes", "s-outside", "outside PyTorch"),
+    ("device_used_bytes", "s-used", "in use on the device (total - free: reserved + outside PyTorch)"),
 )
 HOST_SERIES = ("host_rss_bytes", "s-rss", "host RSS")
 EVENT_MEM_KEYS = (("mem_before", "start"), ("mem_peak", "mid"), ("mem_after", "end"), ("mem", "end"))
@@ -111,11 +112,13 @@ class RankSeries:
 
 def prepare(records: RunRecords, t0: float, x_end: float) -> Dict[int, RankSeries]:
     """Every rank's memory columns (steps and the events' moments), shifted to start at 0, bucketed."""
-    fields = [f for f, _, _ in MEMORY_SERIES] + [HOST_SERIES[0]]
+    fields = [f for f, _, _ in MEMORY_SERIES[:-1]] + [HOST_SERIES[0], "device_total_bytes", "device_free_bytes"]
     out = {}
     for rank, rec in sorted(records.ranks.items()):
         xs, cols = rank_columns(rec, fields)
         xs = array("d", (x - t0 for x in xs))
+        cols["device_used_bytes"] = array("d", (t - f for t, f in zip(cols["device_total_bytes"],
+                                                                      cols["device_free_bytes"])))
         out[rank] = RankSeries(xs, cols, _index(xs, 0.0, x_end))
     return out
 

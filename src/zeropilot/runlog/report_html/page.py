@@ -32,7 +32,7 @@ svg.chart{width:100%;height:auto;display:block;background:#fff}
 .grid{stroke:#eceef1;stroke-width:1}.tick{font-size:10px;fill:#5f6b7a}.ref{font-size:10px}
 polyline{fill:none;stroke-width:1.4;stroke-linejoin:round}
 .s-alloc{stroke:#1f77b4}.s-reserved{stroke:#ff7f0e}.s-peak{stroke:#d62728;stroke-dasharray:4 3;stroke-width:1}
-.s-outside{stroke:#7f7f7f}.s-rss{stroke:#9467bd}
+.s-outside{stroke:#7f7f7f}.s-rss{stroke:#9467bd}.s-used{stroke:#17becf;stroke-width:1.1}
 line.cap{stroke:#111;stroke-width:1.2}text.cap{fill:#111}line.plan{stroke:#2ca02c;stroke-dasharray:6 4;stroke-width:1.4}
 text.plan{fill:#2ca02c}line.oomline{stroke:#c62828;stroke-width:2}
 rect.op{fill:#7b61ff;opacity:.10}rect.load{fill:#00897b;opacity:.12}rect.phase{opacity:.22}
@@ -48,7 +48,8 @@ rect.op{fill:#7b61ff;opacity:.10}rect.load{fill:#00897b;opacity:.12}rect.phase{o
 """
 
 LEGEND_MEM = (("#1f77b4", "allocated"), ("#ff7f0e", "reserved"), ("#d62728", "peak reserved (counter)"),
-              ("#7f7f7f", "outside PyTorch"), ("#111", "capacity"), ("#2ca02c", "plan"),
+              ("#7f7f7f", "outside PyTorch"), ("#17becf", "in use on the device"), ("#111", "capacity"),
+              ("#2ca02c", "plan (device peak)"),
               ("rgba(123,97,255,.3)", "save/load span, phases inside"), ("#c62828", "OOM"))
 RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
@@ -82,7 +83,7 @@ def _memory_sections(records: RunRecords, summary: Dict[str, Any]) -> Tuple[str,
     overview = (rank_legend(ranks) + charts.overview_chart(prep, summary, end, "overview", gpu)
                 if ranks else "<p>no rank recorded anything</p>")
     per_rank = "".join(f"<h3>rank {r}</h3>" + charts.memory_chart(prep[r], summary, r, end, t0, gpu) for r in ranks)
-    mem_legend = legend(LEGEND_MEM if gpu else (("#9467bd", "host RSS"),) + LEGEND_MEM[4:])
+    mem_legend = legend(LEGEND_MEM if gpu else (("#9467bd", "host RSS"),) + LEGEND_MEM[5:])
     return overview, (mem_legend + per_rank if per_rank else "")
 
 

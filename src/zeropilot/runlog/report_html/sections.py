@@ -59,6 +59,7 @@ RANK_COLUMNS = (
     ("peak at", lambda r: _peak_at(r.get("peak_reserved_at"))),
     ("peak allocated", lambda r: gib(r["peak_allocated_bytes"])),
     ("outside PyTorch", lambda r: gib(r["outside_torch_bytes"])),
+    ("device peak", lambda r: gib(r.get("peak_device_bytes"))),
     ("capacity", lambda r: gib(r["device_total_bytes"])),
     ("host RSS", lambda r: gib(r["host_rss_peak_bytes"])),
     ("plan", lambda r: gib(r["plan_bytes"])),
