@@ -64,6 +64,14 @@ def _save(original):
     return wrapper
 
 
+def _save16(original):
+    def wrapper(self, save_dir, *args, **kwargs):
+        with checkpoint.operation("save", save_dir, "16bit_model", getattr(self, "global_steps", None)):
+            with _count_writes(self):
+                return original(self, save_dir, *args, **kwargs)
+    return wrapper
+
+
 def _load(original):
     def wrapper(self, load_dir, tag=None, *args, **kwargs):
         with checkpoint.operation("load", load_dir, tag):
@@ -120,6 +128,7 @@ def patch_engine_class(cls: Any) -> None:
     _wrap(cls, "step", _step)
     _wrap(cls, "save_checkpoint", _save)
     _wrap(cls, "load_checkpoint", _load)
+    _wrap(cls, "save_16bit_model", _save16)
     _wrap(cls, "_save_checkpoint", _phase("model_states"))
     _wrap(cls, "_save_zero_checkpoint", _phase("optimizer_states"))
     _wrap(cls, "_zero3_consolidated_16bit_state_dict", _phase("gather_16bit"))

@@ -34,6 +34,33 @@ def _on_trainer(module: Any) -> None:
     patch_trainer_module(module)
 
 
+def _on_cuda(module: Any) -> None:
+    """Attach the OOM observer as soon as this process initialises CUDA (any script, not only DeepSpeed's).
+
+    ``torch.cuda._lazy_init`` is what PyTorch's C++ side calls, once, before the first CUDA operation;
+    the wrapper only attaches the observer (a callback registration: no memory query, so no context is
+    created on a device the rank has not selected yet)."""
+    import functools
+
+    original = getattr(module, "_lazy_init", None)
+    if original is None or getattr(original, "__zeropilot_wrapped__", False):
+        return
+
+    @functools.wraps(original)
+    def _lazy_init(*args, **kwargs):
+        result = original(*args, **kwargs)
+        from zeropilot.guard import oom
+        from zeropilot.guard.rank import peek
+
+        guard = peek()
+        if guard is not None and not oom.installed():
+            oom.install(guard)
+        return result
+
+    _lazy_init.__zeropilot_wrapped__ = True
+    module._lazy_init = _lazy_init
+
+
 def _on_c10d(module: Any) -> None:
     """A process that joins a process group is a rank: the guard goes live there (before any op build)."""
     import functools
@@ -123,7 +150,11 @@ def _go_live_if_rank() -> None:
     so that imports, op builds and process-group setup are watched too."""
     from zeropilot.guard.rank import current, env_rank
 
+    import os
+
     rank = env_rank()
+    if rank is None and os.environ.get("ZEROPILOT_TOP_IS_RANK") == str(os.getppid()):
+        rank = 0  # `zeropilot run -- python train.py`: the command itself is the only rank
     if rank is None or _is_helper() or _claimed_by_other(rank):
         return
     guard = current("python")
@@ -141,5 +172,6 @@ def install() -> None:
     when_imported("deepspeed.runtime.engine", _on_engine)
     when_imported("transformers.trainer", _on_trainer)
     when_imported("torch.distributed.distributed_c10d", _on_c10d)
+    when_imported("torch.cuda", _on_cuda)
     _excepthook()
     _go_live_if_rank()

@@ -47,14 +47,16 @@ def _plan() -> Optional[Dict[str, Any]]:
         return None
 
 
-def build_record(guard: RankGuard, request: int, device_free: Optional[int], mem: Dict[str, Any]) -> Dict[str, Any]:
+def build_record(guard: RankGuard, request: int, device_free: Optional[int], mem: Dict[str, Any],
+                 device_limit: Optional[int] = None) -> Dict[str, Any]:
     """The OOM record (everything but the snapshot path) with its verdict and fixes."""
     torch = sys.modules.get("torch")
     record: Dict[str, Any] = {
         "t": time.time(), "rank": guard.rank, "step": guard.step, "phase": guard.phase,
         "request_bytes": int(request), "device_free_reported_bytes": device_free, "mem": mem,
         "baseline": guard.baseline_mem, "just_before": guard.just_before(), "where": where(),
-        "allocator_limit_bytes": _limit(torch), "build": build_info(torch),
+        "allocator_limit_bytes": _limit(torch, device_limit, mem), "observer_device_limit_bytes": device_limit,
+        "build": build_info(torch), "save_mem_before": guard.op_stack[-1].mem_before if guard.op_stack else None,
     }
     verdict, fixes = classify_oom(record, _plan())
     record["verdict"] = verdict
@@ -62,8 +64,14 @@ def build_record(guard: RankGuard, request: int, device_free: Optional[int], mem
     return record
 
 
-def _limit(torch: Any) -> Optional[int]:
-    """The allocator's cap when ``set_per_process_memory_fraction`` was called, else None."""
+def _limit(torch: Any, device_limit: Optional[int], mem: Dict[str, Any]) -> Optional[int]:
+    """The allocator's cap when ``set_per_process_memory_fraction`` was called, else None.
+
+    The observer's third argument is that cap when one is set and the device's total otherwise
+    (``CUDACachingAllocator``: ``set_fraction ? allowed_memory_maximum : device_total``)."""
+    total = mem.get("device_total_bytes")
+    if isinstance(device_limit, int) and isinstance(total, int) and 0 < device_limit < total:
+        return device_limit
     try:
         fraction = torch.cuda.get_per_process_memory_fraction()
         if fraction is None or fraction >= 1.0:
@@ -87,7 +95,7 @@ def _observer(guard: RankGuard):
         try:
             torch = sys.modules.get("torch")
             mem = telemetry.read_memory(torch, device)
-            record = build_record(guard, alloc, device_free, mem)
+            record = build_record(guard, alloc, device_free, mem, device_alloc)
             record["snapshot"] = _dump_snapshot(guard, torch)
             path = guard.dir.oom(guard.rank)
             write_json_atomic(path, record)
@@ -110,8 +118,15 @@ def _dump_snapshot(guard: RankGuard, torch: Any) -> Optional[str]:
         return None
 
 
+def installed() -> bool:
+    return _installed
+
+
 def install(guard: RankGuard) -> bool:
-    """Attach the OOM observer (and memory history when asked) once per process; False without CUDA/HIP."""
+    """Attach the OOM observer (and memory history when asked) once per process; False without CUDA/HIP.
+
+    No memory is read here: the baseline for "memory outside PyTorch grew" is the rank's first memory
+    record after it selected its device (see :meth:`RankGuard.memory`)."""
     global _installed
     torch = sys.modules.get("torch")
     if _installed or torch is None or telemetry.accelerator(torch) is None:
@@ -119,7 +134,6 @@ def install(guard: RankGuard) -> bool:
     attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
     if attach is None:
         return False
-    guard.baseline_mem = telemetry.read_memory(torch)
     if os.environ.get(MEMORY_HISTORY_ENV):
         try:
             torch.cuda.memory._record_memory_history(max_entries=int(os.environ[MEMORY_HISTORY_ENV] or 100000))

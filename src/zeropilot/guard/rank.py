@@ -183,7 +183,11 @@ class RankGuard:
             self.writer.write(event(kind, self.rank, **fields))
 
     def memory(self) -> Dict[str, Any]:
-        return telemetry.read_memory(_torch())
+        """This rank's memory now; the first read with a GPU is the baseline for OOM forensics."""
+        mem = telemetry.read_memory(_torch())
+        if self.baseline_mem is None and mem.get("device_total_bytes") is not None:
+            self.baseline_mem = mem
+        return mem
 
     def step_ended(self, global_step: int) -> None:
         """An optimizer step ended: one ``step`` record."""

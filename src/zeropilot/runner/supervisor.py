@@ -59,7 +59,18 @@ def child_env(opts: RunOptions, base: Optional[Dict[str, str]] = None) -> Dict[s
     env.setdefault(PIPE_ENV, str(d.root / ".nccl-pipe-rank-"))
     if opts.memory_history:
         env["ZEROPILOT_MEMORY_HISTORY"] = "100000"
+    if _top_is_rank(opts.command):
+        env["ZEROPILOT_TOP_IS_RANK"] = str(os.getpid())  # the bootstrap checks its parent is us
     return env
+
+
+def _top_is_rank(command: List[str]) -> bool:
+    """``python train.py`` (no launcher): the process we start is the only rank."""
+    name = os.path.basename(command[0]) if command else ""
+    if not name.startswith("python"):
+        return False
+    rest = command[1:]
+    return not (len(rest) >= 2 and rest[0] == "-m" and rest[1].split(".")[0] in ("torch", "deepspeed", "accelerate"))
 
 
 def _torch_at_least(version: Optional[str], wanted: tuple) -> bool:

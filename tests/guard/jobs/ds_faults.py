@@ -35,13 +35,13 @@ def main():
     p = deepspeed.add_config_arguments(p)
     a = p.parse_args()
     torch.set_num_threads(1)
-    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.init_distributed(dist_backend=os.environ.get("FAULTS_BACKEND", "gloo"))  # nccl on GPUs
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
     engine, _, _, _ = deepspeed.initialize(args=a, model=model, model_parameters=model.parameters())
     rank = engine.global_rank
     for step in range(1, a.steps + 1):
-        x = torch.randn(4, 32)
+        x = torch.randn(4, 32).to(engine.device)
         loss = engine(x).pow(2).mean()
         engine.backward(loss)
         engine.step()

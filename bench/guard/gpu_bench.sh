@@ -1,0 +1,44 @@
+#!/bin/bash
+# The guard on two H200s: the seed scenario, each OOM class, a hang over NCCL, overhead.
+# Usage (GPU machine, repository root): bash bench/guard/gpu_bench.sh OUT   -> OUT/log.txt, OUT/runs.tar.gz
+set -u
+OUT=$1; R=$OUT/runs; mkdir -p $R
+export NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=4
+ZP="python3 -m zeropilot run --no-check"
+T=bench/guard/train_lm.py
+port() { python3 -c 'import socket;s=socket.socket();s.bind(("",0));print(s.getsockname()[1])'; }
+section() { echo "=== $1 $(date +%T)"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+section seed  # Qwen2-7B shape, LoRA r16 all-linear, ZeRO-3 in zero.Init, 16 GiB card emulated, 2 ranks, NCCL
+SEED='{"size":"qwen7b","stage":3,"lora":16,"mb":1,"seq":1024,"gc":true,"zero_init":true,"cap_gib":16,"rbs":2e8,"pbs":2e7,"steps":5,"save_at":[3],"save_dir":"/tmp/seed_ck"}'
+timeout 240 $ZP --out $R/seed -- torchrun --nproc_per_node 2 --master_port $(port) $T "$SEED" > $R/seed.out 2>&1
+tail -30 $R/seed.out; rm -rf /tmp/seed_ck
+
+section oom
+( CUDA_VISIBLE_DEVICES=0 timeout 100 $ZP --out $R/oom-capacity -- torchrun --nproc_per_node 1 --master_port $(port) $T '{"size":"qwen0.5b","stage":2,"mb":16,"seq":2048,"cap_gib":16,"steps":2}' > $R/oom-capacity.out 2>&1
+  CUDA_VISIBLE_DEVICES=0 timeout 60 $ZP --memory-history --out $R/oom-fragmentation -- python3 bench/guard/frag.py > $R/oom-fragmentation.out 2>&1 ) &
+( CUDA_VISIBLE_DEVICES=1 timeout 100 $ZP --out $R/oom-save-spike -- torchrun --nproc_per_node 1 --master_port $(port) $T '{"size":"tiny","stage":3,"zero_init":true,"gather":true,"unused_head":2147483648,"cap_after_init_gib":7,"steps":3,"save16":true,"save_dir":"/tmp/s16"}' > $R/oom-save-spike.out 2>&1
+  CUDA_VISIBLE_DEVICES=1 timeout 100 $ZP --out $R/oom-outside-torch -- torchrun --nproc_per_node 1 --master_port $(port) $T '{"size":"qwen0.5b","stage":2,"mb":4,"seq":1024,"steps":6,"empty_cache":true,"outside_grow_at":4,"outside_leave_gib":1}' > $R/oom-outside-torch.out 2>&1 ) &
+wait
+for c in capacity fragmentation save-spike outside-torch; do echo "--- $c"; tail -12 $R/oom-$c.out; done
+
+section hang  # save on rank 0 only, NCCL, flight recorder
+FAULTS_BACKEND=nccl timeout 100 $ZP --hang-timeout 12 --on-hang stop --out $R/hang-nccl -- torchrun --nproc_per_node 2 --master_port $(port) tests/guard/jobs/ds_faults.py --fault save-rank0-only --save-dir /tmp/hang_ck --deepspeed_config tests/guard/jobs/ds_config.json > $R/hang-nccl.out 2>&1
+tail -25 $R/hang-nccl.out; ls -la $R/hang-nccl
+
+section overhead  # paired runs, guard and plain at the same time on the two GPUs, swapped each round
+OV='{"size":"qwen0.5b","stage":2,"mb":4,"seq":1024,"steps":30,"warmup":5}'
+for round in 1 2 3; do
+  if [ $((round % 2)) = 1 ]; then g=0; p=1; else g=1; p=0; fi
+  CUDA_VISIBLE_DEVICES=$g timeout 120 $ZP --out $R/overhead-guard-$round -- torchrun --nproc_per_node 1 --master_port $(port) $T "$OV" > $R/overhead-guard-$round.out 2>&1 &
+  CUDA_VISIBLE_DEVICES=$p timeout 120 torchrun --nproc_per_node 1 --master_port $(port) $T "$OV" > $R/overhead-plain-$round.out 2>&1 &
+  wait
+  grep -h RESULT $R/overhead-guard-$round.out $R/overhead-plain-$round.out | cut -c1-60
+done
+CUDA_VISIBLE_DEVICES=0 timeout 60 $ZP --out $R/hook-cost -- python3 bench/guard/hook_cost.py > $R/hook-cost.out 2>&1
+grep RESULT $R/hook-cost.out
+section done
+rm -rf $R/overhead-guard-*/stacks-rank-*.txt 2>/dev/null
+tar czf $OUT/runs.tar.gz -C $OUT runs
+ls -la $OUT
