@@ -68,3 +68,51 @@ def test_raw_deepspeed_flags_are_not_training_arguments(launch_dir):
     findings = run_check(launch_dir(files), versions=DS_NEW)
     errors = sorted(f.code for f in findings if f.severity.value == "error")
     assert errors == ["DS020"], errors
+
+
+# ---- DS021: the HF Trainer fills "auto" keys only ---------------------------------------------------------------
+
+HF_CASES = [  # (config batch keys, training arguments, DS021 severity or None)
+    ({"train_micro_batch_size_per_gpu": "auto"}, {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4},
+     "warning"),
+    ({}, {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4}, "error"),
+    ({"train_batch_size": "auto"}, {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4}, "warning"),
+    ({"gradient_accumulation_steps": "auto"}, {"per_device_train_batch_size": 2}, "error"),
+    ({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"},
+     {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4}, None),
+    ({"train_micro_batch_size_per_gpu": "auto"}, {"per_device_train_batch_size": 2}, None),
+]
+
+
+@pytest.mark.parametrize("keys,args,severity", HF_CASES)
+def test_ds021_fixtures(launch_dir, keys, args, severity):
+    yaml = "output_dir: o\n" + "".join(f"{k}: {v}\n" for k, v in args.items()) + "deepspeed: ds.json\n"
+    files = {"ds.json": dict(keys, zero_optimization={"stage": 2}), "train.yaml": yaml}
+    found = [f.severity.value for f in run_check(launch_dir(files), versions=DS_NEW, select={"DS021"})]
+    assert found == ([severity] if severity else [])
+
+
+@pytest.mark.witness
+def test_ds021_witness(tmp_path):
+    """transformers' own TrainingArguments(deepspeed=...) + trainer_config_finalize, then DeepSpeedConfig: refused
+    without both batch keys; built with GA 1 (or micro 8) when a key is missing, against the arguments."""
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from transformers import TrainingArguments
+
+    def build(keys, args):
+        a = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none",
+                              deepspeed=dict(keys, zero_optimization={"stage": 2}), **args)
+        a.hf_deepspeed_config.trainer_config_finalize(a, SimpleNamespace(config=SimpleNamespace(hidden_size=64)), 10)
+        try:
+            c = DeepSpeedConfig(a.hf_deepspeed_config.config)
+        except AssertionError as exc:
+            return str(exc)
+        return (c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps)
+
+    results = [build(keys, args) for keys, args, _ in HF_CASES]
+    assert results[0] == (2, 1)  # the arguments say 4 accumulation steps
+    assert "needs to be provided" in results[1] and "needs to be provided" in results[3]
+    assert results[2] == (8, 1)  # the arguments say micro batch 2
+    assert results[4] == (2, 4) and results[5] == (2, 1)

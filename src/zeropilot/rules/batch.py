@@ -124,3 +124,61 @@ def batch_values_unsatisfiable(launch: Launch) -> Iterator[Hit]:
                       f"at world size {world} ({launch.world_size.reason}) DeepSpeed derives micro batch {d.micro}, "
                       f"gradient accumulation {d.ga} from {_given(b)}, then asserts: {d.error} — choose a "
                       f"train_batch_size divisible by micro × world, or give all three values")
+
+
+@rule("DS021", "batch-key-missing-under-hf", Severity.ERROR, packages=("transformers", "deepspeed"),
+      versions="transformers with HfTrainerDeepSpeedConfig.fill_match (checked on 5.24 with DeepSpeed 0.19.8)",
+      witness="tests/rules/test_batch.py::test_ds021_witness")
+def batch_key_missing_under_hf(launch: Launch) -> Iterator[Hit]:
+    """A batch key absent from a DeepSpeed config the HF Trainer reads: it fills only keys set to `"auto"`.
+
+    With neither `train_batch_size` nor `train_micro_batch_size_per_gpu` in the file it is an error. With the micro
+    batch present but `gradient_accumulation_steps` absent while the training arguments accumulate, or with
+    `train_batch_size: "auto"` but no micro batch, it is a warning: DeepSpeed derives the missing value itself and
+    disagrees with the training arguments without a word.
+
+    ## Why is this bad?
+    `HfTrainerDeepSpeedConfig.fill_match` replaces `"auto"` values and never adds a key. Without both batch keys
+    `DeepSpeedConfig` asserts "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided" when
+    the Trainer builds the engine. With `gradient_accumulation_steps` missing, DeepSpeed is built with 1 while the
+    arguments say 4 (seen: train batch 2 instead of 8); with only `train_batch_size: "auto"`, it derives a micro batch
+    of per-device × accumulation (8 instead of 2).
+
+    ## Example
+    ```json
+    {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}}
+    ```
+    with `gradient_accumulation_steps: 4` in the training arguments.
+
+    ## Use instead
+    ```json
+    {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
+     "zero_optimization": {"stage": 2}}
+    ```
+
+    ## References
+    - `transformers/integrations/deepspeed.py` `HfTrainerDeepSpeedConfig.fill_match`, `trainer_config_process`
+    - `deepspeed/runtime/config.py` `_set_batch_related_parameters`
+    """
+    from zeropilot.rules.hf_integration import reads_as_hf, train_arg
+
+    for train, ds in facts(launch).hf_pairs:
+        if not reads_as_hf(train):
+            continue
+        b = facts(launch).for_doc(ds).batch
+        present = [n is not None for n in b.nodes]
+        ga = train_arg(train, "gradient_accumulation_steps")
+        if not present[0] and not present[1]:
+            yield Hit(ds, None, "neither train_batch_size nor train_micro_batch_size_per_gpu is in the config: the HF "
+                                "Trainer fills only keys set to \"auto\", so DeepSpeed asserts when the engine is built "
+                                "— add \"train_micro_batch_size_per_gpu\": \"auto\"", line=1, key=BATCH_KEYS[1])
+        elif present[1] and not present[2] and isinstance(ga, int) and ga > 1:
+            yield Hit(ds, b.nodes[1], f"gradient_accumulation_steps is not in the config: the Trainer fills only "
+                                      f"\"auto\" keys, so DeepSpeed is built with 1 while the training arguments say "
+                                      f"{ga} — add \"gradient_accumulation_steps\": \"auto\"",
+                      severity=Severity.WARNING)
+        elif present[0] and not present[1] and "train_batch_size" in b.auto:
+            yield Hit(ds, b.nodes[0], "train_micro_batch_size_per_gpu is not in the config: the Trainer fills only "
+                                      "\"auto\" keys, so DeepSpeed derives the micro batch from train_batch_size "
+                                      "(per-device × accumulation) instead of per_device_train_batch_size — add "
+                                      "\"train_micro_batch_size_per_gpu\": \"auto\"", severity=Severity.WARNING)
