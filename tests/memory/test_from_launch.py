@@ -47,3 +47,20 @@ def test_accelerate_yaml_zero_settings_without_a_deepspeed_json(tmp_path):
     lv = values_from_launch(load_launch([tmp_path / "accel.yaml"], use_installed=False))
     assert lv.values["stage"] == 3 and lv.values["offload_optimizer"] == "cpu"
     assert lv.sources["stage"].endswith("deepspeed_config.zero_stage")
+
+
+def test_sub_groups_live_parameters_and_raw_builds_are_read(tmp_path):
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3, "sub_group_size": 100000000, '
+                                      '"stage3_max_live_parameters": 30000000, "stage3_max_reuse_distance": 0, '
+                                      '"zero_hpz_partition_size": 8}}')
+    (tmp_path / "train.py").write_text("import deepspeed\nm = build()\n"
+                                       "engine, *_ = deepspeed.initialize(model=m, config='ds.json')\n")
+    lv = values_from_launch(load_launch([tmp_path], use_installed=False))
+    v = lv.values
+    assert (v["sub_group_size"], v["max_live_parameters"], v["hpz_partition_size"]) == (100_000_000, 30_000_000, 8)
+    assert v["zero_init"] is False and lv.sources["zero_init"].startswith(str(tmp_path / "train.py") + ":3")
+
+
+def test_the_seed_launch_builds_inside_zero_init():
+    lv = values_from_launch(load_launch([EXAMPLES / "seed"], use_installed=False))
+    assert lv.values.get("zero_init", True) is True  # LLaMA-Factory: the HF Trainer builds in zero.Init

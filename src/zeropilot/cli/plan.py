@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(inputs, constants)
     if notes:
         plan = dataclasses.replace(plan, notes=tuple(notes) + plan.notes)
-    found = search(inputs) if args.search else None
+    found = search(inputs, constants=constants) if args.search else None
     if args.write_ds_config:
         if not found or not found[0]:
             raise InputError("--write-ds-config needs --search with a configuration that fits")

@@ -210,7 +210,9 @@ def _non_torch(inputs: PlanInputs, c: Constants) -> Component:
     else:
         base, what = c.non_torch_zero12, "ZeRO-1/2"
     why = f"CUDA context, cuBLAS, NCCL: {_gib(base)} at world size 1 ({what}; {c.source})"
-    if inputs.world_size > 1:
+    if not c.nccl_multi_gpu:  # a hardware profile: measured at its own world size, NCCL included
+        why = f"CUDA context, BLAS, NCCL/RCCL: {_gib(base)} per rank ({what}; {c.source})"
+    elif inputs.world_size > 1:
         base += c.nccl_multi_gpu
         why += f"; + {_gib(c.nccl_multi_gpu)} NCCL communicators at world size > 1 ({c.source})"
     return Component("non_torch", int(base), "overhead", why)

@@ -1,4 +1,10 @@
-"""Host (CPU) memory of a ZeRO launch: per process and per node, with offload and pinned buffers."""
+"""Host (CPU) memory of a ZeRO launch: per process and per node, with offload and pinned buffers.
+
+Pinned buffers cost more than their size: PyTorch's caching host allocator rounds every pinned block up
+to a power of two, and parameter offload pins one block per parameter partition (measured peak RSS,
+``bench/plan/data/h200x2_call3.jsonl``: Qwen2.5-7B held ~2x its 16-bit size on the host, Llama-3.1-8B
+~1.1x, as the rounding of their matrix shapes predicts).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,18 @@ from dataclasses import dataclass
 
 from zeropilot.memory.constants import DEFAULT, GIB, Constants
 from zeropilot.memory.inputs import PlanInputs
+from zeropilot.models.params import tensor_sizes
+
+
+def _pow2(n: float) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def pinned_param_bytes(inputs: PlanInputs) -> int:
+    """Host bytes of the pinned 16-bit parameter partitions of one rank (offload_param), rounded as the
+    caching host allocator rounds them."""
+    n = inputs.world_size
+    return sum(_pow2(2 * -(-size // n)) for size in tensor_sizes(inputs.arch))
 
 
 @dataclass(frozen=True)
@@ -34,12 +52,15 @@ def estimate_host(inputs: PlanInputs, params: int, trainable: int, c: Constants 
     why = f"{c.host_base / GIB:.1f} GiB per process (Python, CUDA, libraries; measured)"
     if inputs.offload_optimizer == "cpu":
         part = trainable / n if inputs.stage >= 1 else trainable
-        proc += c.host_offload_per_param * part
-        why += (f" + {c.host_offload_per_param:.0f} B × {part / 1e6:.0f} M offloaded trainable elements (fp32 "
+        per = c.host_offload_per_param_z3 if inputs.stage == 3 else c.host_offload_per_param
+        proc += per * part
+        why += (f" + {per:.1f} B × {part / 1e6:.0f} M offloaded trainable elements (fp32 "
                 f"master, AdamW states, fp32 and pinned 16-bit gradients; measured on H200 with torch AdamW)")
     if inputs.offload_param == "cpu":
-        proc += 2 * params / n
-        why += f" + 2 B × {params / n / 1e6:.0f} M offloaded 16-bit parameters (pinned)"
+        pinned = pinned_param_bytes(inputs)
+        proc += pinned
+        why += (f" + {pinned / GIB:.1f} GiB pinned 16-bit parameter partitions ({params / n / 1e6:.0f} M "
+                "elements, each block rounded up to a power of two by the pinned-memory allocator)")
     one_copy = inputs.stage == 3 and inputs.zero_init
     load = 2 * params if one_copy else 2 * params * per_node
     why += ("; loading: ZeRO-3 in zero.Init reads the 16-bit weights once per node" if one_copy else

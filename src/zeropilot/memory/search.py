@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from zeropilot.memory.constants import DEFAULT, Constants
 from zeropilot.memory.inputs import PlanInputs
 from zeropilot.memory.plan import SAFE_MARGIN, Plan, make_plan
 
@@ -79,8 +80,11 @@ def _reason(p: PlanInputs, plan: Plan, gpu_bytes: int) -> str:
     return ", ".join(parts) + f": peak {plan.gpu_peak_bytes / 2**30:.1f} GiB, {free:.0f}% free"
 
 
-def search(inputs: PlanInputs, limit: int = 5) -> Tuple[List[Candidate], Optional[Candidate]]:
+def search(inputs: PlanInputs, limit: int = 5, constants: Constants = DEFAULT
+           ) -> Tuple[List[Candidate], Optional[Candidate]]:
     """Ranked configurations that fit (at most ``limit``), and the smallest-peak one if none fits.
+
+    ``constants``: the estimator's constants (a hardware profile's, from ``zeropilot calibrate``).
 
     Raises:
         InputError: no hardware in ``inputs`` (nothing to fit against).
@@ -96,7 +100,7 @@ def search(inputs: PlanInputs, limit: int = 5) -> Tuple[List[Candidate], Optiona
         key = _rank(variant)
         if key in seen:
             continue
-        plan = make_plan(variant)
+        plan = make_plan(variant, constants)
         fits = plan.gpu_peak_bytes <= gpu_bytes * (1 - SAFE_MARGIN)
         cand = Candidate(plan, fits, key, _reason(variant, plan, gpu_bytes))
         seen[key] = cand
