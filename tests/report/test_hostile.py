@@ -101,3 +101,18 @@ def test_fifos_devices_and_links_are_not_read(tmp_path, capsys, validate):
                                        "rank-1.jsonl: not a regular file, not read",
                                        "rank-2.jsonl: a symbolic link, not read",
                                        "stacks-rank-0.txt: a symbolic link, not read"]
+
+
+def test_deeply_nested_json_is_a_note_not_a_traceback(tmp_path, capsys, validate):
+    d = write_run(tmp_path / "deep", Spec(ranks=1, steps=3, save_every=0))
+    with open(d / "rank-0.jsonl", "a") as fh:
+        fh.write('{"event": "save", "x": ' + "[" * 200_000 + "]" * 200_000 + "}\n")
+    (d / "hang.json").write_text("[" * 200_000 + "]" * 200_000)
+    run = json.loads((d / "run.json").read_text())
+    run["environment"]["DEEP"] = json.loads("[" * 500 + "]" * 500)
+    (d / "run.json").write_text(json.dumps(run))
+    assert main(["report", str(d), "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert validate(rep) == [] and rep["environment"]["DEEP"] == "<list>"
+    assert "hang.json: unreadable (RecursionError)" in rep["problems"]
+    assert "rank-0.jsonl: 1 unreadable line(s) skipped" in rep["problems"]

@@ -94,7 +94,7 @@ def str_map(value: Any) -> Dict[str, str]:
     for k, v in list(value.items())[:MAX_ITEMS]:
         s = text(v) if not isinstance(v, bool) else str(v).lower()
         if s is None and v is not None:
-            s = text(repr(v))
+            s = f"<{type(v).__name__}>"  # a nested value: named, not printed (it may nest without end)
         out[str(k)[:200]] = s if s is not None else "null"
     return out
 

@@ -137,7 +137,7 @@ def _lines(path: Path, problems: List[str]) -> Iterator[Dict[str, Any]]:
                 continue
             try:
                 record = _decode(raw.decode("utf-8"))
-            except ValueError:  # UnicodeDecodeError is one
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; deep nesting recurses
                 skipped += 1  # a torn last line after a kill, or garbage
                 continue
             if isinstance(record, dict):
@@ -186,7 +186,7 @@ def read_side_json(path: Path, problems: List[str]) -> Optional[Dict[str, Any]]:
             problems.append(f"{path.name}: larger than {MAX_SIDE_FILE >> 20} MiB, not read")
             return None
         data = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         problems.append(f"{path.name}: unreadable ({exc.__class__.__name__})")
         return None
     if not isinstance(data, dict):
