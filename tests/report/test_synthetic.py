@@ -130,3 +130,15 @@ def test_out_writes_the_file_atomically_and_a_bad_folder_is_exit_2(capsys, synth
     assert main(["report", str(synth_dirs["ok"]), "--out", str(tmp_path / "no" / "r.txt")]) == 2
     assert "no such folder" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "missing")]) == 2
+
+
+def test_a_run_without_an_end_is_running(tmp_path):
+    """run.json without `ended_at` and `exit_code`: the run goes on, or its supervisor was killed."""
+    d = write_run(tmp_path / "live", Spec(ranks=2, steps=5, save_every=0))
+    run = json.loads((d / "run.json").read_text())
+    del run["ended_at"], run["exit_code"]
+    (d / "run.json").write_text(json.dumps(run))
+    for rank in (0, 1):  # the ranks have not ended either
+        lines = (d / f"rank-{rank}.jsonl").read_text().splitlines()
+        (d / f"rank-{rank}.jsonl").write_text("\n".join(ln for ln in lines if '"end"' not in ln) + "\n")
+    assert summarize(read_run(d))["verdict"]["kind"] == "running"
