@@ -82,3 +82,19 @@ def test_or000_timeout(tmp_path):
 
     [f] = get_rule("OR000").run(launch)
     assert f.severity.value == "warning"
+
+
+def test_other_version_than_installed_is_a_warning(tmp_path):
+    """A refusal by the installed DeepSpeed of a launch pinned to another version names both, as a warning."""
+    from zeropilot.oracle import OracleReport, Refusal
+    from zeropilot.rules import get_rule
+
+    root = write_files(tmp_path, {"ds.json": FILES["raw/ds.json"]})
+    launch = load_launch([root], versions="deepspeed=0.14.2", use_installed=False)
+    [doc] = launch.ds_configs
+    launch.oracle = OracleReport(verdicts={id(doc): [Refusal("deepspeed", "DeepSpeedConfig", "ValueError: x",
+                                                             doc.get("gradient_allreduce_op"),
+                                                             "gradient_allreduce_op")]},
+                                 versions={"deepspeed": "0.19.8"})
+    [f] = get_rule("OR001").run(launch)
+    assert f.severity.value == "warning" and "the launch uses 0.14.2" in f.message and f.line == 3

@@ -13,13 +13,17 @@ def _refusals(launch: Launch, library: str) -> Iterator[Hit]:
     if report is None or report.failure:
         return
     version = report.versions.get(library, "?")
+    assumed = launch.versions.raw(library)
+    other = assumed is not None and assumed.split("+")[0] != version.split("+")[0]
     for doc in launch.ds_configs:
         for r in report.verdicts.get(id(doc), ()):
             if r.library != library:
                 continue
             where = f"`{r.key}`: " if r.key else ""
-            yield Hit(doc, r.node, f"{where}{library} {version} refuses this config ({r.stage}) — {r.message}",
-                      line=None if r.node is not None else 1, key=r.key)
+            note = f" (installed {library} {version} judged; the launch uses {assumed})" if other else ""
+            yield Hit(doc, r.node, f"{where}{library} {version} refuses this config ({r.stage}){note} — {r.message}",
+                      line=None if r.node is not None else 1, key=r.key,
+                      severity=Severity.WARNING if other else None)
 
 
 @rule("OR001", "refused-by-installed-deepspeed", Severity.ERROR, packages=("deepspeed",),
@@ -28,6 +32,8 @@ def refused_by_installed_deepspeed(launch: Launch) -> Iterator[Hit]:
     """The installed DeepSpeed's `DeepSpeedConfig` refuses the config (only with `check --oracle`).
 
     The config is built in a subprocess with the launch's world size, after the HF integration filled `"auto"`.
+    When the launch uses another version than the installed one (`--versions`, a requirements file), the finding
+    is a warning that names both (as for OR002 and OR003).
 
     ## Why is this bad?
     `deepspeed.initialize` builds the same `DeepSpeedConfig` and raises the same error on every rank, after the
