@@ -110,9 +110,11 @@ def test_deeply_nested_json_is_a_note_not_a_traceback(tmp_path, capsys, validate
     (d / "hang.json").write_text("[" * 200_000 + "]" * 200_000)
     run = json.loads((d / "run.json").read_text())
     run["environment"]["DEEP"] = json.loads("[" * 500 + "]" * 500)
+    run["environment"]["NESTED"] = {"A": {"B": 1}, "C": 2}
     (d / "run.json").write_text(json.dumps(run))
     assert main(["report", str(d), "--format", "json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert validate(rep) == [] and rep["environment"]["DEEP"] == "<list>"
+    assert rep["environment"]["NESTED.A"] == "<dict>" and rep["environment"]["NESTED.C"] == "2"
     assert "hang.json: unreadable (RecursionError)" in rep["problems"]
     assert "rank-0.jsonl: 1 unreadable line(s) skipped" in rep["problems"]

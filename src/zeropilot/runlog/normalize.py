@@ -86,16 +86,30 @@ def mem(value: Any) -> Optional[Dict[str, Optional[int]]]:
     return {name: size(value.get(name)) for name in MEMORY_FIELDS}
 
 
+def _scalar_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if v is None:
+        return "null"
+    s = text(v)
+    return s if s is not None else f"<{type(v).__name__}>"  # nested deeper: named, not printed
+
+
 def str_map(value: Any) -> Dict[str, str]:
-    """A flat ``{name: value}`` object (environment, versions, allocator settings), values as text."""
+    """A flat ``{name: text}`` object (environment, versions, allocator settings).
+
+    One level of nesting is flattened to ``outer.inner`` (the guard's ``allocator_settings`` is
+    ``{environment: {...}, in_force: {...}, source}``); anything deeper is named by its type, not printed.
+    """
     if not isinstance(value, dict):
         return {}
-    out = {}
+    out: Dict[str, str] = {}
     for k, v in list(value.items())[:MAX_ITEMS]:
-        s = text(v) if not isinstance(v, bool) else str(v).lower()
-        if s is None and v is not None:
-            s = f"<{type(v).__name__}>"  # a nested value: named, not printed (it may nest without end)
-        out[str(k)[:200]] = s if s is not None else "null"
+        if isinstance(v, dict):
+            for k2, v2 in list(v.items())[:MAX_ITEMS]:
+                out[f"{str(k)[:200]}.{str(k2)[:200]}"] = _scalar_text(v2)
+        else:
+            out[str(k)[:200]] = _scalar_text(v)
     return out
 
 
