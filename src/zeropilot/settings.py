@@ -64,15 +64,23 @@ def _toml(path: Path) -> Dict[str, Any]:
         raise InputError(f"not valid TOML: {exc}", path) from None
 
 
+def _mentions_zeropilot(path: Path) -> bool:
+    """A cheap look before parsing: most pyproject.toml files on the way up have no such table."""
+    try:
+        with open(path, "rb") as fh:
+            return b"zeropilot" in fh.read(1024 * 1024)
+    except OSError:
+        return False
+
+
 def find_pyproject(paths: Sequence) -> Optional[Path]:
     """The first ``pyproject.toml`` with a ``[tool.zeropilot]`` table, from the first path upward."""
     start = Path(paths[0] if paths else ".").absolute()
     folder = start if start.is_dir() else start.parent
     for candidate in (folder, *folder.parents):
         path = candidate / "pyproject.toml"
-        if path.is_file() and b"[tool.zeropilot" in path.read_bytes()[:1024 * 1024]:
-            if "zeropilot" in _toml(path).get("tool", {}):
-                return path
+        if path.is_file() and _mentions_zeropilot(path) and "zeropilot" in _toml(path).get("tool", {}):
+            return path
     return None
 
 
