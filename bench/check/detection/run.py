@@ -254,6 +254,8 @@ def render(summary, checks, versions) -> str:
         f"{s['accepted']} |",
         f"| time for all {s['cases']} cases | {checks['rules_s']} s | {checks['oracle_s']} s (one worker; imports "
         f"{checks['oracle_import_s']} s) | |", "",
+        f"One launch (examples/seed, fresh process, median of 3): `check` {checks['seed_launch_s']['check']} s, "
+        f"`check --oracle` {checks['seed_launch_s']['check --oracle']} s.", "",
         "The oracle builds no engine: `no_sync()`, `step()` and `prepare()` refusals are found by the rules only.",
         "The rules were written from the same DeepSpeed/transformers/accelerate source these tests exercise, before "
         "the cases were collected; the cases are not a blind sample of user configs.", "",
@@ -271,6 +273,22 @@ def render(summary, checks, versions) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cold_cost(runs: int = 3) -> Dict[str, Any]:
+    """Wall time of ``zeropilot check examples/seed`` with and without ``--oracle`` (fresh processes, medians)."""
+    import statistics
+
+    out = {}
+    for label, extra in (("check", []), ("check --oracle", ["--oracle"])):
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "zeropilot", "check", "examples/seed", *extra], cwd=ROOT,
+                           capture_output=True, timeout=300, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+            times.append(time.perf_counter() - started)
+        out[label] = round(statistics.median(times), 2)
+    return out
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--verify"]:
         verify_child(sys.argv[2])
@@ -280,6 +298,7 @@ def main() -> int:
     verdicts = verify_all(work)
     checks = run_checks(all_cases, work / "launches")
     summary = score(all_cases, verdicts, checks)
+    checks["seed_launch_s"] = cold_cost()
     from zeropilot.launch.versions import installed_versions
 
     versions = {k: v for k, v in installed_versions().items() if k in ("deepspeed", "transformers", "accelerate",
