@@ -98,3 +98,13 @@ def test_other_version_than_installed_is_a_warning(tmp_path):
                                  versions={"deepspeed": "0.19.8"})
     [f] = get_rule("OR001").run(launch)
     assert f.severity.value == "warning" and "the launch uses 0.14.2" in f.message and f.line == 3
+
+
+def test_yaml_values_json_cannot_write_do_not_break_the_request(tmp_path):
+    """A YAML DeepSpeed config with a date (not JSON) still makes a request the worker can read."""
+    import json
+
+    root = write_files(tmp_path, {"ds.yaml": "train_micro_batch_size_per_gpu: 1\nzero_optimization:\n  stage: 2\n"
+                                             "steps_per_print: 10\n_comment: 2024-01-01\n"})
+    launch = load_launch([root], use_installed=False)
+    assert json.loads(json.dumps({"cases": cases(launch)}, default=str))["cases"]

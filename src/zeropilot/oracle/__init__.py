@@ -115,7 +115,7 @@ def _run_worker(request: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
-        out, err = proc.communicate(json.dumps(request), timeout=timeout_s)
+        out, err = proc.communicate(json.dumps(request, default=str), timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"failure": f"the oracle did not answer within {timeout_s:.0f} s"}
     finally:
@@ -124,7 +124,10 @@ def _run_worker(request: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
             proc.wait()
     for line in reversed(out.splitlines()):
         if line.startswith("ORACLE-ANSWER "):
-            return json.loads(line[len("ORACLE-ANSWER "):])
+            try:
+                return json.loads(line[len("ORACLE-ANSWER "):])
+            except ValueError:
+                return {"failure": "the oracle worker's answer was cut short"}
     tail = (err or out).strip().splitlines()[-1:] or ["no output"]
     return {"failure": f"the oracle worker exited {proc.returncode}: {tail[0][:300]}"}
 

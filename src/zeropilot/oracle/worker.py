@@ -109,7 +109,7 @@ def _has_auto_batch(config: Dict[str, Any]) -> bool:
 
 def run_case(case: Dict[str, Any], have: Dict[str, bool]) -> List[Dict[str, Any]]:
     """Every refusal of one config, by the libraries that are installed."""
-    config = json.loads(json.dumps(case["config"]))
+    config = json.loads(json.dumps(case["config"], default=str))
     world = case.get("world_size") or 1
     if case.get("train_args") is not None and have["transformers"] and have["accelerate"]:
         try:
