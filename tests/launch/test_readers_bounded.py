@@ -259,3 +259,10 @@ def test_fuzz_python_reader_never_crashes(source):
         parse_python(source, Path("f.py"))
     except InputError as exc:
         assert "nested" in exc.reason
+
+
+def test_many_flags_on_one_command_keep_their_line(tmp_path):
+    flags = " ".join(f"--k{i} {i}" for i in range(15_000))  # 200 KB: under the 256 KiB line limit
+    write_files(tmp_path, {"run.sh": "\n" * 1000 + "deepspeed train.py --deepspeed ds.json " + flags + "\n"})
+    (doc,) = load_launch([tmp_path], use_installed=False).documents
+    assert doc.fmt == "flags" and doc.root.child("k14999").line == 1001 and doc.root.child("k14999").value == 14999

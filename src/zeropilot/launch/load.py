@@ -13,7 +13,7 @@ from zeropilot.errors import InputError
 from zeropilot.launch.classify import classify
 from zeropilot.launch.commands import (VISIBLE_DEVICE_VARS, LaunchCommand, as_int, count_devices, interpret,
                                        parse_flag_args)
-from zeropilot.launch.document import Document, Node, set_paths
+from zeropilot.launch.document import Document, LineIndex, Node, set_paths
 from zeropilot.launch.jsonread import read_json
 from zeropilot.launch.model import Launch, PythonFile, Reference, WorldSize
 from zeropilot.launch.pyread import MAX_PYTHON_BYTES, parse_python
@@ -326,23 +326,24 @@ def _command_references(launch: Launch, seen: set, lc: LaunchCommand) -> None:
             _read_into(launch, resolved)
     flags = parse_flag_args(lc.program_args)
     if lc.launcher != "llamafactory" and any(k == "deepspeed" or k == "deepspeed_config" for k, _, _ in flags):
-        doc = _flags_document(lc, flags)
+        doc = _flags_document(launch, lc, flags)
         launch.documents.append(doc)
     elif lc.launcher == "llamafactory" and flags:
-        doc = _flags_document(lc, flags)
+        doc = _flags_document(launch, lc, flags)
         doc.flavour = "llamafactory"
         launch.documents.append(doc)
 
 
-def _flags_document(lc: LaunchCommand, flags) -> Document:
+def _flags_document(launch: Launch, lc: LaunchCommand, flags) -> Document:
     """Training arguments given as ``--key value`` on a command line, as a document of the script."""
     cmd = lc.command
-    text = cmd.file.read_text(encoding="utf-8", errors="replace") if cmd.file.is_file() else ""
+    text = next((s.text for s in launch.scripts if s.path == cmd.file), "")
+    lines = LineIndex(text) if text else None
     members = {}
     for key, value, index in flags:
         argv_index = lc.program_args_index + index
         offset = cmd.offsets[argv_index] if argv_index < len(cmd.offsets) else None
-        line = text.count("\n", 0, offset) + 1 if offset is not None and text else cmd.line
+        line = lines.line(offset) if offset is not None and lines else cmd.line
         members[key] = Node(_flag_value(value), line=line, col=None, raw=value)
     root = Node(members, line=cmd.line)
     set_paths(root)
