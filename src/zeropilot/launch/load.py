@@ -88,6 +88,11 @@ def load_launch(
             continue
         seen.add(key)
         if _REQ_NAME.match(path.name):
+            try:
+                read_text(path)  # the same limits as every other file (size, binary, UTF-8)
+            except InputError as exc:
+                launch.read_errors.append(exc)
+                continue
             requirement_files.append(path)
             continue
         _read_into(launch, path, discovered)
