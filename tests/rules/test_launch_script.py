@@ -122,3 +122,11 @@ def test_sh002_deepspeed_witness(tmp_path):
     ranks = {p.name: p.read_text() for p in tmp_path.glob("rank*.txt")}
     assert ranks == {"rank0.txt": "0,1", "rank1.txt": "0,1"}, out[-2000:]
     assert "ignoring it" in out
+
+
+def test_sh002_deepspeed_include_also_ignores_the_variable(launch_dir):
+    root = launch_dir({"run.sh": "export CUDA_VISIBLE_DEVICES=2,3\ndeepspeed --include localhost:0,1 train.py\n"})
+    [f] = run_check(root, select={"SH002"})
+    assert f.key == "include" and "physical GPUs 0,1" in f.message and "instead of 2,3" in f.message
+    root = launch_dir({"run.sh": "export CUDA_VISIBLE_DEVICES=0,1\ndeepspeed --include localhost:0,1 train.py\n"})
+    assert run_check(root, select={"SH002"}) == []

@@ -129,24 +129,33 @@ def world_size_exceeds_visible_devices(launch: Launch) -> Iterator[Hit]:
 def _deepspeed_num_gpus_command(launch: Launch, ws):
     """The ``deepspeed --num_gpus N`` command the world size was read from, if that is how it was launched."""
     for lc in launch.commands:
-        if lc.launcher == "deepspeed" and ("num_gpus" in lc.flags or "num_accelerators" in lc.flags) and \
+        if lc.launcher == "deepspeed" and _IGNORING_FLAGS & set(lc.flags) and \
                 (ws.line is None or (lc.command.file == ws.file and lc.command.line == ws.line)):
             return lc
     return None
 
 
+# deepspeed/launcher/runner.py: any of these makes the launcher ignore (and delete) CUDA_VISIBLE_DEVICES.
+_IGNORING_FLAGS = {"num_gpus", "num_accelerators", "include", "exclude"}
+
+
 def _deepspeed_ignores_visible(lc, ws) -> Iterator[Hit]:
     var, n = ws.visible_var, ws.nproc_per_node
     listed = [p.strip() for p in var.value.split(",") if p.strip()]
-    physical = [str(i) for i in range(n)]
+    include = (lc.flags.get("include") or (None,))[0]
+    if include and ":" in include and "@" not in include:
+        physical = [p.strip() for p in include.split(":", 1)[1].split(",") if p.strip()]
+    else:
+        physical = [str(i) for i in range(n)]
     if listed == physical:
         return
-    where = "including GPUs you did not list" if n > len(listed) else f"instead of {var.value}"
-    yield Hit(None, None, f"`deepspeed --num_gpus {n}` ignores {var.name}={var.value}: DeepSpeed's launcher deletes "
-                          f"the variable when --num_gpus is given and starts {n} ranks on physical GPUs "
-                          f"{','.join(physical)}, {where} — drop --num_gpus (DeepSpeed then uses exactly the listed "
-                          f"devices) or write --include localhost:{var.value}",
-              file=lc.command.file, line=lc.command.line, key="num_gpus")
+    flag = next(f for f in ("num_gpus", "num_accelerators", "include", "exclude") if f in lc.flags)
+    where = "including GPUs you did not list" if len(physical) > len(listed) else f"instead of {var.value}"
+    yield Hit(None, None, f"`deepspeed --{flag}` ignores {var.name}={var.value}: DeepSpeed's launcher deletes "
+                          f"the variable when --num_gpus/--include/--exclude is given and starts its ranks on "
+                          f"physical GPUs {','.join(physical)}, {where} — drop --{flag} (DeepSpeed then uses exactly "
+                          f"the listed devices) or write --include localhost:{var.value}",
+              file=lc.command.file, line=lc.command.line, key=flag)
 
 
 @rule("SH003", "launch-config-missing", Severity.ERROR, versions="all",
