@@ -58,3 +58,14 @@ def test_facts_once_per_launch(tmp_path):
     [(train, linked)] = f.hf_pairs
     assert linked is ds.doc and f.peft(train) is True
     assert ds_facts(_doc({"fp16": {"enabled": True}})).precision == "fp16"
+
+
+@pytest.mark.parametrize("stage", [3, 3.0, "3"])
+def test_rules_share_the_stage(tmp_path, stage):
+    """Every rule reads the stage from the facts: 3, 3.0 and "3" are ZeRO-3 for DS011 and DS016 alike."""
+    from tests.conftest import run_check
+
+    root = write_files(tmp_path, {"ds.json": {"train_micro_batch_size_per_gpu": 1,
+                                              "zero_optimization": {"stage": stage, "allgather_bucket_size": 3}}})
+    codes = sorted(f.code for f in run_check(root, versions="deepspeed=0.19.8", select={"DS011", "DS016"}))
+    assert codes == ["DS011"]  # ZeRO-3 ignores the bucket (DS011); the odd size matters only at 1/2 (DS016)
