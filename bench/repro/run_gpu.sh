@@ -21,8 +21,8 @@ PY
   for f in "$R/$1"/leg1-rank-*.log; do echo "-- $f"; grep -v Warning "$f" | grep -iE "error|out of memory" | head -3; done
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv 2>/dev/null
-seed ws1 1 150
-seed ws2 2 200
+seed ws1 1 110
+seed ws2 2 140
 python -m zeropilot report "$R/ws2" 2>&1 | head -30
 echo "== resume on GPU (qwen2.5-0.5b shape, 2 ranks)"
-timeout 200 python bench/repro/gpu_resume.py "$OUT/resume.json" "$R/resume" $DEV 2>&1 | grep -v Warning | tail -40
+timeout 120 python bench/repro/gpu_resume.py "$OUT/resume.json" "$R/resume" $DEV 2>&1 | grep -v Warning | tail -40
