@@ -49,7 +49,7 @@ def fmt_time(s: float) -> str:
         return f"{s / 3600:.1f} h"
     if abs(s) >= 120:
         return f"{s / 60:.0f} min"
-    return f"{s:.0f} s"
+    return f"{s:.3g} s"
 
 
 def run_start(records: RunRecords) -> float:
@@ -155,7 +155,7 @@ def _y_top(values: List[Optional[float]]) -> float:
 
 
 def memory_chart(prep: RankSeries, summary: Dict[str, Any], rank: int, x_end: float, t0: float,
-                 gpu: bool) -> str:
+                 gpu: bool, rec_events: Dict[int, List[Dict[str, Any]]]) -> str:
     """One rank's memory over time, with capacity, plan, saves, loads and OOMs marked."""
     info = next(r for r in summary["ranks"] if r["rank"] == rank)
     series = list(MEMORY_SERIES) if gpu else [HOST_SERIES]
@@ -177,7 +177,20 @@ def memory_chart(prep: RankSeries, summary: Dict[str, Any], rank: int, x_end: fl
     for o in summary["ooms"]:
         if o["rank"] == rank and o["t"] is not None:
             chart.vline(o["t"] - t0, "oomline", f"OOM at step {o['step']} ({o['phase']})")
+    for t, title in errors_of(rec_events, rank):
+        chart.vline(t - t0, "errline", title)
     return chart.svg()
+
+
+def errors_of(events: Dict[int, List[Dict[str, Any]]], rank: int) -> List[Tuple[float, str]]:
+    """(t, title) of each error record of ``rank``: where the rank stopped."""
+    out = []
+    for e in events.get(rank, []):
+        t = nz.num(e.get("t"))
+        if e.get("event") == "error" and t is not None:
+            peer = " (noticed a failed peer)" if e.get("peer_failure") is True else ""
+            out.append((t, f"{nz.text(e.get('type')) or 'error'} at step {nz.integer(e.get('step'))}{peer}"))
+    return out
 
 
 def overview_chart(prep: Dict[int, RankSeries], summary: Dict[str, Any], x_end: float, chart_id: str,
@@ -215,7 +228,7 @@ def step_chart(records: RunRecords, chart_id: str) -> Optional[str]:
     tops = [max((v for v in rec.steps["seconds"] if not math.isnan(v)), default=None) for _, rec in ranks]
     chart = Chart(chart_id, WIDTH, 200, (x0, max(x1, x0 + 1)), (0.0, _y_top(tops)),
                   x_label=lambda v: f"{v:.0f}", y_label=lambda v: f"{v:.2g} s", title="seconds per step")
-    chart.axes()
+    chart.axes(x_ticks=[t for t in nice_ticks(*chart.x_range, n=8) if t == int(t)])
     for rank, rec in ranks:
         xs = rec.steps["step"]
         index = bucket_index(xs, x0, x1, BUCKETS) if len(xs) > 2 * BUCKETS else None
@@ -229,4 +242,4 @@ def x_end(records: RunRecords, summary: Dict[str, Any], t0: float) -> float:
     ends = [r["last_record_t"] for r in summary["ranks"] if r["last_record_t"] is not None]
     if summary.get("hang") and summary["hang"]["t"] is not None:
         ends.append(summary["hang"]["t"])
-    return max(max(ends, default=t0) - t0, 1.0)
+    return max(max(ends, default=t0) - t0, 1e-3)

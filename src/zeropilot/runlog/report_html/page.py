@@ -35,6 +35,8 @@ polyline{fill:none;stroke-width:1.4;stroke-linejoin:round}
 .s-outside{stroke:#7f7f7f}.s-rss{stroke:#9467bd}.s-used{stroke:#17becf;stroke-width:1.1}
 line.cap{stroke:#111;stroke-width:1.2}text.cap{fill:#111}line.plan{stroke:#2ca02c;stroke-dasharray:6 4;stroke-width:1.4}
 text.plan{fill:#2ca02c}line.oomline{stroke:#c62828;stroke-width:2}
+line.errline{stroke:#c62828;stroke-width:1.5;stroke-dasharray:3 3}circle.pt{fill:none;stroke-width:3}
+table.log td:first-child{white-space:nowrap}.failed{color:#c62828}
 rect.op{fill:#7b61ff;opacity:.10}rect.load{fill:#00897b;opacity:.12}rect.phase{opacity:.22}
 .ph-gather_16bit{fill:#e377c2}.ph-model_states{fill:#8c564b}.ph-optimizer_states{fill:#bcbd22}.ph-write{fill:#17becf}
 .ph-wait{fill:#7f7f7f}
@@ -50,7 +52,7 @@ rect.op{fill:#7b61ff;opacity:.10}rect.load{fill:#00897b;opacity:.12}rect.phase{o
 LEGEND_MEM = (("#1f77b4", "allocated"), ("#ff7f0e", "reserved"), ("#d62728", "peak reserved (counter)"),
               ("#7f7f7f", "outside PyTorch"), ("#17becf", "in use on the device"), ("#111", "capacity"),
               ("#2ca02c", "plan (device peak)"),
-              ("rgba(123,97,255,.3)", "save/load span, phases inside"), ("#c62828", "OOM"))
+              ("rgba(123,97,255,.3)", "save/load span, phases inside"), ("#c62828", "OOM / error (dashed)"))
 RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
@@ -82,7 +84,9 @@ def _memory_sections(records: RunRecords, summary: Dict[str, Any]) -> Tuple[str,
     gpu = charts.gpu_fields(records)
     overview = (rank_legend(ranks) + charts.overview_chart(prep, summary, end, "overview", gpu)
                 if ranks else "<p>no rank recorded anything</p>")
-    per_rank = "".join(f"<h3>rank {r}</h3>" + charts.memory_chart(prep[r], summary, r, end, t0, gpu) for r in ranks)
+    events = {r: rec.events for r, rec in records.ranks.items()}
+    per_rank = "".join(f"<h3>rank {r}</h3>" + charts.memory_chart(prep[r], summary, r, end, t0, gpu, events)
+                       for r in ranks)
     mem_legend = legend(LEGEND_MEM if gpu else (("#9467bd", "host RSS"),) + LEGEND_MEM[5:])
     return overview, (mem_legend + per_rank if per_rank else "")
 

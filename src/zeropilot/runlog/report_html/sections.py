@@ -82,7 +82,9 @@ def ops(summary: Dict[str, Any], kind: str) -> str:
         peak = (s["mem_peak"] or {}).get("peak_reserved_bytes") or main_mem(s["mem_peak"])
         phases = ", ".join(f"{p['name']} {secs(p['seconds'])}" for p in s["phases"])
         nxt = s.get("first_step_after") or {}
-        took = secs(s["seconds"]) + (f'<br><b class="failed">failed: {esc(s["error"])}</b>' if s["error"] else "")
+        took = secs(s["seconds"]) + (f'<br><b class="failed" title="{esc(s["error"])}">failed: '
+                                     f'{esc(s["error"][:100])}{"…" if len(s["error"]) > 100 else ""}</b>'
+                                     if s["error"] else "")
         rows.append([_e(s["step"]), str(s["rank"]), size(s["bytes"]), took, esc(phases) or "-", gib(main_mem(s["mem_before"])), gib(peak),
                      gib(main_mem(s["mem_after"])), gib(nxt.get("window_peak_reserved_bytes")), _e(s["tag"])])
     if not rows:

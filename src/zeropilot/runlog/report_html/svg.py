@@ -72,11 +72,15 @@ class Chart:
 
     def line(self, points: Iterable[Point], cls: str, attrs: str = "", title: str = "") -> None:
         """A polyline (one series); ``attrs`` is markup this module's callers built, never raw input."""
+        points = list(points)
         pts = " ".join(f"{self.px(x):.1f},{self.py(y):.1f}" for x, y in points)
         if not pts:
             return
         tip = f"<title>{esc(title)}</title>" if title else ""
         self.parts.append(f'<polyline class="{cls}" {attrs} points="{pts}">{tip}</polyline>')
+        if len(points) < 3:  # too short to see as a line: dots too
+            self.parts.extend(f'<circle class="pt {cls}" cx="{self.px(x):.1f}" cy="{self.py(y):.1f}" r="2.5"/>'
+                              for x, y in points)
 
     def hline(self, y: float, cls: str, label: str) -> None:
         """A horizontal reference line (capacity, plan) with its label at the right."""
