@@ -53,6 +53,9 @@ LEGEND_MEM = (("#1f77b4", "allocated"), ("#ff7f0e", "reserved"), ("#d62728", "pe
               ("#7f7f7f", "outside PyTorch"), ("#17becf", "in use on the device"), ("#111", "capacity"),
               ("#2ca02c", "plan (device peak)"),
               ("rgba(123,97,255,.3)", "save/load span, phases inside"), ("#c62828", "OOM / error (dashed)"))
+LEGEND_PHASES = (("rgba(227,119,194,.45)", "phase gather_16bit"), ("rgba(140,86,75,.45)", "model_states"),
+                 ("rgba(188,189,34,.45)", "optimizer_states"), ("rgba(23,190,207,.45)", "write"),
+                 ("rgba(127,127,127,.45)", "wait"))
 RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
@@ -87,7 +90,7 @@ def _memory_sections(records: RunRecords, summary: Dict[str, Any]) -> Tuple[str,
     events = {r: rec.events for r, rec in records.ranks.items()}
     per_rank = "".join(f"<h3>rank {r}</h3>" + charts.memory_chart(prep[r], summary, r, end, t0, gpu, events)
                        for r in ranks)
-    mem_legend = legend(LEGEND_MEM if gpu else (("#9467bd", "host RSS"),) + LEGEND_MEM[5:])
+    mem_legend = legend(LEGEND_MEM if gpu else (("#9467bd", "host RSS"),) + LEGEND_MEM[5:]) + legend(LEGEND_PHASES)
     return overview, (mem_legend + per_rank if per_rank else "")
 
 
