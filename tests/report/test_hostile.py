@@ -118,3 +118,21 @@ def test_deeply_nested_json_is_a_note_not_a_traceback(tmp_path, capsys, validate
     assert rep["environment"]["NESTED.A"] == "<dict>" and rep["environment"]["NESTED.C"] == "2"
     assert "hang.json: unreadable (RecursionError)" in rep["problems"]
     assert "rank-0.jsonl: 1 unreadable line(s) skipped" in rep["problems"]
+
+
+def test_numbers_at_the_edge_of_a_float_give_nulls_not_errors(tmp_path, capsys, validate):
+    d = tmp_path / "edge"
+    d.mkdir()
+    big = {"reserved_bytes": 1.7e308, "peak_reserved_bytes": 1.7e308, "outside_torch_bytes": 1.7e308,
+           "host_rss_bytes": 1.7e308}
+    write_json_lines(d / "rank-0.jsonl", [{"event": "step", "t": 1.0 + i, "step": i + 1, "seconds": 1.7e308,
+                                           "mem": big} for i in range(3)])
+    (d / "run.json").write_text(json.dumps({"plan": {"peak_bytes_per_rank": 1}, "exit_code": 0, "ended_at": 9}))
+    for fmt in ("json", "text", "html"):
+        assert main(["report", str(d), "--format", fmt, "--compare", str(d)]) == 0
+        out = capsys.readouterr().out
+        if fmt == "json":
+            rep = json.loads(out)
+            assert validate(rep) == [] and rep["a"]["step_seconds"]["count"] == 0
+            assert rep["a"]["ranks"][0]["peak_reserved_bytes"] is None and rep["a"]["ranks"][0]["plan_ratio"] is None
+    assert main(["report", str(d), "--format", "html", "--out", str(tmp_path / "p.html")]) == 0

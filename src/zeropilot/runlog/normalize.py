@@ -9,7 +9,6 @@ what ``docs/report.schema.json`` promises.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Optional
 
 from zeropilot.runlog.events import MEMORY_FIELDS
@@ -18,15 +17,14 @@ MAX_TEXT = 4000
 MAX_ITEMS = 200
 
 
+LIMIT = float(1 << 62)  # no time, step, second or byte count of a real run comes near 4.6e18
+
+
 def num(value: Any) -> Optional[float]:
-    """A finite float, or None."""
+    """A float of magnitude below :data:`LIMIT` (so sums and ratios stay finite), or None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    try:
-        x = float(value)
-    except OverflowError:
-        return None
-    return x if math.isfinite(x) else None
+    return float(value) if -LIMIT < value < LIMIT else None
 
 
 def integer(value: Any) -> Optional[int]:

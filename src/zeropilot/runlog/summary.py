@@ -47,6 +47,25 @@ def window_peak(before: Optional[float], after: Optional[float]) -> Optional[int
     return None
 
 
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    """``a / b`` as a finite float, or None (unknown, zero, or too large for a float: hostile values)."""
+    if a is None or not b:
+        return None
+    try:
+        x = a / b
+    except (OverflowError, ZeroDivisionError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _mean(values: List[float]) -> Optional[float]:
+    try:
+        x = math.fsum(values) / len(values)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
+
+
 def _mem_peak(mem: Any, key: str) -> Optional[int]:
     return nz.integer(mem.get(key)) if isinstance(mem, dict) else None
 
@@ -133,7 +152,7 @@ def _rank_summary(rec: RankRecords, plan_bytes: Optional[int]) -> Dict[str, Any]
         "peak_reserved_at": _peak_source(rec, "peak_reserved_bytes"),
         "host_rss_peak_at": _peak_source(rec, "host_rss_bytes"),
         "peak_device_bytes": device_peak,
-        "plan_ratio": (device_peak / plan_bytes) if device_peak is not None and plan_bytes else None,
+        "plan_ratio": ratio(device_peak, plan_bytes),
         **_start(rec),
     }
 
@@ -267,7 +286,7 @@ def _step_seconds(records: RunRecords) -> Dict[str, Any]:
     if not secs:
         return {"median": None, "max": None, "p90": None, "mean": None, "count": 0, "first": None}
     return {"median": statistics.median(secs), "max": secs[-1], "p90": secs[min(len(secs) - 1, int(0.9 * len(secs)))],
-            "mean": math.fsum(secs) / len(secs), "count": len(secs), "first": max(firsts) if firsts else None}
+            "mean": _mean(secs), "count": len(secs), "first": max(firsts) if firsts else None}
 
 
 def main_frames(text: str) -> List[str]:
@@ -334,7 +353,7 @@ def summarize(records: RunRecords) -> Dict[str, Any]:
 
 def _metric(name: str, a: Optional[float], b: Optional[float]) -> Dict[str, Any]:
     return {"metric": name, "a": a, "b": b, "change": (b - a) if a is not None and b is not None else None,
-            "ratio": (b / a) if a and b is not None else None}
+            "ratio": ratio(b, a)}
 
 
 def _top(summary: Dict[str, Any], key: str) -> Optional[int]:
