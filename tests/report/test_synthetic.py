@@ -142,3 +142,17 @@ def test_a_run_without_an_end_is_running(tmp_path):
         lines = (d / f"rank-{rank}.jsonl").read_text().splitlines()
         (d / f"rank-{rank}.jsonl").write_text("\n".join(ln for ln in lines if '"end"' not in ln) + "\n")
     assert summarize(read_run(d))["verdict"]["kind"] == "running"
+
+
+def test_many_ranks_keep_one_overview_series_each_and_sixteen_rank_charts(tmp_path):
+    import re
+
+    d = write_run(tmp_path / "wide", Spec(ranks=40, steps=30, save_every=10, oom_rank=33))
+    out = tmp_path / "wide.html"
+    assert main(["report", str(d), "--format", "html", "--out", str(out)]) == 0
+    page = out.read_text()
+    overview = page[page.index('<svg id="overview"'):]
+    overview = overview[:overview.index("</svg>")]
+    assert sorted(map(int, re.findall(r'data-rank="(\d+)"', overview))) == list(range(40))
+    charts = sorted(map(int, re.findall(r'<svg id="mem-rank-(\d+)"', page)))
+    assert len(charts) == 16 and {0, 33, 39} <= set(charts)  # the first, the OOM's, the last

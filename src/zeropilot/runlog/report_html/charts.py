@@ -20,6 +20,12 @@ from zeropilot.runlog.report_html.svg import Chart, esc, nice_ticks
 
 GiB = float(1 << 30)
 BUCKETS = 700
+MAX_RANK_CHARTS = 16
+
+
+def buckets_for(n_ranks: int) -> int:
+    """Buckets per series: 700 up to 16 ranks, fewer beyond, so a page of many ranks stays a few MB."""
+    return max(60, min(BUCKETS, BUCKETS * 16 // max(n_ranks, 1)))
 WIDTH = 1100.0
 #: series drawn for each rank: field, css class, legend name
 MEMORY_SERIES = (
@@ -94,8 +100,8 @@ def _has(col: array) -> bool:
     return any(v == v for v in col)  # NaN != NaN
 
 
-def _index(xs: array, x0: float, x1: float) -> Optional[List[int]]:
-    return bucket_index(xs, x0, x1, BUCKETS) if len(xs) > 2 * BUCKETS else None
+def _index(xs: array, x0: float, x1: float, buckets: int) -> Optional[List[int]]:
+    return bucket_index(xs, x0, x1, buckets) if len(xs) > 2 * buckets else None
 
 
 @dataclass
@@ -105,21 +111,23 @@ class RankSeries:
     xs: array
     cols: Dict[str, array]
     index: Optional[List[int]]
+    buckets: int
 
     def points(self, name: str):
-        return minmax(self.xs, self.cols[name], self.index, BUCKETS)
+        return minmax(self.xs, self.cols[name], self.index, self.buckets)
 
 
 def prepare(records: RunRecords, t0: float, x_end: float) -> Dict[int, RankSeries]:
     """Every rank's memory columns (steps and the events' moments), shifted to start at 0, bucketed."""
     fields = [f for f, _, _ in MEMORY_SERIES[:-1]] + [HOST_SERIES[0], "device_total_bytes", "device_free_bytes"]
     out = {}
+    buckets = buckets_for(len(records.ranks))
     for rank, rec in sorted(records.ranks.items()):
         xs, cols = rank_columns(rec, fields)
         xs = array("d", (x - t0 for x in xs))
         cols["device_used_bytes"] = array("d", (t - f for t, f in zip(cols["device_total_bytes"],
                                                                       cols["device_free_bytes"])))
-        out[rank] = RankSeries(xs, cols, _index(xs, 0.0, x_end))
+        out[rank] = RankSeries(xs, cols, _index(xs, 0.0, x_end, buckets), buckets)
     return out
 
 
@@ -229,12 +237,28 @@ def step_chart(records: RunRecords, chart_id: str) -> Optional[str]:
     chart = Chart(chart_id, WIDTH, 200, (x0, max(x1, x0 + 1)), (0.0, _y_top(tops)),
                   x_label=lambda v: f"{v:.0f}", y_label=lambda v: f"{v:.2g} s", title="seconds per step")
     chart.axes(x_ticks=[t for t in nice_ticks(*chart.x_range, n=8) if t == int(t)])
+    buckets = buckets_for(len(ranks))
     for rank, rec in ranks:
         xs = rec.steps["step"]
-        index = bucket_index(xs, x0, x1, BUCKETS) if len(xs) > 2 * BUCKETS else None
-        chart.line(minmax(xs, rec.steps["seconds"], index, BUCKETS), f"series rank-color c{rank % 8}",
+        index = bucket_index(xs, x0, x1, buckets) if len(xs) > 2 * buckets else None
+        chart.line(minmax(xs, rec.steps["seconds"], index, buckets), f"series rank-color c{rank % 8}",
                    attrs=f'data-rank="{rank}" data-field="seconds"', title=f"rank {rank}: seconds per step")
     return chart.svg()
+
+
+def ranks_to_chart(summary: Dict[str, Any]) -> List[int]:
+    """Every rank, or with more than :data:`MAX_RANK_CHARTS`: the verdict's, rank 0, the highest peaks, the last."""
+    ranks = [r["rank"] for r in summary["ranks"]]
+    if len(ranks) <= MAX_RANK_CHARTS:
+        return ranks
+    def peak(r: Dict[str, Any]) -> float:
+        return float(r["peak_reserved_bytes"] or r["host_rss_peak_bytes"] or 0)
+    pick = [r for r in summary["verdict"]["ranks"] if r in ranks][:4] + [ranks[0], ranks[-1]]
+    for r in sorted(summary["ranks"], key=peak, reverse=True):
+        if len(set(pick)) >= MAX_RANK_CHARTS:
+            break
+        pick.append(r["rank"])
+    return sorted(set(pick))
 
 
 def x_end(records: RunRecords, summary: Dict[str, Any], t0: float) -> float:

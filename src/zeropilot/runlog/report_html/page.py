@@ -88,8 +88,12 @@ def _memory_sections(records: RunRecords, summary: Dict[str, Any]) -> Tuple[str,
     overview = (rank_legend(ranks) + charts.overview_chart(prep, summary, end, "overview", gpu)
                 if ranks else "<p>no rank recorded anything</p>")
     events = {r: rec.events for r, rec in records.ranks.items()}
+    drawn = charts.ranks_to_chart(summary)
     per_rank = "".join(f"<h3>rank {r}</h3>" + charts.memory_chart(prep[r], summary, r, end, t0, gpu, events)
-                       for r in ranks)
+                       for r in drawn)
+    if len(drawn) < len(ranks):
+        per_rank = (f"<p>{len(ranks)} ranks: drawn one by one are the verdict's, the first and last, and the highest "
+                    f"peaks ({', '.join(map(str, drawn))}); every rank is in the chart above.</p>" + per_rank)
     mem_legend = legend(LEGEND_MEM if gpu else (("#9467bd", "host RSS"),) + LEGEND_MEM[5:]) + legend(LEGEND_PHASES)
     return overview, (mem_legend + per_rank if per_rank else "")
 
