@@ -120,6 +120,7 @@ def test_auto_values_are_filled_as_the_hf_integration_fills_them():
     (["{train_only}", "--cpu"], "no DeepSpeed config"),
     (["{bad_json}", "--cpu"], "bad_json"),
     (["{launch}", "--model", "/no/such/config.json"], "cannot be read here"),
+    (["{half_stage}", "--cpu"], "ZeRO stage cannot be known"),
 ])
 def test_bad_input_is_one_message_and_exit_2(tmp_path, capsys, args, message):
     folders = {
@@ -127,6 +128,7 @@ def test_bad_input_is_one_message_and_exit_2(tmp_path, capsys, args, message):
         "train_only": write_files(tmp_path / "train_only", {"train.yaml": "model_name_or_path: x\nstage: sft\n"
                                                             "finetuning_type: lora\n"}),
         "bad_json": write_files(tmp_path / "bad_json", {"ds.json": '{"zero_optimization": {"stage": 2,}'}),
+        "half_stage": write_files(tmp_path / "half_stage", {"ds.json": {"zero_optimization": {"stage": 2.5}}}),
     }
     argv = ["repro"] + [a.format(**{k: str(v) for k, v in folders.items()}) for a in args]
     assert main(argv) == 2

@@ -1,10 +1,10 @@
 """What a repro runs, worked out from a launch: pure, no torch.
 
-:func:`launch_settings` is the ONE place that reads the launch for ``repro`` (ZeRO stage, precision, batch
-values, PEFT, sequence length, scheduler, checkpoint habits). It reads through
-:func:`zeropilot.memory.from_launch.values_from_launch`, the reader ``plan`` uses, and adds the few training
-values a run needs that a memory plan does not (learning rate, schedule, LoRA alpha/dropout, precision). When the
-typed launch-facts layer (``zeropilot.launch.facts``) lands, this function is what switches to it.
+:func:`launch_settings` is the ONE place that reads the launch for ``repro``. ZeRO stage, precision, PEFT and
+offload come from the typed launch facts (:mod:`zeropilot.launch.facts`); sequence length, batch values, gradient
+checkpointing, LoRA rank and bucket sizes from :func:`zeropilot.memory.from_launch.values_from_launch`, the reader
+``plan`` uses; it adds the few training values a run needs that a plan does not (learning rate, schedule, LoRA
+alpha/dropout/target, seed).
 
 :func:`build_spec` turns those settings and the command-line options into a :class:`ReproSpec`, a plain
 JSON-able record that every rank of every leg reads (``repro-spec.json`` in the run directory).
@@ -141,16 +141,17 @@ def _num(value: Any) -> Optional[float]:
     return out if math.isfinite(out) else None
 
 
-def _precision(train, ds) -> Tuple[str, str]:
-    """(precision, where): a concrete ``enabled: true`` in the DeepSpeed config, else the training args' flag."""
-    for name in ("bf16", "fp16"):
-        node = ds.get(f"{name}.enabled")
-        if node is not None and node.value is True:
-            return name, f"{ds.path}:{node.line} {name}.enabled"
+def _precision(ds_facts, train) -> Tuple[str, str]:
+    """(precision, where): the DeepSpeed config's when concrete (launch facts), else the training args' flag, which
+    the HF integration copies into an ``"auto"`` ``enabled``."""
+    from zeropilot.launch.facts import truthy
+
+    if ds_facts.precision is not None and (ds_facts.precision != "fp32" or train is None):
+        return ds_facts.precision, f"{ds_facts.doc.path} (fp16/bf16 enabled)"
     if train is not None:
         for name in ("bf16", "fp16"):
             node = train.get(name)
-            if node is not None and node.plain() in (True, "true", "True"):
+            if node is not None and truthy(node.plain()) is True:
                 return name, f"{train.path}:{node.line} {name}"
     return "fp32", "neither bf16 nor fp16 is on"
 
@@ -165,22 +166,33 @@ def _train_value(train, key: str, default: Any) -> Tuple[Any, Optional[str]]:
 def launch_settings(launch) -> Settings:
     """The launch values ``repro`` needs (the one place it reads the launch; see the module docstring).
 
+    ZeRO stage, precision, PEFT and offload come from the launch facts (``zeropilot.launch.facts``); sequence
+    length, batch values, gradient checkpointing, LoRA rank and bucket sizes from the reader ``plan`` uses.
+
     Raises:
         InputError: the launch has no DeepSpeed config, or none whose ZeRO stage can be read.
     """
+    from zeropilot.launch.facts import facts
     from zeropilot.memory.from_launch import values_from_launch
 
+    lf = facts(launch)
     lv = values_from_launch(launch)
-    pairs = launch.training_pairs()
+    pairs = lf.hf_pairs
     train = pairs[0][0] if pairs else (launch.train_args[0] if launch.train_args else None)
     ds = pairs[0][1] if pairs else (launch.ds_configs[0] if launch.ds_configs else None)
     if ds is None:
         raise InputError("the launch has no DeepSpeed config (a JSON with zero_optimization): nothing to "
                          "reproduce; give the folder or the files of a DeepSpeed launch")
+    dsf = lf.for_doc(ds)
+    if dsf.stage is None:
+        raise InputError(f"the ZeRO stage cannot be known ({dsf.stage_reason})", path=ds.path)
     values, sources = dict(lv.values), dict(lv.sources)
-    if values.get("stage") is None:
-        raise InputError("no ZeRO stage 0-3 can be read from zero_optimization.stage", path=ds.path)
-    values["precision"], sources["precision"] = _precision(train, ds)
+    values["stage"] = dsf.stage
+    sources["stage"] = f"{ds.path}:{dsf.stage_node.line if dsf.stage_node is not None else ''} {dsf.stage_reason}"
+    values["precision"], sources["precision"] = _precision(dsf, train)
+    if train is not None and not lf.peft(train):
+        values["lora_rank"] = None
+    values["offload_optimizer"], values["offload_param"] = dsf.offload_optimizer, dsf.offload_param
     for name, key, default in (("lr", "learning_rate", 5e-5), ("scheduler", "lr_scheduler_type", "linear"),
                                ("warmup_ratio", "warmup_ratio", 0.0), ("warmup_steps", "warmup_steps", 0),
                                ("weight_decay", "weight_decay", 0.0), ("max_grad_norm", "max_grad_norm", 1.0),
@@ -194,7 +206,7 @@ def launch_settings(launch) -> Settings:
     if not isinstance(plain, dict):
         raise InputError("the DeepSpeed config is not a JSON object", path=ds.path)
     return Settings(lv.model, str(lv.model_base) if lv.model_base else None, values, sources, plain,
-                    str(ds.path), lv.world_size)
+                    str(ds.path), lf.world_size)
 
 
 def _positive(name: str, value: Any) -> int:
