@@ -28,7 +28,7 @@ th,td{border-bottom:1px solid #e2e4e8;padding:2px 8px;text-align:right;vertical-
 th{background:#f4f5f7}td:first-child,th:first-child{text-align:left}
 table.log td,table.env td,table.versions td,table.log th{text-align:left}
 dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:8px 0}dt{color:#5f6b7a}dd{margin:0}
-svg.chart{width:100%;height:auto;display:block;background:#fff}
+svg.chart{width:100%;height:auto;display:block;background:#fff}svg.membar{width:100%;height:40px;display:block}
 .grid{stroke:#eceef1;stroke-width:1}.tick{font-size:10px;fill:#5f6b7a}.ref{font-size:10px}
 polyline{fill:none;stroke-width:1.4;stroke-linejoin:round}
 .s-alloc{stroke:#1f77b4}.s-reserved{stroke:#ff7f0e}.s-peak{stroke:#d62728;stroke-dasharray:4 3;stroke-width:1}

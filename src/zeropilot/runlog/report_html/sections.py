@@ -103,6 +103,34 @@ def _fixes(fixes: List[Dict[str, Any]]) -> str:
     return f'<h4>fixes, best first</h4><ol class="fixes">{items}</ol>'
 
 
+def mem_bar(m: Dict[str, Any], request: Optional[int]) -> str:
+    """The card at the failure as one stacked bar: allocated, reserved but free, outside PyTorch, free; the request."""
+    total = m.get("device_total_bytes")
+    if not total:
+        return ""
+    parts = [("allocated", m.get("allocated_bytes"), "#1f77b4"),
+             ("reserved, not allocated", m.get("unallocated_reserved_bytes"), "#ff7f0e"),
+             ("outside PyTorch", m.get("outside_torch_bytes"), "#7f7f7f"),
+             ("free", m.get("device_free_bytes"), "#e8f5e9")]
+    x, rects = 0.0, []
+    for name, value, color in parts:
+        if value is None:
+            continue
+        w = min(value / total, 1.0 - x) * 1000
+        rects.append(f'<rect x="{x * 1000:.1f}" y="0" width="{w:.1f}" height="26" fill="{color}">'
+                     f'<title>{esc(name)}: {gib(value)}</title></rect>')
+        x += w / 1000
+    legend = " · ".join(f"{esc(n)} {gib(v)}" for n, v, _ in parts if v is not None)
+    ask = ""
+    if request:
+        w = min(request / total, 1.0) * 1000
+        ask = (f'<rect x="{max(0.0, 1000 - w):.1f}" y="30" width="{w:.1f}" height="8" fill="#c62828">'
+               f'<title>asked for {gib(request)}</title></rect>')
+    return (f'<svg class="membar" viewBox="0 0 1000 40" preserveAspectRatio="none" role="img" '
+            f'aria-label="memory at the failure">{"".join(rects)}{ask}</svg>'
+            f'<p class="why">{legend} of {gib(total)}; red: the request ({gib(request)})</p>')
+
+
 def oom(summary: Dict[str, Any]) -> str:
     """One block per OOM: classification, evidence, memory at the failure, frames, ranked fixes."""
     parts = []
@@ -117,6 +145,7 @@ def oom(summary: Dict[str, Any]) -> str:
             f'({_e(o["phase"])}), asked for {gib(o["request_bytes"])}</h3>'
             f'<p class="kind">{_e(v["kind"])}: {_e(v["summary"])}</p>'
             + (f"<p>just before: {esc(o['just_before'])}</p>" if o["just_before"] else "")
+            + (f"<h4>the card at the failure</h4>{mem_bar(m, o['request_bytes'])}" if m.get("device_total_bytes") else "")
             + (f"<h4>evidence</h4><ul>{evidence}</ul>" if evidence else "")
             + _fixes(o["fixes"])
             + (f"<h4>memory at the failure</h4>{table(['field', 'value'], mem_rows, 'mem')}" if mem_rows else "")
