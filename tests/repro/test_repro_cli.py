@@ -121,6 +121,8 @@ def test_auto_values_are_filled_as_the_hf_integration_fills_them():
     (["{bad_json}", "--cpu"], "bad_json"),
     (["{launch}", "--model", "/no/such/config.json"], "cannot be read here"),
     (["{half_stage}", "--cpu"], "ZeRO stage cannot be known"),
+    (["{launch}", "--cpu", "--out", "{launch}"], "holds no earlier repro"),
+    (["{launch}", "--model", "qwen2-0.5b", "--nproc", "64"], "64 visible NVIDIA GPU(s)"),
 ])
 def test_bad_input_is_one_message_and_exit_2(tmp_path, capsys, args, message):
     folders = {

@@ -68,14 +68,28 @@ def _options(args: argparse.Namespace):
                    full_size=args.full_size, leave_out=leave, resume=not args.no_resume)
 
 
+def _need_gpus(ranks: int) -> None:
+    """Refuse a GPU run this machine cannot start (one GPU per rank), before any process is launched."""
+    from zeropilot.launch.hardware import visible_gpus
+
+    found = visible_gpus()
+    count = int(found.split("x", 1)[0]) if found else 0
+    if count < ranks:
+        raise InputError(f"{ranks} rank(s) need {ranks} visible NVIDIA GPU(s), this machine shows {count}: "
+                         "pass --cpu (and --nproc), or fewer ranks")
+
+
 def run(args: argparse.Namespace) -> int:
     from zeropilot.repro.prepare import prepare
     from zeropilot.repro.render import render
-    from zeropilot.repro.run import run_cases
+    from zeropilot.repro.run import clear_run_dir, run_cases
 
     opts = _options(args)
     spec, check_summary = prepare([args.launch], args.model, opts)
+    if not args.cpu:
+        _need_gpus(max(spec.nproc, spec.resume_nproc))
     out = args.out or Path(tempfile.mkdtemp(prefix="zeropilot-repro-"))
+    clear_run_dir(out)
     if args.format == "text":
         print(f"check: {check_summary['errors']} error(s), {check_summary['warnings']} warning(s)"
               + (f" ({', '.join(check_summary['codes'])})" if check_summary["codes"] else "")

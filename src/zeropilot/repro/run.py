@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from zeropilot.errors import InputError
 from zeropilot.repro import verdict
 from zeropilot.repro.launcher import run_leg
 from zeropilot.repro.spec import ReproSpec
@@ -57,12 +58,9 @@ def run_cases(cases: Sequence[Case], timeout: float = 900.0, command: Optional[L
     Cases that share a world size share one process group per leg; every case has its own run directory.
     """
     started = time.time()
+    for _, root in cases:
+        clear_run_dir(root)
     for spec, root in cases:
-        if root.exists() and any(root.iterdir()):
-            for old in ("checkpoints", "checkpoints-leg2", "state"):
-                shutil.rmtree(root / old, ignore_errors=True)
-            for f in root.glob("*.json*"):
-                f.unlink()
         root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(root / "repro-spec.json", spec.to_json())
         write_json_atomic(root / "run.json", _run_json(spec, command, check, started, None))
@@ -86,6 +84,33 @@ def run_cases(cases: Sequence[Case], timeout: float = 900.0, command: Optional[L
                 shutil.rmtree(root / old, ignore_errors=True)
         verdicts.append(v)
     return verdicts
+
+
+#: What a repro writes into its run directory; only these are removed when a run directory is reused.
+_OURS = ("run.json", "repro.json", "repro-spec.json", "job-leg*.json", "leg*-rank-*.json", "leg*-rank-*.log",
+         "rank-*.jsonl", "oom-rank-*.json")
+
+
+def clear_run_dir(root: Path) -> None:
+    """Make ``root`` ready: new, empty, or an earlier repro's (its files removed, nothing else touched).
+
+    Raises:
+        InputError: ``root`` is a file, or a folder with files that are not a repro's.
+    """
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise InputError("--out is a file, not a folder", path=root)
+    if not any(root.iterdir()):
+        return
+    if not (root / "repro-spec.json").is_file():
+        raise InputError("--out folder is not empty and holds no earlier repro (no repro-spec.json): give a new or "
+                         "empty folder", path=root)
+    for pattern in _OURS:
+        for f in root.glob(pattern):
+            f.unlink()
+    for folder in ("checkpoints", "checkpoints-leg2", "state", ".torch_extensions"):
+        shutil.rmtree(root / folder, ignore_errors=True)
 
 
 def _jsonable(leg: Dict[str, Any]) -> Dict[str, Any]:
