@@ -74,6 +74,12 @@ def test_seven_mb_shell_line_is_not_a_command(text):
     assert script.commands == []
 
 
+def test_shell_script_of_too_many_words_is_one_input_error():
+    text = ("echo " + "w " * 40_000 + "\n") * 6
+    with pytest.raises(InputError, match="more than 200000 words: not a launch script"):
+        parse_script(text, Path("run.sh"))
+
+
 def test_long_shell_line_below_the_limit_is_read():
     line = "deepspeed train.py --deepspeed ds.json " + "--x 1 " * ((MAX_LINE - 100) // 6)
     (command,) = parse_script(line + "\n", Path("run.sh")).commands

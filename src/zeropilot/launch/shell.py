@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from zeropilot.errors import InputError
+
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
 _SEPARATORS = {";", "&&", "||", "|", "&", ";;", "(", ")"}
@@ -65,12 +67,15 @@ class Script:
 
 
 MAX_LINE = 256 * 1024
+MAX_WORDS = 200_000
 _PHYSICAL = re.compile(r"[^\n]*\n?")
 # One token as shlex (posix, whitespace_split, punctuation_chars=";&|()", commenters="#") splits it: blanks,
-# a comment, a run of punctuation, or a word of unquoted, quoted and backslash-escaped parts.
+# a comment, a run of punctuation, or a word of unquoted, quoted and backslash-escaped parts. Each part is
+# unambiguous (a double-quoted string is the unrolled "[^"\\]*(?:\\.[^"\\]*)*"), so a failed match never
+# backtracks more than once over the text: linear.
 _TOKEN = re.compile(r"""(?P<blank>[ \t\r\n]+)|(?P<comment>\#.*)|(?P<punct>[;&|()]+)|"""
-                    r"""(?P<word>(?:'[^']*'|"(?:[^"\\]|\\[\s\S])*"|\\[\s\S]|[^\s'"\\;&|()\#])+)""", re.S)
-_PART = re.compile(r"""'([^']*)'|"((?:[^"\\]|\\[\s\S])*)"|\\([\s\S])|([^'"\\]+)""")
+                    r"""(?P<word>(?:'[^']*'|"[^"\\]*(?:\\[\s\S][^"\\]*)*"|\\[\s\S]|[^\s'"\\;&|()\#]+)+)""", re.S)
+_PART = re.compile(r"""'([^']*)'|"([^"\\]*(?:\\[\s\S][^"\\]*)*)"|\\([\s\S])|([^'"\\]+)""")
 _IN_DOUBLE = re.compile(r"""\\([\\"])""")
 
 
@@ -155,16 +160,18 @@ def _expand(word: str, variables: Dict[str, str]) -> str:
         return word
 
 
+def _part(m: re.Match) -> str:
+    """One quoted, escaped or plain part of a word, as the shell reads it."""
+    if m.lastindex == 2:  # "..." keeps backslashes except before \\ and "
+        return _IN_DOUBLE.sub(r"\1", m.group(2)) if "\\" in m.group(2) else m.group(2)
+    return m.group(m.lastindex)
+
+
 def _unquote(word: str) -> str:
     """A word's value as shlex (posix) gives it: quotes removed, backslash escapes applied."""
-    out = []
-    for m in _PART.finditer(word):
-        single, double, escaped, plain = m.groups()
-        if double is not None:
-            out.append(_IN_DOUBLE.sub(r"\1", double))
-        else:
-            out.append(next(g for g in (single, escaped, plain) if g is not None))
-    return "".join(out)
+    if "'" not in word and '"' not in word and "\\" not in word:
+        return word
+    return _PART.sub(_part, word)
 
 
 def _split(line: str) -> Optional[List[Tuple[str, int]]]:
@@ -192,13 +199,22 @@ def _split(line: str) -> Optional[List[Tuple[str, int]]]:
 
 
 def parse_script(text: str, path: Path) -> Script:
-    """Parse a shell script's text into variable settings and commands."""
+    """Parse a shell script's text into variable settings and commands.
+
+    Raises:
+        InputError: more than :data:`MAX_WORDS` words (launch scripts have a few thousand at most): reading on
+            would cost seconds and hundreds of MB for something that is not a launch script.
+    """
     script = Script(path=path, text=text)
     variables: Dict[str, str] = {}
+    count = 0
     for lineno, line, origin in _logical_lines(text):
         words = _split(line)
         if not words:
             continue
+        count += len(words)
+        if count > MAX_WORDS:
+            raise InputError(f"more than {MAX_WORDS} words: not a launch script", path, lineno)
         current: List[Tuple[str, int]] = []
         for word in words + [(";", len(line))]:
             if word[0] in _SEPARATORS:
