@@ -21,6 +21,9 @@ FILES = {
     "acc/accelerate.yaml": "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n"
                            "deepspeed_config:\n  deepspeed_config_file: ds.json\nnum_processes: 1\n",
     "ok/ds.json": {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}},
+    "multi/ds.json": {"train_micro_batch_size_per_gpu": 1,
+                      "fp16": {"enabled": True, "loss_scale_window": 0, "loss_scale": -1},
+                      "zero_optimization": {"stage": 3, "reduce_bucket_size": 0, "compute_grad_norm": False}},
 }
 
 
@@ -108,3 +111,14 @@ def test_yaml_values_json_cannot_write_do_not_break_the_request(tmp_path):
                                              "steps_per_print: 10\n_comment: 2024-01-01\n"})
     launch = load_launch([root], use_installed=False)
     assert json.loads(json.dumps({"cases": cases(launch)}, default=str))["cases"]
+
+
+@pytest.mark.witness
+@pytest.mark.slow
+def test_or001_every_refusal_of_a_config(oracle_run):
+    """DeepSpeed stops at its first error; the worker drops the refused field and asks again: four refusals of one
+    config, each on its own key (fields refused by pydantic models, and by model validators named in the message)."""
+    by_file, _ = oracle_run
+    assert sorted(f.key for f in by_file["multi/ds.json"]) == [
+        "fp16.loss_scale", "fp16.loss_scale_window", "zero_optimization.compute_grad_norm",
+        "zero_optimization.reduce_bucket_size"]

@@ -33,17 +33,9 @@ from typing import Any, Dict, List, Optional
 
 from zeropilot.launch.document import Document, Node
 from zeropilot.launch.facts import facts
+from zeropilot.oracle.worker import MODEL_SECTIONS
 
 DEFAULT_TIMEOUT_S = 120.0
-# pydantic model (exc.title) -> the config section its field locations are relative to.
-MODEL_SECTIONS = {
-    "DeepSpeedZeroConfig": "zero_optimization", "DeepSpeedZeroOffloadParamConfig": "zero_optimization.offload_param",
-    "DeepSpeedZeroOffloadOptimizerConfig": "zero_optimization.offload_optimizer", "DeepSpeedFP16Config": "fp16",
-    "DeepSpeedBF16Config": "bf16", "CompileConfig": "compile", "TensorBoardConfig": "tensorboard",
-    "WandbConfig": "wandb", "CSVConfig": "csv_monitor", "CometConfig": "comet", "CommsLoggerConfig": "comms_logger",
-}
-
-
 @dataclass
 class Refusal:
     """One refusal by an installed library, placed on the value it refused when that can be told."""

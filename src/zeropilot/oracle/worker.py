@@ -14,6 +14,8 @@ Per case, in the order the libraries run at start-up:
 3. DeepSpeed: ``DeepSpeedConfig(config)``, which runs its pydantic models and its checks. Without a process group
    DeepSpeed takes world size 1; ``deepspeed.comm.get_rank``/``get_world_size`` are answered with 0 / the launch's
    world size instead, so the batch assertion sees the real world size (the only patch, and only here).
+   DeepSpeed stops at its first error: after a field refused by a pydantic model the field is dropped and the config
+   built again (``MAX_ROUNDS``), so every such refusal is reported.
 """
 
 from __future__ import annotations
@@ -24,6 +26,16 @@ import sys
 import time
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional
+
+
+# pydantic model (exc.title) -> the config section its field locations are relative to.
+MODEL_SECTIONS = {
+    "DeepSpeedZeroConfig": "zero_optimization", "DeepSpeedZeroOffloadParamConfig": "zero_optimization.offload_param",
+    "DeepSpeedZeroOffloadOptimizerConfig": "zero_optimization.offload_optimizer", "DeepSpeedFP16Config": "fp16",
+    "DeepSpeedBF16Config": "bf16", "CompileConfig": "compile", "TensorBoardConfig": "tensorboard",
+    "WandbConfig": "wandb", "CSVConfig": "csv_monitor", "CometConfig": "comet", "CommsLoggerConfig": "comms_logger",
+}
+MAX_ROUNDS = 8  # refusals collected per config (DeepSpeed stops at its first; the field is dropped and it reruns)
 
 
 def _error(library: str, stage: str, exc: BaseException) -> Dict[str, Any]:
@@ -123,11 +135,44 @@ def run_case(case: Dict[str, Any], have: Dict[str, bool]) -> List[Dict[str, Any]
             return [_error("accelerate", "DeepSpeedPlugin", exc)]
     if not have["deepspeed"] or _has_auto_batch(config):
         return []
-    try:
-        _deepspeed(config, world)
-    except Exception as exc:
-        return [_error("deepspeed", "DeepSpeedConfig", exc)]
-    return []
+    return _deepspeed_rounds(config, world)
+
+
+def _deepspeed_rounds(config: Dict[str, Any], world: int) -> List[Dict[str, Any]]:
+    """DeepSpeedConfig's refusals, one per round: after a field refused by a pydantic model, the field is dropped
+    (its default is valid) and the config built again; any other refusal ends the rounds."""
+    out: List[Dict[str, Any]] = []
+    for _ in range(MAX_ROUNDS):
+        try:
+            _deepspeed(json.loads(json.dumps(config)), world)
+            return out
+        except Exception as exc:  # a refusal, the answer we came for
+            error = _error("deepspeed", "DeepSpeedConfig", exc)
+            out.append(error)
+            if not _drop_refused(config, error):
+                return out
+    return out
+
+
+def _drop_refused(config: Dict[str, Any], error: Dict[str, Any]) -> bool:
+    """Remove the fields a pydantic error names; False when there is none to remove."""
+    section = MODEL_SECTIONS.get(error.get("model") or "")
+    dropped = False
+    for e in error.get("errors") or ():
+        loc = [p for p in e.get("loc", []) if not p.isdigit()]
+        base = [p for p in (section or "").split(".") if p]
+        parent = config
+        for part in base + loc[:-1]:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict):
+            continue
+        # A model validator (no location) names its field in the message: drop that field, never the section.
+        named = [k for k in parent if len(k) > 3 and k in e.get("msg", "")]
+        key = loc[-1] if loc else (max(named, key=len) if named else None)
+        if key in parent:
+            del parent[key]
+            dropped = True
+    return dropped
 
 
 def _installed() -> Dict[str, bool]:
