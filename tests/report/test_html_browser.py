@@ -22,7 +22,8 @@ FACTS = """JSON.stringify({
   steps: [...document.querySelectorAll('#steptime polyline.series')].map(p => p.dataset.rank),
   memCharts: [...document.querySelectorAll('svg[id^="mem-rank-"]')].map(s => [s.id,
       [...s.querySelectorAll('polyline.series')].map(p => p.dataset.field)]),
-  spans: document.querySelectorAll('rect.op').length,
+  spans: document.querySelectorAll('svg[id^="mem-rank-"] rect.op').length,
+  overviewSpans: document.querySelectorAll('#overview rect.op').length,
   ooms: [...document.querySelectorAll('#oom .oom')].map(d => d.dataset.rank),
   stacks: [...document.querySelectorAll('#hang details.stack')].map(d => [d.dataset.rank, d.open]),
   overviewHeight: (document.querySelector('#overview') || {getBoundingClientRect: () => ({height: 0})})
@@ -68,6 +69,7 @@ def test_oom_page_in_chromium(chromium_browser, synth_dirs, tmp_path):
     assert f["memCharts"][0][1] == ["allocated_bytes", "reserved_bytes", "peak_reserved_bytes", "outside_torch_bytes",
                                    "device_used_bytes"]
     assert f["spans"] == 3  # saves at 20 and 40 on rank 0, at 20 on rank 1 (which then ran out of memory)
+    assert f["overviewSpans"] == 2  # each save once across the ranks
     assert f["ooms"] == ["1"] and "oom" in f["sections"] and "hang" not in f["sections"]
 
 

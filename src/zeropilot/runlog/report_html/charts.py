@@ -201,8 +201,23 @@ def errors_of(events: Dict[int, List[Dict[str, Any]]], rank: int) -> List[Tuple[
     return out
 
 
+def _all_ranks_spans(chart: Chart, summary: Dict[str, Any], t0: float) -> None:
+    """Each save and load once, from the first rank's start to the last rank's end."""
+    for kind in ("saves", "loads"):
+        spans: Dict[Any, List[float]] = {}
+        for op in summary[kind]:
+            if op["t"] is None:
+                continue
+            start = op["start_t"] if op["start_t"] is not None else op["t"]
+            a, b = spans.setdefault((op["step"], op["tag"]), [start, op["t"]])
+            spans[(op["step"], op["tag"])] = [min(a, start), max(b, op["t"])]
+        for (step, _), (a, b) in spans.items():
+            chart.span(a - t0, b - t0, f"op {kind[:-1]}", f"{kind[:-1]} at step {step}: {b - a:.2f} s from the first "
+                       f"rank's start to the last rank's end", attrs=f'data-kind="{kind[:-1]}"')
+
+
 def overview_chart(prep: Dict[int, RankSeries], summary: Dict[str, Any], x_end: float, chart_id: str,
-                   gpu: bool) -> str:
+                   gpu: bool, t0: float) -> str:
     """Every rank's reserved memory (host RSS on CPU) on one chart: one series per rank."""
     field = "reserved_bytes" if gpu else "host_rss_bytes"
     lines, tops = [], []
@@ -215,6 +230,7 @@ def overview_chart(prep: Dict[int, RankSeries], summary: Dict[str, Any], x_end: 
     chart = Chart(chart_id, WIDTH, 260, (0.0, x_end), (0.0, _y_top(tops + caps + [plan])), x_label=fmt_time,
                   y_label=fmt_gib, title="memory of every rank")
     chart.axes(y_ticks=gib_ticks(chart))
+    _all_ranks_spans(chart, summary, t0)
     for rank, pts in lines:
         chart.line(pts, f"series rank-color c{rank % 8}", attrs=f'data-rank="{rank}" data-field="{field}"',
                    title=f"rank {rank}: {field.replace('_bytes', '').replace('_', ' ')}")

@@ -85,7 +85,7 @@ def _memory_sections(records: RunRecords, summary: Dict[str, Any]) -> Tuple[str,
     ranks = sorted(records.ranks)
     prep = charts.prepare(records, t0, end)
     gpu = charts.gpu_fields(records)
-    overview = (rank_legend(ranks) + charts.overview_chart(prep, summary, end, "overview", gpu)
+    overview = (rank_legend(ranks) + charts.overview_chart(prep, summary, end, "overview", gpu, t0)
                 if ranks else "<p>no rank recorded anything</p>")
     events = {r: rec.events for r, rec in records.ranks.items()}
     drawn = charts.ranks_to_chart(summary)
@@ -151,7 +151,7 @@ def render_compare(rec_a: RunRecords, rec_b: RunRecords, cmp: Dict[str, Any]) ->
         t0 = charts.run_start(rec)
         end = charts.x_end(rec, s, t0)
         chart = charts.overview_chart(charts.prepare(rec, t0, end), s, end, f"overview-{label.lower()}",
-                                      charts.gpu_fields(rec)) if rec.ranks else "<p>no rank recorded anything</p>"
+                                      charts.gpu_fields(rec), t0) if rec.ranks else "<p>no rank recorded anything</p>"
         cols.append(f'<div id="run-{label.lower()}"><h2>{label}: <code>{esc(s["run_dir"])}</code></h2>'
                     f"{sections.verdict(s)}{rank_legend(sorted(rec.ranks))}{chart}</div>")
     body = ("<h1>zeropilot report: two runs</h1>" + section("metrics", "A against B", sections.table(
