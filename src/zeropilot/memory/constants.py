@@ -67,7 +67,7 @@ class Constants:
     non_torch_zero3_init: float = 1.29 * GIB
     nccl_multi_gpu: float = 0.47 * GIB
     fit_gap_sub: float = 0.8
-    fit_gap_gather: float = 0.8
+    fit_gap_gather: float = 0.5
     fit_live: float = 1.0
     init_reserved: float = 1.02
     source: str = "measured on H200, bench/plan and bench/multigpu"

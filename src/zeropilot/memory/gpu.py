@@ -147,6 +147,24 @@ def gathers(inputs: PlanInputs) -> bool:
     return inputs.stage == 3 and (inputs.world_size > 1 or inputs.offload_param != "none")
 
 
+def lora_fp32_inputs(inputs: PlanInputs) -> float:
+    """Bytes per token per decoder layer of the fp32 copies LoRA saves of its layers' inputs.
+
+    PEFT keeps adapters in fp32 (``autocast_adapter_dtype``) and casts each wrapped layer's input to
+    their dtype, and lora_A saves that copy for backward. DeepSpeed casts every parameter to bf16, adapters
+    included, except for a model built inside zero.Init (``_cast_module_mixed_precision`` skips it), so
+    only ZeRO-3 + zero.Init + LoRA pays this (counted with saved-tensor hooks, ``bench/plan/lora_saved.py``).
+    """
+    if not inputs.lora_rank or inputs.stage != 3 or not inputs.zero_init:
+        return 0.0
+    a = inputs.arch
+    q = a.heads * a.head_dim
+    inter = a.intermediate if a.moe is None else a.moe.shared_intermediate
+    inputs_h = 2 if a.fused else 5  # q, k, v, gate, up (fused: qkv, gate_up) read the hidden state
+    modules = 4 if a.fused else 7  # and each lora_A's fp32 output (rank wide) is saved by lora_B
+    return 4.0 * (inputs_h * a.hidden + q + inter + modules * inputs.lora_rank)
+
+
 def activation_bytes(inputs: PlanInputs, c: Constants = DEFAULT) -> Tuple[int, str]:
     """Bytes the forward pass keeps for the backward pass (all decoder layers), and why."""
     a = inputs.arch
@@ -160,13 +178,15 @@ def activation_bytes(inputs: PlanInputs, c: Constants = DEFAULT) -> Tuple[int, s
         per_layer += (a.norms_per_layer - 2) * 8 * a.hidden
     if inputs.attn == "eager":
         per_layer += c.eager_bytes * a.heads * inputs.seq_len
+    per_layer += lora_fp32_inputs(inputs)
     full = per_layer * tokens * a.layers
     if inputs.gradient_checkpointing:
         kept = 2 * a.hidden * tokens * a.layers + per_layer * tokens
         why = (f"checkpointed: {a.layers} layer inputs (2 B × h per token) + one layer recomputed "
                f"({per_layer:.0f} B/token), {tokens} tokens")
         return int(kept * c.fit_act), why
-    why = f"{per_layer:.0f} B per token per layer × {a.layers} layers × {tokens} tokens ({inputs.attn})"
+    why = (f"{per_layer:.0f} B per token per layer × {a.layers} layers × {tokens} tokens ({inputs.attn}"
+           + (", with LoRA's fp32 input copies" if lora_fp32_inputs(inputs) else "") + ")")
     return int(full * c.fit_act), why
 
 
