@@ -28,6 +28,7 @@ def check(
     machine=None,
     oracle: bool = False,
     host_mem: Optional[float] = None,
+    hardware: Optional[str] = None,
 ) -> Tuple[CheckResult, Launch]:
     """Check a launch.
 
@@ -45,6 +46,7 @@ def check(
         oracle: also ask the installed DeepSpeed / transformers / accelerate, in a subprocess (seconds; see
             :mod:`zeropilot.oracle`).
         host_mem: host RAM per node in GiB for the host-memory rule (MEM005); None: it waits for it.
+        hardware: a hardware profile from ``zeropilot calibrate`` for the memory rules (outside-PyTorch memory).
 
     Returns:
         The result (findings less inline suppressions, notices) and the launch that was read.
@@ -64,6 +66,10 @@ def check(
     launch.hub = hub
     launch.machine = machine
     launch.host_mem = int(host_mem * 2**30) if host_mem else None
+    if hardware:
+        from zeropilot.calibrate.profile import load as load_profile
+
+        launch.hardware_profile = load_profile(hardware)
     if oracle:
         from zeropilot.oracle import ask
 

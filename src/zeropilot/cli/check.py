@@ -33,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="GPUs for memory rules, e.g. 4x16GiB (default: this machine's, from nvidia-smi; "
                         "'none': do not detect)")
     p.add_argument("--host-mem", type=float, metavar="GiB", help="host RAM per node, for the host-memory rule (MEM005)")
+    p.add_argument("--hardware", metavar="FILE", help="hardware profile from `zeropilot calibrate` for the memory rules")
     p.add_argument("--hub", action="store_true",
                    help="read model configs not found locally from the Hugging Face Hub (honours HF_ENDPOINT, "
                         "HF_TOKEN, HF_HUB_OFFLINE); off by default: check makes no network request")
@@ -74,7 +75,7 @@ def _options(args: argparse.Namespace) -> dict:
         _note(f"model configs not found locally are read from the Hub: {hub.describe()}")
     from zeropilot.launch.machine import inspect_machine
 
-    return {"machine": inspect_machine(os.environ), "oracle": args.oracle, "host_mem": args.host_mem,
+    return {"machine": inspect_machine(os.environ), "oracle": args.oracle, "host_mem": args.host_mem, "hardware": args.hardware,
             "versions": args.versions or settings.versions, "world_size": args.world_size or settings.world_size,
             "select": select, "ignore": settings.ignore + _codes(args.ignore), "gpus": gpus, "hub": hub,
             "per_file_ignores": {(str(base / g) if "/" in g else g): c
