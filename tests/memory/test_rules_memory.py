@@ -115,3 +115,17 @@ def test_mem005_fires_when_offload_outgrows_the_host(tmp_path):
     assert big.findings == []
     unknown, _ = check([root], gpus="8x80GiB", select={"MEM005"}, use_installed=False)
     assert unknown.findings == []
+
+
+def test_a_hardware_profile_changes_the_memory_rules(tmp_path):
+    """A card whose stack holds 8 GiB outside PyTorch (a calibrate profile) tips a plan that fits on H200 figures."""
+    import json
+
+    root = _launch(tmp_path / "l", stage=3)
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"schema": 1, "vendor": "rocm", "world_size": 4, "gpu_name": "DCU",
+                                   "outside_torch_bytes": 8 * 2**30}))
+    plain, _ = check([root], gpus="4x16GiB", select={"MEM001"}, use_installed=False)
+    assert plain.findings == []
+    tipped, _ = check([root], gpus="4x16GiB", select={"MEM001"}, use_installed=False, hardware=str(profile))
+    assert [f.code for f in tipped.findings] == ["MEM001"]

@@ -56,13 +56,26 @@ def _plans(launch: Launch) -> Iterator[Tuple[Document, Document, object]]:
         text = launch.gpus if "x" in launch.gpus.lower() else f"{lv.world_size or 1}x{launch.gpus}"
         hardware = parse_gpus(text)
         values, _ = resolve_auto(lv.values, arch.hidden)
-        plan = make_plan(PlanInputs(arch=arch, hardware=hardware, sources=dict(lv.sources), **values))
+        inputs = PlanInputs(arch=arch, hardware=hardware, sources=dict(lv.sources), **values)
+        plan = make_plan(inputs, _constants(launch, inputs))
     except InputError:
         return
     pairs = launch.training_pairs()
     if pairs:
         train, ds = pairs[0]
         yield train, ds, plan
+
+
+def _constants(launch: Launch, inputs):
+    """The estimator's constants: a hardware profile's (``check --hardware FILE``) or the H200 defaults."""
+    from zeropilot.memory.constants import DEFAULT
+
+    profile = getattr(launch, "hardware_profile", None)
+    if profile is None:
+        return DEFAULT
+    from zeropilot.calibrate.profile import apply
+
+    return apply(profile, DEFAULT, inputs.world_size, inputs.stage)[0]
 
 
 def _zero_node(ds: Document):
@@ -253,7 +266,8 @@ def _raw_init_plans(launch: Launch):
             text = launch.gpus if "x" in launch.gpus.lower() else f"{lv.world_size or 1}x{launch.gpus}"
             values, _ = resolve_auto(lv.values, arch.hidden)
             values["zero_init"] = False
-            plan = make_plan(PlanInputs(arch=arch, hardware=parse_gpus(text), sources=dict(lv.sources), **values))
+            inputs = PlanInputs(arch=arch, hardware=parse_gpus(text), sources=dict(lv.sources), **values)
+            plan = make_plan(inputs, _constants(launch, inputs))
         except InputError:
             continue
         yield py, build, plan
