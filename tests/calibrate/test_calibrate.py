@@ -73,3 +73,12 @@ def test_plan_no_zero_init_lets_the_init_phase_set_the_peak():
     assert raw["peak_phase"] == "init" and raw["verdict"]["kind"] != "fits"
     assert zi["peak_phase"] != "init" and zi["init_peak_bytes"] < raw["init_peak_bytes"]
     assert raw["host_verdict"]["kind"] == "fits"
+
+
+@pytest.mark.parametrize("argv", [["calibrate", "--nproc", "0"], ["calibrate", "--disk-mib", "0"],
+                                  ["plan", "--model", "Qwen/Qwen2-7B", "--gpus", "1x80GiB", "--hardware", "/nonexistent"]])
+def test_bad_calibrate_and_profile_arguments_exit_2(argv, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "zeropilot", *argv, *(["--out", str(tmp_path / "p.json")]
+                           if argv[0] == "calibrate" else [])], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.strip()
+    assert not (tmp_path / "p.json").exists()

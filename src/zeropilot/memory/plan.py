@@ -94,8 +94,8 @@ def _notes(inputs: PlanInputs, ckpt: Checkpoint) -> List[str]:
                      f"{inputs.world_size} the world-size-2 figure is used (NCCL rings grow little with ranks)")
     if inputs.hardware is not None and inputs.hardware.nodes > 1:
         notes.append(f"{inputs.hardware.nodes} nodes: parameters, gradients and optimizer state are partitioned "
-                     f"over all {inputs.world_size} ranks; NCCL's inter-node (IB/RoCE) buffers are not measured "
-                     "(run `zeropilot calibrate` on two nodes' worth of ranks to measure them)")
+                     f"over all {inputs.world_size} ranks; NCCL's inter-node (IB/RoCE) buffers are NOT in the plan: "
+                     "neither the H200 runs nor `zeropilot calibrate` (one node) measure them")
     if inputs.attn == "flash":
         notes.append("flash attention sized like sdpa (both keep O(seq) per head); not measured separately")
     if inputs.offload_optimizer == "nvme" or inputs.offload_param == "nvme":
