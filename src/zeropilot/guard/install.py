@@ -39,7 +39,8 @@ def _on_cuda(module: Any) -> None:
 
     ``torch.cuda._lazy_init`` is what PyTorch's C++ side calls, once, before the first CUDA operation;
     the wrapper only attaches the observer (a callback registration: no memory query, so no context is
-    created on a device the rank has not selected yet)."""
+    created on a device the rank has not selected yet) and then removes itself. Ranks that go live later
+    attach it at ``deepspeed.initialize``, at ``Trainer`` construction or at their first step."""
     import functools
 
     original = getattr(module, "_lazy_init", None)
@@ -49,6 +50,11 @@ def _on_cuda(module: Any) -> None:
     @functools.wraps(original)
     def _lazy_init(*args, **kwargs):
         result = original(*args, **kwargs)
+        if not module.is_initialized():
+            return result
+        # torch.cuda's own functions call _lazy_init on every current_device()/current_stream() (thousands
+        # of times per ZeRO step): put the original back at once, after one attempt to attach the observer
+        module._lazy_init = original
         from zeropilot.guard import oom
         from zeropilot.guard.rank import peek
 

@@ -140,5 +140,5 @@ def install(guard: RankGuard) -> bool:
         except Exception:  # noqa: BLE001
             pass
     attach(_observer(guard))
-    _installed = True
+    _installed = guard.oom_observer = True
     return True

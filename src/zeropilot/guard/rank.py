@@ -85,6 +85,7 @@ class RankGuard:
         self.engine_steps = False  # steps come from DeepSpeedEngine.step, not the Trainer callback
         self.baseline_mem: Optional[Dict[str, Any]] = None  # memory when the OOM observer was attached
         self.failed = False
+        self.oom_observer = False  # PyTorch's OOM observer attached (see guard.oom)
         self._beat_written = (None, -1, -1)
         self.activity = 0  # grows when the main thread's call stack changed since the last beat
         self._main_ident = threading.main_thread().ident
@@ -198,6 +199,11 @@ class RankGuard:
         self.steps_since_save += 1
         self.progress += 1
         self.record("step", step=self.step, seconds=seconds, mem=self.memory())
+        if not self.oom_observer:  # one attempt, at the first step: CUDA is up by then on a GPU rank
+            from zeropilot.guard import oom
+
+            oom.install(self)
+            self.oom_observer = True
 
     def just_before(self) -> Optional[str]:
         """What happened just before now, in words, for OOM forensics."""

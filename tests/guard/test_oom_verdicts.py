@@ -1,0 +1,84 @@
+"""The OOM classifier (a pure function) on real OOM records taken on an H200 (see fixtures/oom/README.md)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from zeropilot.guard.verdicts import KINDS, classify_oom, expandable_segments_support
+
+FIXTURES = Path(__file__).parent / "fixtures" / "oom"
+CASES = {"capacity": "capacity", "fragmentation": "fragmentation", "save-spike": "save_spike",
+         "outside-torch": "outside_torch"}
+
+
+def _record(name):
+    rec = json.loads((FIXTURES / f"{name}.json").read_text())
+    for key in ("verdict", "fixes"):  # what the guard concluded on the GPU is not an input
+        rec.pop(key)
+    return rec
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_real_oom_is_told_apart(name):
+    verdict, fixes = classify_oom(_record(name))
+    assert verdict["kind"] == CASES[name]
+    assert verdict["evidence"] and fixes
+    assert len({f["fix"] for f in fixes}) == len(fixes)
+
+
+def test_the_four_records_give_the_four_classes():
+    assert sorted(classify_oom(_record(n))[0]["kind"] for n in CASES) == sorted(KINDS)
+
+
+def test_guard_on_the_gpu_wrote_the_same_verdict():
+    for name, kind in CASES.items():
+        assert json.loads((FIXTURES / f"{name}.json").read_text())["verdict"]["kind"] == kind
+
+
+def test_fragmentation_fix_first_is_expandable_segments_with_the_stranded_bytes():
+    rec = _record("fragmentation")
+    verdict, fixes = classify_oom(rec)
+    assert fixes[0]["fix"].startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert fixes[0]["expected_bytes"] == rec["mem"]["unallocated_reserved_bytes"]
+
+
+@pytest.mark.parametrize("hip, dtk, offered", [("6.2.41133", False, False), ("7.0.2", False, True),
+                                                ("6.2", True, None)])
+def test_expandable_segments_only_where_the_build_honours_it(hip, dtk, offered):
+    rec = _record("fragmentation")
+    rec["build"] = {"torch": "2.5.0", "hip": hip, "cuda": None, "dtk": dtk}
+    _, fixes = classify_oom(rec)
+    es = [f for f in fixes if "expandable_segments:True" in f["fix"]]
+    assert expandable_segments_support(rec["build"])[0] is offered
+    if offered is False:
+        assert not es
+    elif offered is None:
+        assert es and es[0]["fix"].startswith("try ")
+    else:
+        assert es[0]["fix"].startswith("PYTORCH_CUDA_ALLOC_CONF")
+
+
+def test_capacity_fixes_use_the_plan_breakdown_when_known():
+    rec = _record("capacity")
+    plan = {"gpu_peak_bytes": 20 << 30, "breakdown": {"optimizer_master": {"bytes": 2 << 30},
+                                                      "optimizer_states": {"bytes": 4 << 30},
+                                                      "activations": {"bytes": 8 << 30}}}
+    verdict, fixes = classify_oom(rec, plan)
+    offload = next(f for f in fixes if f["fix"].startswith("offload_optimizer"))
+    assert offload["expected_bytes"] == 6 << 30
+    assert any("plan: 20.00 GiB" in e for e in verdict["evidence"])
+
+
+def test_same_record_inside_a_save_is_a_save_spike():
+    rec = copy.deepcopy(_record("capacity"))
+    rec["phase"] = "save:optimizer_states"
+    assert classify_oom(rec)[0]["kind"] == "save_spike"
+
+
+def test_missing_fields_do_not_break_the_classifier():
+    verdict, fixes = classify_oom({"request_bytes": 1 << 20, "mem": {}})
+    assert verdict["kind"] == "capacity" and fixes
