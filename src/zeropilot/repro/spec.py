@@ -325,13 +325,12 @@ def _exclude_frozen(settings: Settings, lora: Optional[Dict[str, Any]]) -> Tuple
     return True, "PEFT: the Trainer saves with exclude_frozen_parameters=True"
 
 
-def build_spec(settings: Settings, model_config: Dict[str, Any], model_name: str, opts: Options) -> ReproSpec:
-    """The run a repro does for this launch and these options.
+def _legs(settings: Settings, opts: Options) -> Tuple[int, int, int, int, int]:
+    """(steps, save_every, nproc, resume_nproc, resume_from), checked.
 
     Raises:
         InputError: options that cannot make a train → save → resume run.
     """
-    v = settings.values
     steps, every = _positive("--steps", opts.steps), _positive("--save-every", opts.save_every)
     if every >= steps:
         raise InputError(f"--save-every {every} must be smaller than --steps {steps}: the resumed run needs "
@@ -345,7 +344,13 @@ def build_spec(settings: Settings, model_config: Dict[str, Any], model_name: str
     bad = [p for p in opts.leave_out if p not in LEAVE_OUT]
     if bad:
         raise InputError(f"--leave-out {','.join(bad)}: the parts are {', '.join(LEAVE_OUT)}")
-    notes = list(settings.notes)
+    return steps, every, nproc, resume_nproc, resume_from
+
+
+def _shape(settings: Settings, model_config: Dict[str, Any], model_name: str, opts: Options,
+           notes: List[str]) -> Tuple[Dict[str, Any], str, int, int, int]:
+    """(model config, what it is in words, sequence length, micro batch, accumulation), shrunk for ``--cpu``."""
+    v = settings.values
     shrunk = opts.cpu and not opts.full_size
     config = shrink(model_config) if shrunk else dict(model_config)
     note = f"{model_name}, random weights"
@@ -362,6 +367,19 @@ def build_spec(settings: Settings, model_config: Dict[str, Any], model_name: str
     if shrunk and not opts.grad_accum and ga > SHRUNK_GA:
         notes.append(f"gradient accumulation {SHRUNK_GA} (--cpu shrinks it; the launch says {ga})")
         ga = SHRUNK_GA
+    return config, note, int(seq), micro, ga
+
+
+def build_spec(settings: Settings, model_config: Dict[str, Any], model_name: str, opts: Options) -> ReproSpec:
+    """The run a repro does for this launch and these options.
+
+    Raises:
+        InputError: options that cannot make a train → save → resume run.
+    """
+    v = settings.values
+    steps, every, nproc, resume_nproc, resume_from = _legs(settings, opts)
+    notes = list(settings.notes)
+    config, note, seq, micro, ga = _shape(settings, model_config, model_name, opts, notes)
     lora = _lora(settings, opts)
     hidden = int(config.get("hidden_size") or 0)
     precision = v["precision"]
@@ -369,25 +387,23 @@ def build_spec(settings: Settings, model_config: Dict[str, Any], model_name: str
                                   float(_num(v.get("max_grad_norm")) or 1.0))
     notes += ds_notes
     zero = ds.get("zero_optimization") if isinstance(ds.get("zero_optimization"), dict) else {}
-    if shrunk:
+    if opts.cpu and not opts.full_size:
         notes.append(_scale_buckets(zero, hidden))
     for key in ("offload_optimizer", "offload_param"):
         if isinstance(zero.get(key), dict) and zero[key].get("device") not in (None, "none"):
             notes.append(f"zero_optimization.{key} kept ({zero[key].get('device')})")
     exclude, why = _exclude_frozen(settings, lora)
     notes.append(("saves leave out frozen parameters: " if exclude else "saves include frozen parameters: ") + why)
-    leave_out = list(dict.fromkeys(opts.leave_out))
-    ratio = _num(v.get("warmup_ratio")) or 0.0
-    warmup = int(_num(v.get("warmup_steps")) or 0) or math.ceil(ratio * steps)
+    warmup = int(_num(v.get("warmup_steps")) or 0) or math.ceil((_num(v.get("warmup_ratio")) or 0.0) * steps)
     seed = v.get("seed")
     return ReproSpec(
         model_config=config, model_note=note, ds_config=ds, stage=int(v["stage"]), precision=precision,
-        micro_batch=micro, grad_accum=ga, seq_len=int(seq), lora=lora,
+        micro_batch=micro, grad_accum=ga, seq_len=seq, lora=lora,
         gradient_checkpointing=bool(v.get("gradient_checkpointing")), lr=float(_num(v.get("lr")) or 5e-5),
         scheduler=str(v.get("scheduler") or "linear"), warmup_steps=warmup,
         weight_decay=float(_num(v.get("weight_decay")) or 0.0), steps=steps, save_every=every,
         resume_from=resume_from if opts.resume else None, nproc=nproc, resume_nproc=resume_nproc,
         device="cpu" if opts.cpu else "cuda", gpu_mem_cap=None if opts.cpu else opts.gpu_mem_cap,
-        exclude_frozen=exclude, leave_out=leave_out, deterministic=opts.deterministic,
+        exclude_frozen=exclude, leave_out=list(dict.fromkeys(opts.leave_out)), deterministic=opts.deterministic,
         seed=int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else 42, notes=notes,
         sources=dict(settings.sources))

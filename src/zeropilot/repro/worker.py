@@ -331,69 +331,104 @@ def _just_before(step: int, saves: List[int], phase: str) -> str:
     return f"during {phase}" if phase else "during training"
 
 
-def run_case(case: Dict[str, Any], leg: int, cuda: bool, cap: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """Run one case's leg on this rank; the result dict (also written to ``DIR/leg{N}-rank-{R}.json``)."""
-    import torch
-    import torch.distributed as dist
+class _Leg:
+    """One case's leg on this rank: its spec, records and result; ``step``/``phase`` say where it is."""
 
-    spec = ReproSpec.from_json(case["spec"])
-    root = Path(case["dir"])
-    rank, world = dist.get_rank(), dist.get_world_size()
-    rec = attach(root, rank, cuda, leg, spec.name)
-    result: Dict[str, Any] = {"leg": leg, "rank": rank, "world_size": world, "steps": {}, "saves": [],
-                              "load": None, "error": None, "oom": None, "cap": cap, "compare": None,
-                              "restored": None}
-    rec.write("start", pid=os.getpid(), host=socket.gethostname(), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-              world_size=world, device=_device_info(cuda), framework="deepspeed", allocator_settings=None)
-    step, phase = 0, "init"
-    try:
+    def __init__(self, case: Dict[str, Any], leg: int, cuda: bool, cap: Optional[Dict[str, Any]]) -> None:
+        import torch.distributed as dist
+
+        self.spec, self.root = ReproSpec.from_json(case["spec"]), Path(case["dir"])
+        self.leg, self.cuda, self.cap = leg, cuda, cap
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.rec = attach(self.root, self.rank, cuda, leg, self.spec.name)
+        self.step, self.phase = 0, "init"
+        self.result: Dict[str, Any] = {"leg": leg, "rank": self.rank, "world_size": self.world, "steps": {},
+                                       "saves": [], "load": None, "error": None, "oom": None, "cap": cap,
+                                       "compare": None, "restored": None}
+
+    def start(self):
+        """Build the engine (and, in leg 2, load the save); returns (engine, data, first step to run)."""
+        spec = self.spec
+        self.rec.write("start", pid=os.getpid(), host=socket.gethostname(),
+                       local_rank=int(os.environ.get("LOCAL_RANK", 0)), world_size=self.world,
+                       device=_device_info(self.cuda), framework="deepspeed", allocator_settings=None)
         _seed_all(spec.seed)
         t = time.perf_counter()
-        engine = build_engine(spec, world, cuda)
+        engine = build_engine(spec, self.world, self.cuda)
         attach_guard(engine)
-        rec.write("init", zero_stage=spec.stage, seconds=time.perf_counter() - t, mem=rec.mem())
-        data = Data(spec, rank, world)
-        first = 1
-        if leg == 2:
-            phase = "load"
-            result["load"] = load(engine, spec, rec, root / "checkpoints", data, cuda)
-            result["restored"] = _state(engine, spec, root, f"step{spec.resume_from}", leg, rank, data)
-            first = spec.resume_from + 1
-        for step in range(first, spec.steps + 1):
-            phase = "step"
-            rec.reset_peaks()
+        self.rec.write("init", zero_stage=spec.stage, seconds=time.perf_counter() - t, mem=self.rec.mem())
+        data = Data(spec, self.rank, self.world)
+        if self.leg == 1:
+            return engine, data, 1
+        self.phase = "load"
+        self.result["load"] = load(engine, spec, self.rec, self.root / "checkpoints", data, self.cuda)
+        self.result["restored"] = self.state(engine, data, f"step{spec.resume_from}")
+        return engine, data, spec.resume_from + 1
+
+    def train(self, engine, data: Data, first: int) -> None:
+        """Steps ``first`` .. ``steps``, each recorded, with the saves of this leg after theirs."""
+        import torch
+
+        spec = self.spec
+        for self.step in range(first, spec.steps + 1):
+            self.phase = "step"
+            self.rec.reset_peaks()
             t = time.perf_counter()
-            losses = train_step(engine, data, cuda)
-            if cuda:
+            losses = train_step(engine, data, self.cuda)
+            if self.cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - t
-            if cap and step == first:
-                cap = result["cap"] = apply_cap(cap["cap_bytes"], f"after step {step}", cap)
-            mem = rec.mem()
-            rec.write("step", step=step, seconds=seconds, mem=mem, losses=losses, data=data.digest)
-            result["steps"][str(step)] = {"losses": losses, "data": data.digest, "seconds": seconds, "mem": mem}
-            if step in spec.saves and (leg == 1 or step > spec.resume_from):
-                phase = "save"
-                folder = root / ("checkpoints" if leg == 1 else "checkpoints-leg2")
-                result["saves"].append(save(engine, spec, rec, step, folder, data, cuda))
-                if leg == 1 and step == spec.resume_from:
-                    _state(engine, spec, root, f"step{step}", leg, rank, data)
-        phase = "compare"
-        if spec.resume_from is not None:
-            result["compare"] = _state(engine, spec, root, "final", leg, rank, data)
-        rec.write("end", steps=spec.steps)
-    except torch.OutOfMemoryError as exc:
-        rec.oom(step, phase, exc, _just_before(step, spec.saves, phase))
-        result["oom"] = {"step": step, "phase": phase, "message": str(exc).splitlines()[0][:400]}
-    except Exception as exc:  # the verdict names it; the next case still runs
+            if self.cap and self.step == first:
+                self.cap = self.result["cap"] = apply_cap(self.cap["cap_bytes"], f"after step {self.step}", self.cap)
+            mem = self.rec.mem()
+            self.rec.write("step", step=self.step, seconds=seconds, mem=mem, losses=losses, data=data.digest)
+            self.result["steps"][str(self.step)] = {"losses": losses, "data": data.digest, "seconds": seconds,
+                                                    "mem": mem}
+            if self.step in spec.saves and (self.leg == 1 or self.step > spec.resume_from):
+                self.phase = "save"
+                folder = self.root / ("checkpoints" if self.leg == 1 else "checkpoints-leg2")
+                self.result["saves"].append(save(engine, spec, self.rec, self.step, folder, data, self.cuda))
+                if self.leg == 1 and self.step == spec.resume_from:
+                    self.state(engine, data, f"step{self.step}")
+
+    def state(self, engine, data: Data, point: str) -> Optional[Dict[str, Any]]:
+        return _state(engine, self.spec, self.root, point, self.leg, self.rank, data)
+
+    def failed(self, exc: BaseException) -> None:
+        """Record an OOM or an error where it happened."""
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            self.rec.oom(self.step, self.phase, exc, _just_before(self.step, self.spec.saves, self.phase))
+            self.result["oom"] = {"step": self.step, "phase": self.phase,
+                                  "message": str(exc).splitlines()[0][:400]}
+            return
         where = [f"{f.filename}:{f.lineno} {f.name}" for f in traceback.extract_tb(exc.__traceback__)[-6:]]
-        rec.write("error", type=type(exc).__name__, message=str(exc)[:2000], where=where)
-        result["error"] = {"type": type(exc).__name__, "message": str(exc)[:2000], "phase": phase, "step": step}
+        self.rec.write("error", type=type(exc).__name__, message=str(exc)[:2000], where=where)
+        self.result["error"] = {"type": type(exc).__name__, "message": str(exc)[:2000], "phase": self.phase,
+                                "step": self.step}
+
+
+def run_case(case: Dict[str, Any], leg: int, cuda: bool, cap: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """Run one case's leg on this rank; the result dict (also written to ``DIR/leg{N}-rank-{R}.json``).
+
+    An OOM or an error is recorded, not raised: the verdict names it and the next case still runs.
+    """
+    run = _Leg(case, leg, cuda, cap)
+    try:
+        engine, data, first = run.start()
+        run.train(engine, data, first)
+        run.phase = "compare"
+        if run.spec.resume_from is not None:
+            run.result["compare"] = run.state(engine, data, "final")
+        run.rec.write("end", steps=run.spec.steps)
+    except Exception as exc:  # noqa: BLE001 - torch.OutOfMemoryError is an Exception too
+        run.failed(exc)
     finally:
-        rec.close()
-        write_json_atomic(root / f"leg{leg}-rank-{rank}.json", result)
+        run.rec.close()
+        write_json_atomic(run.root / f"leg{leg}-rank-{run.rank}.json", run.result)
         _release()
-    return result
+    return run.result
 
 
 def _release() -> None:
