@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from zeropilot.repro.spec import PARTS, ReproSpec
+from zeropilot.repro.spec import PARTS, TOLERANCE, ReproSpec
 
 SCHEMA = "zeropilot.repro/1"
 TOLERANCE_WHY = ("GPU kernels may add in a different order from run to run (atomics in attention and embedding "
@@ -107,7 +107,7 @@ def build(spec: ReproSpec, root: Path, legs: Dict[int, Any]) -> Dict[str, Any]:
     """The verdict of one case from its run directory ``root`` (``legs``: how each leg's processes ended)."""
     one = _results(root, 1, spec.nproc)
     two = _results(root, 2, spec.resume_nproc) if spec.resume_from is not None else []
-    tol = {"loss": 0.0, "state": 0.0} if spec.device == "cpu" else {"loss": 1e-3, "state": 1e-2}
+    tol = TOLERANCE[spec.device]
     failures = _failures(one, two, legs)
     details: Dict[str, Any] = {}
     differs: List[str] = []

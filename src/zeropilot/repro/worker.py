@@ -27,11 +27,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from zeropilot.repro.recorder import Recorder, RssPeak, attach, attach_guard
-from zeropilot.repro.spec import ReproSpec
+from zeropilot.repro.spec import TOLERANCE, ReproSpec
 from zeropilot.runlog.layout import write_json_atomic
 
-#: Relative tolerance of the resume check on GPU (CPU: 0, bitwise); see docs/repro.md for why.
-GPU_TOLERANCE = {"loss": 1e-3, "state": 1e-2}
 OOM_EXIT = 3
 
 
@@ -321,10 +319,6 @@ def _warm_up() -> None:
     del x, a
 
 
-def _tolerances(spec: ReproSpec) -> Dict[str, float]:
-    return GPU_TOLERANCE if spec.device == "cuda" else {"loss": 0.0, "state": 0.0}
-
-
 def _just_before(step: int, saves: List[int], phase: str) -> str:
     if step - 1 in saves and phase != "save":
         return f"first step after the save at step {step - 1}"
@@ -462,7 +456,7 @@ def _state(engine, spec: ReproSpec, root: Path, point: str, leg: int, rank: int,
         torch.save(mine, str(path))
         return None
     reference = torch.load(str(path), weights_only=True)
-    return state.compare(mine, reference, _tolerances(spec)["state"])
+    return state.compare(mine, reference, TOLERANCE[spec.device]["state"])
 
 
 def main(argv: List[str]) -> int:
