@@ -106,3 +106,11 @@ def test_validate_reports_every_bad_value_at_once():
     with pytest.raises(InputError) as exc:
         make_plan(_inputs(stage=5, micro_batch=0, offload_param="cpu"))
     assert "stage 5" in str(exc.value) and "micro_batch 0" in str(exc.value)
+
+
+def test_persistence_threshold_keeps_small_matrices_whole_on_every_gpu():
+    """DeepSpeed's mark_persistent_parameters: ds_numel <= stage3_param_persistence_threshold stays whole."""
+    base = _inputs(hardware=parse_gpus("4x80GiB"), stage=3)
+    low = estimate_gpu(base.with_(param_persistence_threshold=0)).by_name()["zero_buffers"]
+    high = estimate_gpu(base.with_(param_persistence_threshold=10**8)).by_name()["zero_buffers"]
+    assert high > low

@@ -15,7 +15,7 @@ from typing import List, Tuple
 
 from zeropilot.memory.constants import DEFAULT, GIB, Constants
 from zeropilot.memory.inputs import PlanInputs
-from zeropilot.models.params import ParamCounts, count_params, lora_trainable
+from zeropilot.models.params import ParamCounts, count_params, lora_trainable, tensor_sizes
 
 
 @dataclass(frozen=True)
@@ -131,15 +131,28 @@ def _zero_buffers(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
         kept = 0.0
         if inputs.max_reuse_distance > 0:
             kept = c.fit_live * min(inputs.max_live_parameters, counts.total)
-        total += 2 * (live + kept)
+        persist = _persistent(inputs)
+        total += 2 * (live + kept + persist)
         why += (f"; gathered parameters: the largest layer/tensor + prefetch bucket, {live / 1e6:.0f} M bf16"
                 f", + {kept / 1e6:.0f} M kept gathered for reuse ({c.fit_live:.2f} × min("
                 f"stage3_max_live_parameters {inputs.max_live_parameters / 1e6:.0f} M, all parameters))")
+        if persist:
+            why += (f"; + {persist / 1e6:.1f} M elements of matrices at or under stage3_param_persistence_threshold "
+                    f"({inputs.param_persistence_threshold}) held whole on every GPU")
     if inputs.hpz_partition_size > 1 and inputs.stage == 3:
         hpz = 2 * counts.total / inputs.hpz_partition_size
         total += hpz
         why += f"; ZeRO++ hpZ secondary partition: 2 B × {counts.total / 1e6:.0f} M / {inputs.hpz_partition_size}"
     return Component("zero_buffers", int(total), "resident", why)
+
+
+def _persistent(inputs: PlanInputs) -> float:
+    """Elements DeepSpeed keeps whole on every GPU beyond their partition: matrices with at most
+    ``stage3_param_persistence_threshold`` elements (``mark_persistent_parameters``; norms and biases,
+    always persistent and under 0.1%, are left out)."""
+    small = sum(n for n in tensor_sizes(inputs.arch) if n <= inputs.param_persistence_threshold)
+    share = 1.0 if inputs.offload_param != "none" else 1.0 - 1.0 / inputs.world_size
+    return small * share
 
 
 def gathers(inputs: PlanInputs) -> bool:
