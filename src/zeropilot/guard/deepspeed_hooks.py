@@ -179,7 +179,8 @@ def attach(engine: Any, seconds: Any = None) -> None:
     guard.announce("deepspeed")
     guard.record("init", zero_stage=stage, seconds=seconds, mem=guard.memory(), framework=guard.framework,
                  device=telemetry.device_info(sys.modules.get("torch")),
-                 allocator_settings=telemetry.allocator_settings(sys.modules.get("torch")))
+                 allocator_settings=telemetry.allocator_settings(sys.modules.get("torch")),
+                 allocator_limit_bytes=telemetry.allocator_limit(sys.modules.get("torch")))
     guard.step = int(getattr(engine, "global_steps", 0) or 0)
     guard.set_phase("idle")
     from zeropilot.guard import oom

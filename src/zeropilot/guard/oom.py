@@ -72,13 +72,7 @@ def _limit(torch: Any, device_limit: Optional[int], mem: Dict[str, Any]) -> Opti
     total = mem.get("device_total_bytes")
     if isinstance(device_limit, int) and isinstance(total, int) and 0 < device_limit < total:
         return device_limit
-    try:
-        fraction = torch.cuda.get_per_process_memory_fraction()
-        if fraction is None or fraction >= 1.0:
-            return None
-        return int(fraction * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
-    except Exception:  # noqa: BLE001
-        return None
+    return telemetry.allocator_limit(torch)
 
 
 def build_info(torch: Any) -> Dict[str, Any]:

@@ -208,7 +208,7 @@ class RankGuard:
     def just_before(self) -> Optional[str]:
         """What happened just before now, in words, for OOM forensics."""
         if self.last_save is None:
-            return None if self.step else "before the first optimizer step"
+            return f"step {self.step + 1}, no save before it" if self.step else "before the first optimizer step"
         if self.steps_since_save == 0:
             return f"first step after the save at step {self.last_save['step']}"
         return f"{self.steps_since_save} step(s) after the save at step {self.last_save['step']}"

@@ -107,3 +107,16 @@ def allocator_settings(torch: Any = None) -> Dict[str, Any]:
     out["in_force"] = settings
     out["source"] = "torch.cuda.memory._snapshot()['allocator_settings']" if settings else "not reported by this build"
     return out
+
+
+def allocator_limit(torch: Any = None) -> Optional[int]:
+    """The allocator's cap from ``set_per_process_memory_fraction`` (an emulated smaller card), else None."""
+    if torch is None or accelerator(torch) is None:
+        return None
+    try:
+        fraction = torch.cuda.get_per_process_memory_fraction()
+        if fraction is None or fraction >= 1.0:
+            return None
+        return int(fraction * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    except Exception:  # noqa: BLE001 - older builds have no getter
+        return None

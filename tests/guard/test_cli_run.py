@@ -1,0 +1,103 @@
+"""``zeropilot run`` itself: input errors, exit status and signals passed through, check first, library use.
+
+Real subprocesses, no DeepSpeed: each test takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import runjobs
+
+TIMEOUT = 120
+
+
+def _zp(*args, cwd=None, env=None):
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([str(runjobs.REPO / "src")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return subprocess.run([sys.executable, "-m", "zeropilot", *args], capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=cwd or runjobs.REPO, env=env, start_new_session=True)
+
+
+def test_no_command_is_an_input_error(tmp_path):
+    r = _zp("run", "--out", str(tmp_path / "d"))
+    assert r.returncode == 2 and "no command" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_non_empty_run_directory_is_refused(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x").write_text("keep me")
+    r = _zp("run", "--out", str(tmp_path / "d"), "--", sys.executable, "-c", "pass")
+    assert r.returncode == 2 and "not empty" in r.stderr
+    assert (tmp_path / "d" / "x").read_text() == "keep me"
+
+
+def test_unknown_program_is_an_input_error(tmp_path):
+    r = _zp("run", "--out", str(tmp_path / "d"), "--", "no-such-program-zp")
+    assert r.returncode == 2 and "no such program" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_hang_timeout_is_an_input_error(tmp_path):
+    r = _zp("run", "--hang-timeout", "0", "--out", str(tmp_path / "d"), "--", sys.executable, "-c", "pass")
+    assert r.returncode == 2 and "--hang-timeout" in r.stderr
+
+
+def test_exit_status_passes_through(tmp_path):
+    r = _zp("run", "--out", str(tmp_path / "d"), "--", sys.executable, "-c", "import sys; sys.exit(3)")
+    assert r.returncode == 3
+    run = json.loads((tmp_path / "d" / "run.json").read_text())
+    assert run["exit_code"] == 3 and run["signal"] is None
+    assert "verdict: CRASH" in r.stdout and str(tmp_path / "d") in r.stdout
+
+
+def test_signal_passes_through(tmp_path):
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    r = _zp("run", "--out", str(tmp_path / "d"), "--", sys.executable, "-c", code)
+    assert r.returncode == 128 + 15
+    run = json.loads((tmp_path / "d" / "run.json").read_text())
+    assert run["signal"] == "SIGTERM" and run["exit_code"] == 143
+    # the python command was the rank: faulthandler dumped its stack on SIGTERM
+    assert "most recent call first" in (tmp_path / "d" / "stacks-rank-0.txt").read_text()
+
+
+def test_check_errors_stop_the_launch_unless_no_check(tmp_path):
+    cmd = ["torchrun", "--nproc_per_node", "2", str(runjobs.JOBS / "ds_faults.py"), "--fault", "save-rank0-only",
+           "--save-dir", str(tmp_path / "ck"), "--deepspeed_config", str(runjobs.JOBS / "ds_config.json")]
+    r = _zp("run", "--out", str(tmp_path / "d"), "--", *cmd)
+    assert r.returncode == 1 and "PY001" in r.stderr and "--no-check" in r.stderr
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["launch.sh"]
+
+
+def test_bootstrap_keeps_the_users_sitecustomize(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    code = "import os, sys; sys.exit(0 if os.environ.get('USER_SITE_RAN') == 'yes' else 5)"
+    r = _zp("run", "--out", str(tmp_path / "d"), "--", sys.executable, "-c", code, env=env)
+    assert r.returncode == 0, r.stderr
+
+
+def test_library_use_callback_and_start(tmp_path):
+    code = f"""
+from zeropilot import guard
+guard.start({str(tmp_path / 'lib')!r})
+from zeropilot.guard import ZeroPilotCallback
+from transformers import TrainerCallback
+assert issubclass(ZeroPilotCallback, TrainerCallback)
+from zeropilot.guard.rank import current
+g = current("hf")
+g.step_ended(1)
+g.step_ended(2)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT,
+                       env=dict(os.environ, PYTHONPATH=str(runjobs.REPO / "src")))
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(x)["event"] for x in (tmp_path / "lib" / "rank-0.jsonl").read_text().splitlines()]
+    assert events == ["start", "step", "step", "end"]
