@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from zeropilot.guard.flight import read_dump, summarize as fr_summary
 from zeropilot.guard.hangs import MARKER, RankState, hang_verdict, parse_stacks
 from zeropilot.guard.locks import find_locks
 from zeropilot.runlog.layout import RunDir, write_json_atomic
@@ -22,6 +23,7 @@ from zeropilot.runlog.read import read_side_json
 STACK_SIGNAL = signal.SIGUSR2
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 DUMP_WAIT_S = 2.0
+FR_WAIT_S = 5.0  # more, only while a rank with a flight-recorder pipe has not dumped yet
 #: before any rank exists (the launcher starting, a rendezvous waiting for nodes) the watchdog waits this
 #: long at least: a rank is live from its interpreter's start, so this only covers the launcher itself
 STARTUP_GRACE_S = 120.0
@@ -89,7 +91,7 @@ class Watchdog:
         return {r: read_side_json(self.dir.heartbeat(r), problems) or {} for r in self.dir.ranks("heartbeat-rank")}
 
     def request_dumps(self, beats: Dict[int, Dict]) -> None:
-        """Stacks from every live rank; the NCCL flight recorder where its pipe exists."""
+        """Stacks from every live rank; the NCCL flight recorder where its pipe exists (waits for its files)."""
         for rank, hb in beats.items():
             pid = hb.get("pid")
             if _alive(pid):
@@ -103,6 +105,10 @@ class Watchdog:
             if pipe:
                 self._poke_pipe(Path(f"{pipe}{rank}.pipe"))
         time.sleep(DUMP_WAIT_S)
+        pipes = [r for r in beats if Path(f"{self.env.get(PIPE_ENV, '')}{r}.pipe").exists()] if self.env.get(PIPE_ENV) else []
+        deadline = time.time() + FR_WAIT_S
+        while pipes and time.time() < deadline and not all(self.dir.flight_recorder(r).exists() for r in pipes):
+            time.sleep(0.5)
 
     @staticmethod
     def _poke_pipe(path: Path) -> None:
@@ -116,6 +122,15 @@ class Watchdog:
             pass
         finally:
             os.close(fd)
+
+    def _flight_recorder(self) -> Optional[Dict]:
+        """What the NCCL flight-recorder dumps say (torch-free reader), or None without dumps."""
+        dumps = {}
+        for r in self.dir.ranks("rank"):
+            dump = read_dump(self.dir.flight_recorder(r))
+            if dump is not None:
+                dumps[r] = dump
+        return fr_summary(dumps) if dumps else None
 
     def fire(self) -> Dict:
         beats = self._beats()
@@ -132,11 +147,17 @@ class Watchdog:
         early = not states or any(s.phase in ("startup", "init") or s.step in (0, None) for s in states)
         locks = find_locks(self.env) if early else []
         verdict = hang_verdict(states, self.world_size, self.timeout_s, locks)
+        fr = self._flight_recorder()
+        if fr is not None and fr["text"]:
+            verdict["reason"] += "; " + "; ".join(fr["text"])
+            if fr["desync"]:
+                verdict["cause"] = fr["text"][0] + ". " + verdict["cause"]
         record = {"t": time.time(), "timeout_s": self.timeout_s, "action": self.action,
                   "ranks": [{"rank": s.rank, "phase": s.phase, "phase_since": s.phase_since, "step": s.step,
                              "alive": s.alive,
                              "stack_file": self.dir.stacks(s.rank).name if s.frames else None} for s in states],
                   "locks": locks, "verdict": verdict,
-                  "flight_recorder": sorted(p.name for p in self.dir.root.glob("nccl-trace-rank-*"))}
+                  "flight_recorder": sorted(p.name for p in self.dir.root.glob("nccl-trace-rank-*")),
+                  "flight_recorder_summary": fr}
         write_json_atomic(self.dir.hang_file, record)
         return record

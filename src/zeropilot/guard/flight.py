@@ -1,0 +1,89 @@
+"""NCCL flight-recorder dumps, read without torch and without running pickled code.
+
+PyTorch's flight recorder (``TORCH_FR_BUFFER_SIZE``; dumped on the watchdog's request through
+``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` into ``nccl-trace-rank-N``) writes a pickle of plain dicts, lists,
+strings and numbers. It is read here with an unpickler that refuses every global (no class, no
+function can be named, so nothing runs) and a size cap, instead of PyTorch's ``fr_trace`` analyzer
+(which needs torch and unpickles freely). What the hang verdict needs: per rank, the last completed
+collective and the first that is not, and the first sequence number at which ranks called different
+collectives (a desync).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+MAX_DUMP = 64 << 20
+
+
+class _NoGlobals(pickle.Unpickler):
+    def find_class(self, module: str, name: str):  # noqa: D401 - pickle protocol
+        raise pickle.UnpicklingError(f"refused global {module}.{name}")
+
+
+def read_dump(path: Path) -> Optional[Dict[str, Any]]:
+    """A flight-recorder dump as plain data, or None when absent, too large or not the expected shape."""
+    try:
+        if path.stat().st_size > MAX_DUMP:
+            return None
+        data = _NoGlobals(io.BytesIO(path.read_bytes())).load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
+            KeyError, MemoryError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("entries"), list) else None
+
+
+def _op(entry: Dict[str, Any]) -> str:
+    return str(entry.get("profiling_name", "?")).split(":", 1)[-1]
+
+
+def _group(entry: Dict[str, Any]) -> str:
+    pg = entry.get("process_group")
+    return str(pg[1]) if isinstance(pg, (list, tuple)) and len(pg) > 1 else str(pg)
+
+
+def rank_summary(dump: Dict[str, Any]) -> Dict[str, Any]:
+    """Last completed and first pending collective of each process group in one rank's dump."""
+    groups: Dict[str, Dict[str, Any]] = {}
+    for e in dump["entries"]:
+        if not isinstance(e, dict) or e.get("is_p2p"):
+            continue
+        g = groups.setdefault(_group(e), {"last_completed": None, "pending": None})
+        seq = e.get("collective_seq_id")
+        if e.get("state") == "completed":
+            g["last_completed"] = {"seq": seq, "op": _op(e)}
+        elif g["pending"] is None:
+            g["pending"] = {"seq": seq, "op": _op(e), "state": e.get("state"), "sizes": e.get("input_sizes")}
+    return groups
+
+
+def _ops_by_seq(dump: Dict[str, Any]) -> Dict[tuple, str]:
+    return {(_group(e), e.get("collective_seq_id")): _op(e) for e in dump["entries"]
+            if isinstance(e, dict) and not e.get("is_p2p")}
+
+
+def summarize(dumps: Dict[int, Dict[str, Any]]) -> Dict[str, Any]:
+    """Per-rank summaries, the first desync (same sequence number, different collective) and a sentence."""
+    ranks = {r: rank_summary(d) for r, d in sorted(dumps.items())}
+    ops = {r: _ops_by_seq(d) for r, d in dumps.items()}
+    desync = None
+    keys = sorted({k for o in ops.values() for k in o}, key=lambda k: (k[0], k[1] if isinstance(k[1], int) else -1))
+    for key in keys:
+        seen = {r: o[key] for r, o in ops.items() if key in o}
+        if len(set(seen.values())) > 1:
+            desync = {"group": key[0], "seq": key[1], "ops": {str(r): op for r, op in sorted(seen.items())}}
+            break
+    lines: List[str] = []
+    if desync:
+        lines.append(f"NCCL flight recorder: collective #{desync['seq']} of {desync['group']} is "
+                     + ", ".join(f"{op} on rank {r}" for r, op in desync["ops"].items())
+                     + ": the ranks called different collectives")
+    for r, groups in ranks.items():
+        for name, g in groups.items():
+            if g["pending"]:
+                lines.append(f"rank {r} waits in {g['pending']['op']} #{g['pending']['seq']} of {name} "
+                             f"({g['pending']['state']}; last completed #{(g['last_completed'] or {}).get('seq')})")
+    return {"ranks": {str(r): g for r, g in ranks.items()}, "desync": desync, "text": lines}
