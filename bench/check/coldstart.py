@@ -58,6 +58,8 @@ def main() -> int:
     }
     if script:
         results["console_script"] = timed([script, *TARGET], args.runs)
+        results["console_script"]["path"] = script  # a pyenv shim adds its own bash start-up
+    results["load_average_after"] = os.getloadavg()
     results["heavy_modules_imported"] = heavy_imports() or "none"
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     for name in ("python_startup", "python_m_zeropilot", "console_script"):

@@ -1,7 +1,7 @@
 """``[tool.zeropilot]`` in ``pyproject.toml``: the check's settings, kept next to the project they describe.
 
 Found like ruff finds ``[tool.ruff]``: from the first checked path upward, the first ``pyproject.toml`` that
-has a ``[tool.zeropilot]`` table (one without it is passed over). Flags on the command line win over it.
+has a ``[tool.zeropilot]`` table header (one without it is passed over, unparsed). Flags on the command line win.
 
 ```toml
 [tool.zeropilot]
@@ -20,6 +20,7 @@ hub = false                      # read unknown model configs from the Hub (HF_E
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -64,11 +65,14 @@ def _toml(path: Path) -> Dict[str, Any]:
         raise InputError(f"not valid TOML: {exc}", path) from None
 
 
+_HEADER = re.compile(rb"^[ \t]*\[[ \t]*tool[ \t]*\.[ \t]*zeropilot(?![\w-])", re.M)
+
+
 def _mentions_zeropilot(path: Path) -> bool:
-    """A cheap look before parsing: most pyproject.toml files on the way up have no such table."""
+    """A cheap look before parsing (``tomllib`` costs check's start-up): is there a ``[tool.zeropilot]`` header?"""
     try:
         with open(path, "rb") as fh:
-            return b"zeropilot" in fh.read(1024 * 1024)
+            return _HEADER.search(fh.read(1024 * 1024)) is not None
     except OSError:
         return False
 
