@@ -67,7 +67,7 @@ def test_oom_page_in_chromium(chromium_browser, synth_dirs, tmp_path):
     assert f["overview"] == ["0", "1"] and f["steps"] == ["0", "1"] and f["overviewHeight"] > 100
     assert [c[0] for c in f["memCharts"]] == ["mem-rank-0", "mem-rank-1"]
     assert f["memCharts"][0][1] == ["allocated_bytes", "reserved_bytes", "peak_reserved_bytes", "outside_torch_bytes",
-                                   "device_used_bytes"]
+                                   "device_used_bytes", "host_rss_bytes"]
     assert f["spans"] == 3  # saves at 20 and 40 on rank 0, at 20 on rank 1 (which then ran out of memory)
     assert f["overviewSpans"] == 2  # each save once across the ranks
     assert f["ooms"] == ["1"] and "oom" in f["sections"] and "hang" not in f["sections"]

@@ -95,3 +95,22 @@ def test_committed_real_runs(capsys, validate, name, kind, ranks):
     text = _report(capsys, RUNS / name, "text")
     assert text.startswith(f"verdict: {kind.upper()}") and "rank   steps   host RSS\n" in text
 
+
+
+GPU_RUNS = runjobs.REPO / "bench" / "guard" / "results" / "runs"
+
+
+@pytest.mark.parametrize("name,kind,klass", [
+    ("seed", "ok", None), ("oom-capacity", "oom", "capacity"), ("oom-fragmentation", "oom", "fragmentation"),
+    ("oom-save-spike", "oom", "save_spike"), ("oom-outside-torch", "oom", "outside_torch"), ("hang-nccl", "hang", None)])
+def test_real_h200_runs(capsys, validate, tmp_path, name, kind, klass):
+    """Run directories `zeropilot run` wrote on 2 x H200 (bench/guard/gpu_bench.sh, committed by the guard's bench)."""
+    rep = _report(capsys, GPU_RUNS / name)
+    assert validate(rep) == [] and rep["verdict"]["kind"] == kind and rep["verdict"].get("class") == klass
+    for r in rep["ranks"]:  # device memory is there, and the device peak is reserved + outside PyTorch
+        assert r["device"]["backend"] == "cuda" and r["peak_reserved_bytes"] > 0
+        assert r["peak_device_bytes"] == r["peak_reserved_bytes"] + r["outside_torch_bytes"]
+    out = tmp_path / "page.html"
+    assert main(["report", str(GPU_RUNS / name), "--format", "html", "--out", str(out)]) == 0
+    page = out.read_text()
+    assert ('<section id="oom">' in page) == (kind == "oom") and ('<section id="hang">' in page) == (kind == "hang")

@@ -149,6 +149,7 @@ def oom(record: Dict[str, Any], rank: int) -> Dict[str, Any]:
                     "evidence": texts(v.get("evidence"))},
         "fixes": fixes(record.get("fixes")),
         "snapshot": text(record.get("snapshot")),
+        "allocator_limit_bytes": size(record.get("allocator_limit_bytes")),
     }
 
 

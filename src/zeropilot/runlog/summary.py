@@ -78,7 +78,7 @@ def _larger(a: Optional[int], b: Optional[int]) -> Optional[int]:
     return max(a, b)
 
 
-def _peak_source(rec: RankRecords, key: str) -> Optional[Dict[str, Any]]:
+def _peak_source(rec: RankRecords, events: List[Dict[str, Any]], key: str) -> Optional[Dict[str, Any]]:
     """Where rank's highest ``key`` counter was first seen: ``{event, step, t, bytes}``.
 
     The counters are cumulative, so the record that first shows the maximum closes the window that
@@ -91,7 +91,7 @@ def _peak_source(rec: RankRecords, key: str) -> Optional[Dict[str, Any]]:
         i = next(i for i, x in enumerate(col) if not math.isnan(x) and int(x) == top)
         best = {"event": "step", "step": nz.integer(rec.steps["step"][i]), "t": nz.num(rec.steps["t"][i]),
                 "bytes": top}
-    for e in rec.events:
+    for e in events:
         for field in ("mem_peak", "mem_after", "mem"):
             value = _mem_peak(e.get(field), key)
             t = nz.num(e.get("t"))
@@ -105,52 +105,78 @@ def _peak_source(rec: RankRecords, key: str) -> Optional[Dict[str, Any]]:
 
 
 def _start(rec: RankRecords) -> Dict[str, Any]:
-    """What rank's ``start`` record said about where it ran."""
-    s = next((e for e in rec.events if e.get("event") == "start"), {})
-    dev = s.get("device") if isinstance(s.get("device"), dict) else {}
+    """Where the rank ran: its ``start`` record, with what ``init`` says after CUDA came up taking precedence."""
+    merged: Dict[str, Any] = {}
+    for kind in ("start", "init"):
+        e = next((e for e in rec.events if e.get("event") == kind), {})
+        merged.update({k: v for k, v in e.items() if v is not None})
+    dev = merged.get("device") if isinstance(merged.get("device"), dict) else {}
     return {
-        "host": nz.text(s.get("host")),
-        "pid": nz.integer(s.get("pid")),
-        "framework": nz.text(s.get("framework")),
+        "host": nz.text(merged.get("host")),
+        "pid": nz.integer(merged.get("pid")),
+        "framework": nz.text(merged.get("framework")),
         "device": {"name": nz.text(dev.get("name")), "backend": nz.text(dev.get("backend")),
                    "total_bytes": nz.size(dev.get("total_bytes"))} if dev else None,
-        "allocator_settings": nz.str_map(s.get("allocator_settings")),
+        "allocator_settings": nz.str_map(merged.get("allocator_settings")),
     }
 
 
-def _rank_summary(rec: RankRecords, plan_bytes: Optional[int]) -> Dict[str, Any]:
+_EVENT_MEMS = ("mem_before", "mem_peak", "mem_after", "mem")
+
+
+def _column_max(rec: RankRecords, events: List[Dict[str, Any]], field: str) -> Optional[int]:
+    """The highest value of a memory field over the step records and every memory object of the other records."""
+    top = _max(rec.steps[field])
+    for e in events:
+        for key in _EVENT_MEMS:
+            top = _larger(top, _mem_peak(e.get(key), field))
+    return top
+
+
+def _with_oom(rec: RankRecords, oom: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The rank's non-step records, plus its OOM record's memory (the observer read it at the failure)."""
+    if not oom:
+        return rec.events
+    return rec.events + [{"event": "oom", "t": oom.get("t"), "step": oom.get("step"), "mem": oom.get("mem")}]
+
+
+def _allocator_limit(rec: RankRecords, oom: Optional[Dict[str, Any]]) -> Optional[int]:
+    """The allocator's cap (``set_per_process_memory_fraction``: an emulated smaller card), where recorded."""
+    for e in rec.events:
+        if e.get("event") == "init" and nz.size(e.get("allocator_limit_bytes")) is not None:
+            return nz.size(e.get("allocator_limit_bytes"))
+    return nz.size((oom or {}).get("allocator_limit_bytes"))
+
+
+def _rank_summary(rec: RankRecords, plan_bytes: Optional[int], oom: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     cols = rec.steps
-    peak_reserved = _max(cols["peak_reserved_bytes"])
-    peak_alloc = _max(cols["peak_allocated_bytes"])
-    for e in rec.events:  # saves, loads and OOMs can peak between steps
-        for key in ("mem_peak", "mem_after", "mem"):
-            peak_reserved = _larger(peak_reserved, _mem_peak(e.get(key), "peak_reserved_bytes"))
-            peak_alloc = _larger(peak_alloc, _mem_peak(e.get(key), "peak_allocated_bytes"))
+    events = _with_oom(rec, oom)
+    peak_reserved = _column_max(rec, events, "peak_reserved_bytes")  # saves, loads and OOMs peak between steps
     ended = any(e.get("event") == "end" for e in rec.events)
     times = _finite(cols["t"]) + [t for t in (nz.num(e.get("t")) for e in rec.events) if t is not None]
     steps = _finite(cols["step"])
     secs = _finite(cols["seconds"])
-    device_total = _max(cols["device_total_bytes"])
-    outside = _max(cols["outside_torch_bytes"])
+    outside = _column_max(rec, events, "outside_torch_bytes")
     # what the plan predicts (gpu_peak_bytes) is the reserved peak plus memory outside PyTorch (FACTS.md)
     device_peak = peak_reserved + outside if peak_reserved is not None and outside is not None else None
     return {
         "rank": rec.rank,
         "steps": int(max(steps)) if steps else 0,
         "peak_reserved_bytes": peak_reserved,
-        "peak_allocated_bytes": peak_alloc,
+        "peak_allocated_bytes": _column_max(rec, events, "peak_allocated_bytes"),
         "outside_torch_bytes": outside,
-        "device_total_bytes": device_total,
-        "host_rss_peak_bytes": _max(cols["host_rss_bytes"]),
-        "alloc_retries": _max(cols["alloc_retries"]),
+        "device_total_bytes": _column_max(rec, events, "device_total_bytes"),
+        "allocator_limit_bytes": _allocator_limit(rec, oom),
+        "host_rss_peak_bytes": _column_max(rec, events, "host_rss_bytes"),
+        "alloc_retries": _column_max(rec, events, "alloc_retries"),
         "plan_bytes": plan_bytes,
         "ended": ended,
         "last_record_t": max(times, default=None),
         "first_record_t": min(times, default=None),
         "step_records": rec.n_steps,
         "step_seconds_median": statistics.median(secs) if secs else None,
-        "peak_reserved_at": _peak_source(rec, "peak_reserved_bytes"),
-        "host_rss_peak_at": _peak_source(rec, "host_rss_bytes"),
+        "peak_reserved_at": _peak_source(rec, events, "peak_reserved_bytes"),
+        "host_rss_peak_at": _peak_source(rec, events, "host_rss_bytes"),
         "peak_device_bytes": device_peak,
         "plan_ratio": ratio(device_peak, plan_bytes),
         **_start(rec),
@@ -319,7 +345,7 @@ def summarize(records: RunRecords) -> Dict[str, Any]:
     run = records.run or {}
     plan = run.get("plan") if isinstance(run.get("plan"), dict) else None
     plan_bytes = nz.size(plan.get("peak_bytes_per_rank")) if plan else None
-    ranks = [_rank_summary(rec, plan_bytes) for _, rec in sorted(records.ranks.items())]
+    ranks = [_rank_summary(rec, plan_bytes, records.ooms.get(r)) for r, rec in sorted(records.ranks.items())]
     ooms = [nz.oom(rec, r) for r, rec in sorted(records.ooms.items())]
     hang = nz.hang(records.hang) if records.hang is not None else None
     return {

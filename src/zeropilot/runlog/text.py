@@ -70,6 +70,7 @@ _RANK_COLUMNS = (
     ("outside torch", 13, lambda r: gib(r["outside_torch_bytes"])),
     ("device peak", 11, lambda r: gib(r.get("peak_device_bytes"))),
     ("capacity", 10, lambda r: gib(r["device_total_bytes"])),
+    ("limit", 10, lambda r: gib(r.get("allocator_limit_bytes"))),
     ("host RSS", 9, lambda r: gib(r["host_rss_peak_bytes"])),
     ("plan", 10, lambda r: gib(r["plan_bytes"])),
     ("vs plan", 7, lambda r: "-" if r.get("plan_ratio") is None else f"{r['plan_ratio'] * 100:.0f}%"),

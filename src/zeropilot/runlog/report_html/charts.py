@@ -146,15 +146,27 @@ def _ops_spans(chart: Chart, summary: Dict[str, Any], rank: int, t0: float) -> N
             start = op["start_t"] if op["start_t"] is not None else op["t"]
             size = "" if op["bytes"] is None else f", {op['bytes'] / 1e9:.2f} GB"
             took = "" if op["seconds"] is None else f" in {op['seconds']:.2f} s"
-            chart.span(start - t0, op["t"] - t0, f"op {kind[:-1]}", f"{kind[:-1]} at step {op['step']}{size}{took}",
-                       attrs=f'data-kind="{kind[:-1]}"')
-            at = start - t0
-            for ph in op["phases"]:
-                if ph["seconds"] is None:
-                    continue
-                chart.span(at, at + ph["seconds"], f"phase ph-{esc(ph['name'].split(':')[0])}",
-                           f"{ph['name']}: {ph['seconds']:.2f} s")
-                at += ph["seconds"]
+            phases = "".join(f"\n{p['name']}: {p['seconds']:.2f} s" for p in op["phases"] if p["seconds"] is not None)
+            chart.span(start - t0, op["t"] - t0, f"op {kind[:-1]}",
+                       f"{kind[:-1]} at step {op['step']}{size}{took}{phases}", attrs=f'data-kind="{kind[:-1]}"')
+            _phase_bands(chart, op, start - t0)
+
+
+def _phase_bands(chart: Chart, op: Dict[str, Any], at: float) -> None:
+    """Each phase as a band inside its save, one after the other.
+
+    Phases carry durations, not start times; they are drawn in sequence only when they add up to the
+    save's duration (within 5%). When they add up to more, some ran inside others (a write inside
+    model_states): then no band is drawn and the span's tooltip lists them.
+    """
+    phases = [p for p in op["phases"] if p["seconds"] is not None]
+    total = sum(p["seconds"] for p in phases)
+    if not phases or op["seconds"] is None or total > 1.05 * op["seconds"]:
+        return
+    for ph in phases:
+        chart.span(at, at + ph["seconds"], f"phase ph-{esc(ph['name'].split(':')[0])}",
+                   f"{ph['name']}: {ph['seconds']:.2f} s")
+        at += ph["seconds"]
 
 
 def _y_top(values: List[Optional[float]]) -> float:
@@ -166,11 +178,13 @@ def memory_chart(prep: RankSeries, summary: Dict[str, Any], rank: int, x_end: fl
                  gpu: bool, rec_events: Dict[int, List[Dict[str, Any]]]) -> str:
     """One rank's memory over time, with capacity, plan, saves, loads and OOMs marked."""
     info = next(r for r in summary["ranks"] if r["rank"] == rank)
-    series = list(MEMORY_SERIES) if gpu else [HOST_SERIES]
+    series = list(MEMORY_SERIES) + [HOST_SERIES] if gpu else [HOST_SERIES]
     cols = prep.cols
     tops = [max((v for v in cols[f] if v == v), default=None) for f, _, _ in series]
     cap, plan = info["device_total_bytes"], info["plan_bytes"]
-    chart = Chart(f"mem-rank-{rank}", WIDTH, 230, (0.0, x_end), (0.0, _y_top(tops + [cap, plan])),
+    data_top = _y_top(tops + [plan, info.get("allocator_limit_bytes")])
+    chart = Chart(f"mem-rank-{rank}", WIDTH, 230, (0.0, x_end), (0.0, _y_top(tops + [plan, info.get(
+                  "allocator_limit_bytes"), cap if cap is not None and cap <= 2 * data_top else None])),
                   x_label=fmt_time, y_label=fmt_gib, title=f"rank {rank}: memory over time")
     chart.axes(y_ticks=gib_ticks(chart))
     _ops_spans(chart, summary, rank, t0)
@@ -178,8 +192,8 @@ def memory_chart(prep: RankSeries, summary: Dict[str, Any], rank: int, x_end: fl
         if _has(cols[f]):
             chart.line(prep.points(f), f"series {cls}",
                        attrs=f'data-rank="{rank}" data-field="{f}"', title=f"rank {rank}: {name}")
-    if cap is not None and series[0][0] != "host_rss_bytes":
-        chart.hline(cap, "cap", f"capacity {fmt_gib(cap)}")
+    if series[0][0] != "host_rss_bytes":
+        _capacity(chart, cap, info.get("allocator_limit_bytes"), data_top)
     if plan is not None:
         chart.hline(plan, "plan", f"plan {fmt_gib(plan)}")
     for o in summary["ooms"]:
@@ -199,6 +213,18 @@ def errors_of(events: Dict[int, List[Dict[str, Any]]], rank: int) -> List[Tuple[
             peer = " (noticed a failed peer)" if e.get("peer_failure") is True else ""
             out.append((t, f"{nz.text(e.get('type')) or 'error'} at step {nz.integer(e.get('step'))}{peer}"))
     return out
+
+
+def _capacity(chart: Chart, cap: Optional[int], limit: Optional[int], data_top: float) -> None:
+    """The card's capacity as a line (a note at the top when it is far above the data), and the allocator's limit."""
+    if limit is not None:
+        chart.hline(limit, "cap", f"allocator limit {fmt_gib(limit)} (emulated card)")
+    if cap is None:
+        return
+    if cap <= 2 * data_top:
+        chart.hline(cap, "cap", f"capacity {fmt_gib(cap)}")
+    else:
+        chart.note(f"capacity {fmt_gib(cap)}: far above this chart")
 
 
 def _all_ranks_spans(chart: Chart, summary: Dict[str, Any], t0: float) -> None:
@@ -226,17 +252,20 @@ def overview_chart(prep: Dict[int, RankSeries], summary: Dict[str, Any], x_end: 
         tops += [max((y for _, y in pts), default=None)]
         lines.append((rank, pts))
     caps = [r["device_total_bytes"] for r in summary["ranks"]] if field == "reserved_bytes" else []
+    cap = max((c for c in caps if c is not None), default=None)
+    limits = [r.get("allocator_limit_bytes") for r in summary["ranks"] if r.get("allocator_limit_bytes")]
+    limit = max(limits) if limits and field == "reserved_bytes" else None
     plan = summary["ranks"][0]["plan_bytes"] if summary["ranks"] else None
-    chart = Chart(chart_id, WIDTH, 260, (0.0, x_end), (0.0, _y_top(tops + caps + [plan])), x_label=fmt_time,
-                  y_label=fmt_gib, title="memory of every rank")
+    data_top = _y_top(tops + [plan, limit])
+    chart = Chart(chart_id, WIDTH, 260, (0.0, x_end), (0.0, _y_top(tops + [plan, limit, cap if cap is not None and
+                                                                            cap <= 2 * data_top else None])),
+                  x_label=fmt_time, y_label=fmt_gib, title="memory of every rank")
     chart.axes(y_ticks=gib_ticks(chart))
     _all_ranks_spans(chart, summary, t0)
     for rank, pts in lines:
         chart.line(pts, f"series rank-color c{rank % 8}", attrs=f'data-rank="{rank}" data-field="{field}"',
                    title=f"rank {rank}: {field.replace('_bytes', '').replace('_', ' ')}")
-    cap = max((c for c in caps if c is not None), default=None)
-    if cap is not None:
-        chart.hline(cap, "cap", f"capacity {fmt_gib(cap)}")
+    _capacity(chart, cap, limit, data_top)
     if plan is not None:
         chart.hline(plan, "plan", f"plan {fmt_gib(plan)}")
     return chart.svg()

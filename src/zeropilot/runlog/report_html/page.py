@@ -32,7 +32,7 @@ svg.chart{width:100%;height:auto;display:block;background:#fff}svg.membar{width:
 .grid{stroke:#eceef1;stroke-width:1}.tick{font-size:10px;fill:#5f6b7a}.ref{font-size:10px}
 polyline{fill:none;stroke-width:1.4;stroke-linejoin:round}
 .s-alloc{stroke:#1f77b4}.s-reserved{stroke:#ff7f0e}.s-peak{stroke:#d62728;stroke-dasharray:4 3;stroke-width:1}
-.s-outside{stroke:#7f7f7f}.s-rss{stroke:#9467bd}.s-used{stroke:#17becf;stroke-width:1.1}
+.s-outside{stroke:#7f7f7f}.s-rss{stroke:#9467bd;stroke-dasharray:2 2}.s-used{stroke:#17becf;stroke-width:1.1}
 line.cap{stroke:#111;stroke-width:1.2}text.cap{fill:#111}line.plan{stroke:#2ca02c;stroke-dasharray:6 4;stroke-width:1.4}
 text.plan{fill:#2ca02c}line.oomline{stroke:#c62828;stroke-width:2}
 line.errline{stroke:#c62828;stroke-width:1.5;stroke-dasharray:3 3}circle.pt{fill:none;stroke-width:3}
@@ -50,7 +50,8 @@ rect.op{fill:#7b61ff;opacity:.10}rect.load{fill:#00897b;opacity:.12}rect.phase{o
 """
 
 LEGEND_MEM = (("#1f77b4", "allocated"), ("#ff7f0e", "reserved"), ("#d62728", "peak reserved (counter)"),
-              ("#7f7f7f", "outside PyTorch"), ("#17becf", "in use on the device"), ("#111", "capacity"),
+              ("#7f7f7f", "outside PyTorch"), ("#17becf", "in use on the device"), ("#9467bd", "host RSS (CPU)"),
+              ("#111", "capacity"),
               ("#2ca02c", "plan (device peak)"),
               ("rgba(123,97,255,.3)", "save/load span, phases inside"), ("#c62828", "OOM / error (dashed)"))
 LEGEND_PHASES = (("rgba(227,119,194,.45)", "phase gather_16bit"), ("rgba(140,86,75,.45)", "model_states"),
@@ -94,7 +95,7 @@ def _memory_sections(records: RunRecords, summary: Dict[str, Any]) -> Tuple[str,
     if len(drawn) < len(ranks):
         per_rank = (f"<p>{len(ranks)} ranks: drawn one by one are the verdict's, the first and last, and the highest "
                     f"peaks ({', '.join(map(str, drawn))}); every rank is in the chart above.</p>" + per_rank)
-    mem_legend = legend(LEGEND_MEM if gpu else (("#9467bd", "host RSS"),) + LEGEND_MEM[5:]) + legend(LEGEND_PHASES)
+    mem_legend = legend(LEGEND_MEM if gpu else (("#9467bd", "host RSS"),) + LEGEND_MEM[6:]) + legend(LEGEND_PHASES)
     return overview, (mem_legend + per_rank if per_rank else "")
 
 

@@ -61,6 +61,7 @@ RANK_COLUMNS = (
     ("outside PyTorch", lambda r: gib(r["outside_torch_bytes"])),
     ("device peak", lambda r: gib(r.get("peak_device_bytes"))),
     ("capacity", lambda r: gib(r["device_total_bytes"])),
+    ("allocator limit", lambda r: gib(r.get("allocator_limit_bytes"))),
     ("host RSS", lambda r: gib(r["host_rss_peak_bytes"])),
     ("plan", lambda r: gib(r["plan_bytes"])),
     ("vs plan", lambda r: "-" if r.get("plan_ratio") is None else f"{r['plan_ratio'] * 100:.0f}%"),
@@ -103,15 +104,21 @@ def _fixes(fixes: List[Dict[str, Any]]) -> str:
     return f'<h4>fixes, best first</h4><ol class="fixes">{items}</ol>'
 
 
-def mem_bar(m: Dict[str, Any], request: Optional[int]) -> str:
-    """The card at the failure as one stacked bar: allocated, reserved but free, outside PyTorch, free; the request."""
-    total = m.get("device_total_bytes")
+def mem_bar(m: Dict[str, Any], request: Optional[int], limit: Optional[int]) -> str:
+    """The card at the failure as one stacked bar: allocated, reserved but free, outside PyTorch, free; the request.
+
+    Under an allocator limit (``set_per_process_memory_fraction``, an emulated smaller card) the bar is the
+    limit: PyTorch's reserved memory and what is left of the limit.
+    """
+    total = limit or m.get("device_total_bytes")
     if not total:
         return ""
+    reserved = m.get("reserved_bytes")
+    left = (limit - reserved) if limit and reserved is not None else None
     parts = [("allocated", m.get("allocated_bytes"), "#1f77b4"),
-             ("reserved, not allocated", m.get("unallocated_reserved_bytes"), "#ff7f0e"),
-             ("outside PyTorch", m.get("outside_torch_bytes"), "#7f7f7f"),
-             ("free", m.get("device_free_bytes"), "#e8f5e9")]
+             ("reserved, not allocated", m.get("unallocated_reserved_bytes"), "#ff7f0e")]
+    parts += ([("left under the allocator limit", max(left, 0), "#e8f5e9")] if limit else
+              [("outside PyTorch", m.get("outside_torch_bytes"), "#7f7f7f"), ("free", m.get("device_free_bytes"), "#e8f5e9")])
     x, rects = 0.0, []
     for name, value, color in parts:
         if value is None:
@@ -128,7 +135,8 @@ def mem_bar(m: Dict[str, Any], request: Optional[int]) -> str:
                f'<title>asked for {gib(request)}</title></rect>')
     return (f'<svg class="membar" viewBox="0 0 1000 40" preserveAspectRatio="none" role="img" '
             f'aria-label="memory at the failure">{"".join(rects)}{ask}</svg>'
-            f'<p class="why">{legend} of {gib(total)}; red: the request ({gib(request)})</p>')
+            f'<p class="why">{legend} of {"the allocator limit " if limit else ""}{gib(total)}; red: the request '
+            f'({gib(request)})</p>')
 
 
 def oom(summary: Dict[str, Any]) -> str:
@@ -145,7 +153,8 @@ def oom(summary: Dict[str, Any]) -> str:
             f'({_e(o["phase"])}), asked for {gib(o["request_bytes"])}</h3>'
             f'<p class="kind">{_e(v["kind"])}: {_e(v["summary"])}</p>'
             + (f"<p>just before: {esc(o['just_before'])}</p>" if o["just_before"] else "")
-            + (f"<h4>the card at the failure</h4>{mem_bar(m, o['request_bytes'])}" if m.get("device_total_bytes") else "")
+            + (f"<h4>the card at the failure</h4>{mem_bar(m, o['request_bytes'], o['allocator_limit_bytes'])}"
+               if m.get("device_total_bytes") or o["allocator_limit_bytes"] else "")
             + (f"<h4>evidence</h4><ul>{evidence}</ul>" if evidence else "")
             + _fixes(o["fixes"])
             + (f"<h4>memory at the failure</h4>{table(['field', 'value'], mem_rows, 'mem')}" if mem_rows else "")

@@ -89,6 +89,11 @@ class Chart:
                           f'<title>{esc(label)}</title></line><text class="ref {cls}" x="{self.width - PAD_R - 4}" '
                           f'y="{yy - 3:.1f}" text-anchor="end">{esc(label)}</text>')
 
+    def note(self, text: str) -> None:
+        """A line of text at the top right of the plot."""
+        self.parts.append(f'<text class="ref cap" x="{self.width - PAD_R - 4}" y="{PAD_T + 10}" '
+                          f'text-anchor="end">{esc(text)}</text>')
+
     def span(self, x0: float, x1: float, cls: str, title: str, attrs: str = "") -> None:
         """A shaded vertical band from ``x0`` to ``x1`` (a save, a load, one of their phases)."""
         a, b = self.px(x0), self.px(x1)
