@@ -159,6 +159,7 @@ class OptimizerStates:
     partition_count: Optional[int]
     paddings: Optional[List[List[int]]]
     steps: List[Optional[float]]  # the base optimizer's `step` per state entry
+    group_paddings: Optional[List[int]] = None  # ZeRO-1/2: padding cut from this rank's partition at save
 
 
 def optimizer_states(obj: Any, path, stage: int) -> OptimizerStates:
@@ -177,8 +178,13 @@ def optimizer_states(obj: Any, path, stage: int) -> OptimizerStates:
     if paddings is not None and not (isinstance(paddings, list) and all(
             isinstance(g, list) and all(type(p) is int and 0 <= p < MAX_INT for p in g) for g in paddings)):
         raise _field_error(path, "optimizer_state_dict.param_alignment_paddings", "lists of ints", paddings)
+    group_paddings = osd.get("group_paddings")
+    if group_paddings is not None and not (isinstance(group_paddings, list) and len(group_paddings) == len(flat)
+                                           and all(type(p) is int and 0 <= p < MAX_INT for p in group_paddings)):
+        raise _field_error(path, "optimizer_state_dict.group_paddings", "one int per parameter group", group_paddings)
     base = osd.get("base_optimizer_state" if stage <= 2 else "optimizer_state_dict")
-    return OptimizerStates(str(path), top, flat, None if count is None else max(counts), paddings, _steps(base))
+    return OptimizerStates(str(path), top, flat, None if count is None else max(counts), paddings, _steps(base),
+                           group_paddings)
 
 
 def _steps(base: Any) -> List[Optional[float]]:
@@ -267,10 +273,19 @@ def _check_optimizers(world: int, optims: List[OptimizerStates]) -> None:
             if mine.dtype != "float32":
                 raise DamagedCheckpoint(f"rank {rank}: fp32 partition of group {g} is {mine.dtype}, not float32",
                                         [o.path])
-            if mine.numel != theirs.numel:
+            if _padded(o, g, mine) != _padded(ref, g, theirs):
                 raise DamagedCheckpoint(
-                    f"rank {rank}: the fp32 partition of group {g} holds {mine.numel} values, rank 0's holds "
-                    f"{theirs.numel}: DeepSpeed partitions every group in equal parts", [o.path])
+                    f"rank {rank}: the fp32 partition of group {g} holds {mine.numel} values (padding "
+                    f"{_pad(o, g)}), rank 0's {theirs.numel} (padding {_pad(ref, g)}): DeepSpeed cuts every group "
+                    "in equal parts (ZeRO-1/2 drop the last rank's padding, recorded in group_paddings)", [o.path])
+
+
+def _pad(o: OptimizerStates, g: int) -> int:
+    return o.group_paddings[g] if o.group_paddings else 0
+
+
+def _padded(o: OptimizerStates, g: int, t) -> int:
+    return t.numel + _pad(o, g)
 
 
 def _fmt(steps: List[Optional[float]]) -> str:

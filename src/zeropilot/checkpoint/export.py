@@ -12,11 +12,19 @@ Tied weights: DeepSpeed records them in ``shared_params`` (``lm_head.weight`` ->
 ``model.embed_tokens.weight``). When the config ties them (``tie_word_embeddings``, true unless set
 false) only the target is written, as ``save_pretrained`` does; transformers re-ties on load.
 
-Everything is written into a temporary sibling of OUT, then renamed into place.
+Everything is written into a temporary sibling of OUT (``.zeropilot-tmp-<pid>-<hash of OUT's name>``,
+with a marker file naming OUT), each safetensors file is read back (header, dtypes, shapes, sizes,
+``safe_open``), and only then renamed into place. Temporary folders left by an export that was killed
+(its pid no longer runs) are removed by the next export into the same OUT, and named in its notes.
+
+Hostile input: export starts only after the proofs of :mod:`consistency` pass; side files are copied
+through :mod:`fsguard` (regular files inside the checkpoint, bounded); the bytes written can never
+exceed twice what the checkpoint's files hold.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -26,11 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
+from zeropilot.checkpoint import fsguard
 from zeropilot.checkpoint import safetensors_writer as stw
-from zeropilot.checkpoint.layout import CheckpointLayout, read_json, read_layout
+from zeropilot.checkpoint.layout import CheckpointLayout, read_layout
 from zeropilot.checkpoint.names import HF_MODEL_FILES
+from zeropilot.checkpoint import consistency
 from zeropilot.checkpoint.reconstruct import DamagedCheckpoint, TensorEntry, ZeroState, open_checkpoint
 from zeropilot.checkpoint.safe_load import require_torch
+from zeropilot.checkpoint.terminal import clean
 from zeropilot.errors import InputError
 
 PEFT_PREFIX = "base_model.model."
@@ -51,6 +62,7 @@ class ExportOptions:
     force: bool = False
     trust_pickle: bool = False
     progress: Optional[bool] = None  # None: when stderr is a terminal
+    follow_symlinks: bool = False  # open files whose symlinks leave the checkpoint folder
 
 
 @dataclass
@@ -75,29 +87,92 @@ def export_checkpoint(path, out, options: ExportOptions) -> ExportResult:
         InputError: bad arguments, OUT exists without ``force``, OUT inside the checkpoint.
         DamagedCheckpoint: the checkpoint is incomplete or inconsistent.
     """
-    layout = read_layout(path, options.tag)
+    layout = read_layout(path, options.tag, follow_symlinks=options.follow_symlinks)
     if layout.problems:
         raise DamagedCheckpoint("the checkpoint is damaged or incomplete", layout.problems)
     out = Path(out)
     _check_out(out, layout, options.force)
+    leftovers = _remove_leftovers(out)
     state = open_checkpoint(layout, trust_pickle=options.trust_pickle)
     dtype = _output_dtype(options.dtype, state)
-    tmp = out.parent / f".{out.name}.zeropilot-tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    tmp = out.parent / f".zeropilot-tmp-{os.getpid()}-{_out_hash(out)}"
     try:
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        (tmp / _MARKER).write_text(json.dumps({"out": out.name, "pid": os.getpid()}) + "\n")
         result = _write(state, layout, tmp, dtype, options)
+        (tmp / _MARKER).unlink()
         _replace_dir(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InputError(f"cannot write the export here: {exc.strerror or exc}", out) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     result.out = out
+    result.notes = leftovers + result.notes
     return result
 
 
+_MARKER = ".zeropilot-export-in-progress"
+_LEFTOVER_RE = re.compile(r"^\.zeropilot-(tmp|old)-(\d+)-([0-9a-f]{8})$")
+
+
+def _out_hash(out: Path) -> str:
+    return hashlib.sha1(out.name.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def _remove_leftovers(out: Path) -> List[str]:
+    """Remove temporary folders of earlier exports into `out` whose process is gone; notes naming them."""
+    notes = []
+    try:
+        siblings = list(os.scandir(out.parent))
+    except OSError:
+        return notes
+    for entry in siblings:
+        m = _LEFTOVER_RE.match(entry.name)
+        if not m or m.group(3) != _out_hash(out) or not entry.is_dir(follow_symlinks=False):
+            continue
+        pid = int(m.group(2))
+        if pid == os.getpid() or _alive(pid):
+            notes.append(f"{entry.path}: left by export process {pid}, which still runs: not touched")
+            continue
+        if m.group(1) == "tmp" and not os.path.isfile(os.path.join(entry.path, _MARKER)):
+            continue  # not written by us: leave it
+        shutil.rmtree(entry.path, ignore_errors=True)
+        notes.append(f"removed {entry.path}, left by an export (pid {pid}) that was killed")
+    return notes
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
 def _check_out(out: Path, layout: CheckpointLayout, force: bool) -> None:
+    if out.name in ("", ".", "..") or str(out).endswith(("/.", "/..")):
+        raise InputError("OUT must name a new folder (not '.' or '..')", out)
     target = out.resolve()
+    cwd = Path.cwd().resolve()
+    if target == cwd or target in cwd.parents:
+        raise InputError("OUT holds the current directory: export never replaces it", out)
+    parent = out.parent
+    if fsguard.kind_of(parent) != "dir":
+        what = "does not exist" if fsguard.kind_of(parent) is None else "is not a folder"
+        raise InputError(f"its parent folder {parent} {what}", out)
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if len(os.fsencode(out.name)) > name_max:
+        raise InputError(f"the name is {len(os.fsencode(out.name))} bytes long; this file system allows "
+                         f"{name_max}", out)
     folders = {layout.path.resolve(), layout.tag_dir.resolve()}
     if layout.save_dir:
         folders.add(layout.save_dir.resolve())
@@ -106,15 +181,14 @@ def _check_out(out: Path, layout: CheckpointLayout, force: bool) -> None:
             raise InputError(f"OUT is inside the checkpoint folder {inside}: export never writes there", out)
         if target in inside.parents:
             raise InputError(f"OUT contains the checkpoint {inside}: --force would delete it", out)
-    if out.exists() and not force:
-        raise InputError("already exists: pass --force to replace it", out)
-    if not out.parent.exists():
-        raise InputError("its parent folder does not exist", out)
+    if os.path.lexists(out) and not force:
+        what = "a symlink (dangling)" if not out.exists() else ("a symlink" if out.is_symlink() else "it")
+        raise InputError(f"already exists ({what}): pass --force to replace it", out)
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:
-    if out.exists() or out.is_symlink():
-        old = out.parent / f".{out.name}.zeropilot-old-{os.getpid()}"
+    if os.path.lexists(out):
+        old = out.parent / f".zeropilot-old-{os.getpid()}-{_out_hash(out)}"
         os.replace(out, old)
         os.replace(tmp, out)
         if old.is_dir() and not old.is_symlink():
@@ -152,11 +226,15 @@ def _model_plan(state: ZeroState, layout: CheckpointLayout, dtype: str) -> Tuple
         raise InputError(
             f"{len(state.absent)} weights of the model are not in the checkpoint (saved with "
             f"exclude_frozen_parameters?), e.g. {state.absent[0]}: a full model cannot be written", layout.tag_dir)
-    config = read_json(_beside(layout, "config.json") or Path("/nonexistent")) or {}
+    config_path = _beside(layout, "config.json")
+    config = fsguard.read_json(config_path, layout.confinement) if config_path else {}
     tied = config.get("tie_word_embeddings", True) is not False
     plan = [_planned(state, e, e.name, dtype) for e in state.entries]
     dropped = []
     for alias, target in state.aliases.items():
+        if target not in state._by_name:
+            raise DamagedCheckpoint(f"shared_params: {clean(alias)!r} shares {clean(target)!r}, which is not a "
+                                    "saved tensor", [str(layout.tag_dir)])
         if tied:
             dropped.append(alias)
         else:
@@ -195,12 +273,20 @@ def _write_model(state, layout, tmp: Path, dtype: str, options: ExportOptions, p
                  hf_source: Optional[Path] = None) -> ExportResult:
     plan, dropped = planned
     max_bytes = stw.parse_size(options.max_shard_size)
+    planned_bytes = sum(t.nbytes for t in plan)
+    held = layout.model_bytes + layout.optim_bytes
+    if hf_source is None and planned_bytes > 2 * held + (1 << 20):
+        raise DamagedCheckpoint(f"the tensors to write need {planned_bytes} bytes, more than twice what the "
+                                f"checkpoint's files hold ({held}): shapes or views that do not fit the files",
+                                [str(layout.tag_dir)])
+    consistency.check_names([(t.name, str(layout.tag_dir)) for t in plan])
     shards = stw.plan_shards(plan, max_bytes)
     names = stw.shard_names(len(shards))
-    progress = _progress(sum(t.nbytes for t in plan), options.progress)
+    progress = _progress(planned_bytes, options.progress)
     total = 0
     for name, shard in zip(names, shards):
         total += stw.write_file(tmp / name, shard, on_tensor=lambda t: progress(t.nbytes))
+        stw.check_written(tmp / name, shard)
     progress(None)
     if len(shards) > 1:
         index = {"metadata": {"total_size": total},
@@ -223,8 +309,11 @@ def _beside(layout: CheckpointLayout, name: str) -> Optional[Path]:
 
 
 def _hf_folders(layout: CheckpointLayout) -> List[Path]:
+    """The save dir, and the folder above it when that is still inside the checkpoint (HF output dir)."""
     folders = [layout.save_dir or layout.tag_dir.parent]
-    folders.append(folders[0].parent)
+    conf = layout.confinement
+    if conf is None or conf.contains(folders[0].parent):
+        folders.append(folders[0].parent)
     return folders
 
 
@@ -232,16 +321,17 @@ def _copy_hf_files(layout: CheckpointLayout, tmp: Path, dtype: str, source: Opti
     copied = []
     for name in HF_MODEL_FILES:
         src = (source / name) if source else _beside(layout, name)
-        if src is None or not src.is_file():
+        if src is None or fsguard.kind_of(src) != "file":
             continue
+        conf = None if source else layout.confinement
         if name == "config.json":
-            config = read_json(src) or {}
+            config = fsguard.read_json(src, conf)
             for key in ("torch_dtype", "dtype"):
                 if key in config:
                     config[key] = dtype
             (tmp / name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         else:
-            shutil.copyfile(src, tmp / name)
+            fsguard.copy_regular(src, tmp / name, conf)
         copied.append(name)
     return copied
 
@@ -280,7 +370,7 @@ def _adapter_key(name: str) -> str:
 
 def _adapter_config(layout: CheckpointLayout) -> Tuple[Path, dict]:
     path = _beside(layout, "adapter_config.json")
-    config = read_json(path) if path else None
+    config = fsguard.read_json(path, layout.confinement) if path else None
     if config is None:
         raise InputError("no adapter_config.json beside the checkpoint: PEFT needs it to load the adapter",
                          layout.save_dir or layout.tag_dir)
@@ -295,8 +385,10 @@ def _write_adapter(state: ZeroState, layout: CheckpointLayout, tmp: Path, dtype:
         raise InputError(f"trainable weights outside LoRA layers (e.g. {other[0]}, modules_to_save?) are not "
                          "supported by --adapter-only yet", layout.tag_dir)
     plan = [_planned(state, e, _adapter_key(e.name), dtype) for e in lora]
+    consistency.check_names([(t.name, str(layout.tag_dir)) for t in plan])
     total = stw.write_file(tmp / "adapter_model.safetensors", plan)
-    shutil.copyfile(config_path, tmp / "adapter_config.json")
+    stw.check_written(tmp / "adapter_model.safetensors", plan)
+    fsguard.copy_regular(config_path, tmp / "adapter_config.json", layout.confinement)
     return ExportResult(out=tmp, product="adapter", files=["adapter_model.safetensors", "adapter_config.json"],
                         tensors=len(plan), bytes=total, dtype=dtype)
 
@@ -325,7 +417,10 @@ def _lora_scaling(config: dict, layout: CheckpointLayout) -> float:
     if config.get("peft_type", "LORA") != "LORA" or unsupported:
         raise InputError(f"merging supports plain LoRA only (found peft_type={config.get('peft_type')}, "
                          f"{', '.join(unsupported) or 'no other option'}): use --adapter-only", layout.tag_dir)
-    r, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
+    r, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
+    if type(r) is not int or r <= 0 or type(alpha) not in (int, float) or not 0 < abs(alpha) < 1e6:
+        raise InputError(f"adapter_config.json: r must be a positive int and lora_alpha a number (found "
+                         f"{type(r).__name__}, {type(alpha).__name__})", layout.save_dir or layout.tag_dir)
     return alpha / (r ** 0.5) if config.get("use_rslora") else alpha / r
 
 

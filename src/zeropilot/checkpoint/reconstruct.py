@@ -322,11 +322,6 @@ def _check_entries(state: ZeroState, models: List["consistency.ModelStates"]) ->
     names = [(e.name, first.path) for e in state.entries]
     names += [(a, first.path) for a in state.aliases if a not in state._by_name]
     consistency.check_names(names)
-    entries = state._by_name
-    for alias, target in state.aliases.items():
-        if target not in entries and alias != target:
-            raise DamagedCheckpoint(f"shared_params: {clean(alias)!r} shares {clean(target)!r}, which is not a "
-                                    "saved tensor", [first.path])
     for e in state.entries:
         if e.source == FROZEN:
             _check_fragments(state, e, models)

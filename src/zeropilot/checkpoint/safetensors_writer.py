@@ -149,3 +149,89 @@ def _write_all(f, chunk: memoryview) -> None:
     while len(view):
         n = f.write(view)
         view = view[n:]
+
+
+HEADER_LIMIT = 100 << 20  # safetensors' own limit on the JSON header
+
+
+def read_header(path) -> Tuple[Dict[str, dict], int]:
+    """The JSON header of the safetensors file `path` (without ``__metadata__``) and where data starts.
+
+    Checks what safetensors' loader checks: header length within the file and under 100 MB, a JSON
+    object, every tensor's dtype known, shape a list of non-negative ints, data offsets contiguous
+    from 0, matching ``shape x itemsize`` and ending at the end of the file.
+
+    Raises:
+        InputError: not a safetensors file, or one that breaks those rules.
+    """
+    from zeropilot.checkpoint import fsguard
+
+    fd = fsguard.open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, 8, 0)
+        if len(head) != 8:
+            raise InputError("not a safetensors file (shorter than 8 bytes)", path)
+        (length,) = struct.unpack("<Q", head)
+        if length > min(HEADER_LIMIT, size - 8):
+            raise InputError(f"not a safetensors file (header length {length} for a {size}-byte file)", path)
+        raw = os.pread(fd, length, 8)
+    finally:
+        os.close(fd)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise InputError("not a safetensors file (its header is not JSON)", path) from None
+    if not isinstance(header, dict):
+        raise InputError("not a safetensors file (its header is not a JSON object)", path)
+    header.pop("__metadata__", None)
+    _check_offsets(header, size - 8 - length, path)
+    return header, 8 + length
+
+
+_ITEMSIZE_BY_CODE = {code: size for code, size in DTYPES.values()}
+
+
+def _check_offsets(header: Dict[str, object], data_bytes: int, path) -> None:
+    spans = []
+    for name, info in header.items():
+        ok = isinstance(info, dict) and info.get("dtype") in _ITEMSIZE_BY_CODE and isinstance(info.get("shape"), list)
+        ok = ok and all(type(d) is int and d >= 0 for d in info["shape"])
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+        if not ok:
+            raise InputError(f"tensor {name[:80]!r}: dtype, shape or data_offsets malformed", path)
+        if offsets[1] - offsets[0] != math.prod(info["shape"]) * _ITEMSIZE_BY_CODE[info["dtype"]]:
+            raise InputError(f"tensor {name[:80]!r}: data_offsets do not match its shape", path)
+        spans.append((offsets[0], offsets[1]))
+    end = 0
+    for lo, hi in sorted(spans):
+        if lo != end:
+            raise InputError("tensor data overlaps or leaves a hole", path)
+        end = hi
+    if end != data_bytes:
+        raise InputError(f"tensor data ends at byte {end}, the file holds {data_bytes}", path)
+
+
+def check_written(path, tensors: List[PlannedTensor]) -> None:
+    """Read back the file `write_file` wrote: its header must list exactly `tensors`, in their dtypes,
+    shapes and sizes, and the file must end where the data does (``safe_open`` agrees when installed).
+
+    Raises:
+        RuntimeError: the file on disk is not what was planned (a bug or a failing disk, not input).
+    """
+    try:
+        header, _start = read_header(path)
+    except InputError as exc:
+        raise RuntimeError(f"read-back of {path} failed: {exc}") from None
+    want = {t.name: (DTYPES[t.dtype][0], list(t.shape)) for t in tensors}
+    got = {n: (i["dtype"], i["shape"]) for n, i in header.items()}
+    if got != want:
+        raise RuntimeError(f"read-back of {path}: the header does not list the planned tensors")
+    try:
+        from safetensors import safe_open
+    except ImportError:  # pragma: no cover - safetensors comes with the ckpt extra
+        return
+    with safe_open(str(path), framework="numpy") as handle:
+        if set(handle.keys()) != set(want):
+            raise RuntimeError(f"read-back of {path}: safe_open lists other tensors")
