@@ -101,3 +101,19 @@ g.step_ended(2)
     assert r.returncode == 0, r.stderr
     events = [json.loads(x)["event"] for x in (tmp_path / "lib" / "rank-0.jsonl").read_text().splitlines()]
     assert events == ["start", "step", "step", "end"]
+
+
+def test_run_json_has_the_plan_when_the_launch_names_a_known_model(tmp_path):
+    (tmp_path / "train.py").write_text("print('training')\n")
+    (tmp_path / "ds.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto",
+                                                  "gradient_accumulation_steps": "auto",
+                                                  "zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}}))
+    r = _zp("run", "--out", str(tmp_path / "d"), "--", sys.executable, "train.py", "--deepspeed", "ds.json",
+            "--model_name_or_path", "Qwen/Qwen2-7B", "--per_device_train_batch_size", "1", "--bf16", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    run = json.loads((tmp_path / "d" / "run.json").read_text())
+    assert run["check"]["errors"] == 0 and run["check"]["files"]
+    assert run["plan"]["peak_bytes_per_rank"] == run["plan"]["gpu_peak_bytes"] > 0
+    assert run["plan"]["model"]["name"] == "Qwen/Qwen2-7B"
+    # the job's environment is the user's: zeropilot added only its own variables
+    assert "HF_HUB_OFFLINE" not in run["environment"]

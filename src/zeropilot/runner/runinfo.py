@@ -80,9 +80,7 @@ def make_plan(launch: Any) -> Optional[Dict[str, Any]]:
         lv = values_from_launch(launch)
         if not lv.model:
             return {"peak_bytes_per_rank": None, "reason": "the launch names no model (model_name_or_path)"}
-        if not (Path(lv.model) / "config.json").is_file() and not lv.model.endswith(".json"):
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        arch = resolve_model(lv.model, lv.model_base)
+        arch = resolve_model(lv.model, lv.model_base)  # no hub argument: no network
         values, _ = resolve_auto(lv.values, arch.hidden)
         if lv.world_size:
             values["world"] = lv.world_size
