@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from zeropilot.checkpoint.layout import CheckpointLayout, read_json, read_layout
+from zeropilot.checkpoint.terminal import clean
 from zeropilot.errors import InputError
 
 _ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "bool": 1,
@@ -52,28 +53,33 @@ class Report:
         return 0 if self.verdict == "ok" else 1
 
 
-def inspect_checkpoint(path, tag: Optional[str] = None, trust_pickle: bool = False) -> Report:
+def inspect_checkpoint(path, tag: Optional[str] = None, trust_pickle: bool = False,
+                       follow_symlinks: bool = False) -> Report:
     """Inspect the checkpoint at `path` (any of the folders `read_layout` accepts)."""
-    layout = read_layout(path, tag)
+    layout = read_layout(path, tag, follow_symlinks=follow_symlinks)
     facts, error = None, None
     if not layout.problems:
         facts, error = _tensor_facts(layout, trust_pickle)
     else:
         error = "not read: the checkpoint is damaged (see problems)"
     state_file = layout.hf_files.get("trainer_state.json")
-    trainer_state = read_json(state_file) if state_file else None
+    trainer_state = read_json(state_file, layout.confinement) if state_file else None
     step = trainer_state.get("global_step") if trainer_state else None
+    step = step if type(step) is int else None
     return Report(layout=layout, tensors=facts, tensor_error=error, resume=_resume(layout), global_step=step)
 
 
 def _tensor_facts(layout: CheckpointLayout, trust_pickle: bool):
     from zeropilot.checkpoint.reconstruct import FROZEN, TRAINABLE, DamagedCheckpoint, open_checkpoint
+    from zeropilot.checkpoint.safe_load import DamagedFileError
 
     try:
         state = open_checkpoint(layout, trust_pickle=trust_pickle)
     except (InputError, DamagedCheckpoint) as exc:
         if isinstance(exc, DamagedCheckpoint):
             layout.problems.extend(f"{f}: {exc}" for f in exc.files)
+        elif isinstance(exc, DamagedFileError) or type(exc).__name__ == "UnsafePathError":
+            layout.problems.append(exc.render())  # a file that breaks the format's rules: DAMAGED, not unknown
         return None, str(exc)
     count = lambda src: sum(e.numel for e in state.entries if e.source == src)  # noqa: E731
     frozen_bytes = sum(e.numel * _ELEMENT_BYTES.get(e.dtype, 4) for e in state.entries if e.source == FROZEN)
@@ -132,7 +138,7 @@ def render_text(report: Report, max_shapes: int = 12) -> str:
     if lay.hf_files:
         lines.append(f"  beside it: {', '.join(sorted(lay.hf_files))}")
     lines += _verdict_lines(report)
-    return "\n".join(lines)
+    return "\n".join(clean(line) for line in lines)  # tags, names and versions come from the checkpoint
 
 
 def _tensor_lines(report: Report, max_shapes: int) -> List[str]:

@@ -7,11 +7,13 @@ master weights, others with the master weights cast to OUT's dtype (the cast exp
 
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
+from zeropilot.checkpoint import fsguard
+from zeropilot.checkpoint import safetensors_writer as stw
 from zeropilot.checkpoint.export import _LORA_RE, _adapter_key
 from zeropilot.checkpoint.layout import read_layout
 from zeropilot.checkpoint.reconstruct import DamagedCheckpoint, open_checkpoint
@@ -35,25 +37,51 @@ class VerifyResult:
         return not (self.mismatched or self.missing_in_out or self.extra_in_out or self.load_error)
 
 
+_SHARD_RE = re.compile(r"^[^/\\\x00]{1,255}\.safetensors$")
+
+
 def _out_files(out: Path) -> List[Path]:
+    """The safetensors files of the export `out`: from its index (names checked: files inside OUT only)."""
+    if fsguard.kind_of(out) != "dir":
+        raise InputError("not a folder: give the export's folder", out)
+    conf = fsguard.Confinement.of(out)
     index = out / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [out / n for n in sorted(set(weight_map.values()))]
+    if fsguard.kind_of(index) is not None:
+        data = fsguard.read_json(index, conf)
+        weight_map = data.get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise InputError("weight_map must be a JSON object of tensor name -> file name", index)
+        names = sorted(set(weight_map.values()))
+        bad = [n for n in names if not _SHARD_RE.match(n) or n in (".", "..")]
+        if bad or not names:
+            raise InputError(f"weight_map names {bad[0][:80]!r} — not a shard file of this folder" if bad
+                             else "weight_map is empty", index)
+        return [conf.check(out / n) for n in names]
     for name in ("model.safetensors", "adapter_model.safetensors"):
-        if (out / name).is_file():
-            return [out / name]
+        if fsguard.kind_of(out / name) is not None:
+            return [conf.check(out / name)]
     raise InputError("no model.safetensors, shard index or adapter_model.safetensors here", out)
 
 
-def verify(out, against, tag: Optional[str] = None, load: bool = False, trust_pickle: bool = False) -> VerifyResult:
-    """Compare every tensor of the export `out` with the checkpoint `against`."""
-    import torch
-    from safetensors import safe_open
+def _need_torch():
+    try:
+        import torch
+        from safetensors import safe_open
+    except ImportError as exc:
+        raise InputError(f"`ckpt verify` compares tensor values and needs torch and safetensors ({exc.name} is "
+                         "not installed): pip install 'zeropilot[ckpt]'") from None
+    return torch, safe_open
 
+
+def verify(out, against, tag: Optional[str] = None, load: bool = False, trust_pickle: bool = False,
+           follow_symlinks: bool = False) -> VerifyResult:
+    """Compare every tensor of the export `out` with the checkpoint `against`."""
+    torch, safe_open = _need_torch()
     out = Path(out)
     files = _out_files(out)
-    layout = read_layout(against, tag)
+    for f in files:
+        stw.read_header(f)  # a garbage or crafted file is one line, before safetensors sees it
+    layout = read_layout(against, tag, follow_symlinks=follow_symlinks)
     if layout.problems:
         raise DamagedCheckpoint("the checkpoint is damaged or incomplete", layout.problems)
     state = open_checkpoint(layout, trust_pickle=trust_pickle)
@@ -69,7 +97,11 @@ def verify(out, against, tag: Optional[str] = None, load: bool = False, trust_pi
     result = VerifyResult(out=out)
     seen = set()
     for f in files:
-        with safe_open(str(f), framework="pt") as handle:
+        try:
+            handle = safe_open(str(f), framework="pt")
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type for any bad file
+            raise InputError(f"safetensors cannot open it ({str(exc).splitlines()[0][:120]})", f) from None
+        with handle:
             for key in handle.keys():
                 seen.add(key)
                 entry = expected.get(key)

@@ -1,15 +1,26 @@
 """`zeropilot ckpt`: inspect, export and verify DeepSpeed ZeRO checkpoints.
 
 Parses arguments, calls :mod:`zeropilot.checkpoint`, renders. Exit status: 0 fine, 1 a damaged,
-incomplete or mismatching checkpoint (the verdict names the files), 2 bad input.
+incomplete or mismatching checkpoint (the verdict names the files), 2 bad input (one line on stderr).
+Everything printed that came from a checkpoint goes through :func:`terminal.clean`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import struct
 import sys
 from pathlib import Path
+
+from zeropilot.checkpoint.terminal import clean
+from zeropilot.errors import InputError
+
+# Errors a crafted file could still provoke deep in a reader: one line and exit 2, never a traceback
+# (ZEROPILOT_DEBUG=1 shows the traceback).
+_LAST_RESORT = (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError, MemoryError,
+                UnicodeError, struct.error, OverflowError, OSError)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,6 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-pickle", action="store_true",
                    help="load files with weights_only=False (runs code in the pickle: only for files you trust)")
+    p.add_argument("--follow-symlinks", action="store_true",
+                   help="open files whose symlinks lead outside the checkpoint folder (e.g. a Hugging Face Hub "
+                        "cache snapshot)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,16 +78,27 @@ def run(args: argparse.Namespace) -> int:
     try:
         return action(args)
     except DamagedCheckpoint as exc:
-        print(f"verdict: DAMAGED — {exc}:", file=sys.stderr)
+        print(clean(f"verdict: DAMAGED — {exc}:"), file=sys.stderr)
         for f in exc.files:
-            print(f"  - {f}", file=sys.stderr)
+            print(clean(f"  - {f}"), file=sys.stderr)
         return 1
+    except InputError as exc:
+        print(clean(f"zeropilot: error: {exc.render()}"), file=sys.stderr)
+        return 2
+    except _LAST_RESORT as exc:
+        if os.environ.get("ZEROPILOT_DEBUG"):
+            raise
+        text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        print(clean(f"zeropilot: error: cannot read this checkpoint ({type(exc).__name__}: {text}); "
+                    "ZEROPILOT_DEBUG=1 shows where"), file=sys.stderr)
+        return 2
 
 
 def _inspect(args: argparse.Namespace) -> int:
     from zeropilot.checkpoint.inspect import inspect_checkpoint, render_text, to_json
 
-    report = inspect_checkpoint(args.path, args.tag, trust_pickle=args.trust_pickle)
+    report = inspect_checkpoint(args.path, args.tag, trust_pickle=args.trust_pickle,
+                                follow_symlinks=args.follow_symlinks)
     if args.format == "json":
         print(json.dumps(to_json(report), indent=2))
     else:
@@ -86,31 +111,33 @@ def _export(args: argparse.Namespace) -> int:
 
     options = ExportOptions(tag=args.tag, dtype=args.dtype, max_shard_size=args.max_shard_size,
                             adapter_only=args.adapter_only, merge_into=args.merge_into, force=args.force,
-                            trust_pickle=args.trust_pickle, progress=False if args.no_progress else None)
+                            trust_pickle=args.trust_pickle, progress=False if args.no_progress else None,
+                            follow_symlinks=args.follow_symlinks)
     result = export_checkpoint(args.path, args.out, options)
-    print(f"wrote {result.product} to {result.out}: {result.tensors} tensors, {result.bytes / 1e9:.3f} GB "
-          f"{result.dtype} in {', '.join(result.files)}")
+    print(clean(f"wrote {result.product} to {result.out}: {result.tensors} tensors, {result.bytes / 1e9:.3f} GB "
+                f"{result.dtype} in {', '.join(result.files)}"))
     if result.dropped_tied:
-        print(f"  tied weights written once (transformers re-ties them): {', '.join(result.dropped_tied)}")
+        print(clean(f"  tied weights written once (transformers re-ties them): {', '.join(result.dropped_tied)}"))
     if result.copied:
-        print(f"  copied: {', '.join(result.copied)}")
+        print(clean(f"  copied: {', '.join(result.copied)}"))
     for note in result.notes:
-        print(f"  note: {note}")
+        print(clean(f"  note: {note}"))
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
     from zeropilot.checkpoint.verify import verify
 
-    result = verify(args.out, args.against, tag=args.tag, load=args.load, trust_pickle=args.trust_pickle)
-    print(f"compared {result.compared} tensors of {result.out} with {args.against}")
+    result = verify(args.out, args.against, tag=args.tag, load=args.load, trust_pickle=args.trust_pickle,
+                    follow_symlinks=args.follow_symlinks)
+    print(clean(f"compared {result.compared} tensors of {result.out} with {args.against}"))
     for label, names in (("DIFFERENT", result.mismatched), ("missing in OUT", result.missing_in_out),
                          ("not in the checkpoint", result.extra_in_out)):
         for name in names:
-            print(f"  {label}: {name}")
+            print(clean(f"  {label}: {name}"))
     if result.load:
-        print(f"  load: {result.load}")
+        print(clean(f"  load: {result.load}"))
     if result.load_error:
-        print(f"  load FAILED: {result.load_error}")
+        print(clean(f"  load FAILED: {result.load_error}"))
     print("verdict: OK — identical" if result.ok else "verdict: MISMATCH")
     return 0 if result.ok else 1
