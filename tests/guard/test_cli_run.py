@@ -116,4 +116,4 @@ def test_run_json_has_the_plan_when_the_launch_names_a_known_model(tmp_path):
     assert run["plan"]["peak_bytes_per_rank"] == run["plan"]["gpu_peak_bytes"] > 0
     assert run["plan"]["model"]["name"] == "Qwen/Qwen2-7B"
     # sizing the model did not change the job's environment
-    assert "offline=None" in r.stdout
+    assert f"offline={os.environ.get('HF_HUB_OFFLINE')}" in r.stdout
