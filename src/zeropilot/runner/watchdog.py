@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from zeropilot.guard.flight import read_dump, summarize as fr_summary
-from zeropilot.guard.hangs import MARKER, RankState, hang_verdict, parse_stacks
+from zeropilot.guard.hangs import MARKER, RankState, hang_verdict, parse_stacks, where
 from zeropilot.guard.locks import find_locks
 from zeropilot.runlog.layout import RunDir, write_json_atomic
 from zeropilot.runlog.read import read_side_json
@@ -93,7 +93,7 @@ class Watchdog:
     def request_dumps(self, beats: Dict[int, Dict]) -> None:
         """Stacks from every live rank; the NCCL flight recorder where its pipe exists (waits for its files)."""
         for rank, hb in beats.items():
-            pid = hb.get("pid")
+            pid = hb.get("pid")  # the signal faulthandler listens on (guard.rank: ZEROPILOT_STACK_SIGNAL)
             if _alive(pid):
                 try:
                     with open(self.dir.stacks(rank), "a", encoding="utf-8") as fh:
@@ -154,7 +154,7 @@ class Watchdog:
                 verdict["cause"] = fr["text"][0] + ". " + verdict["cause"]
         record = {"t": time.time(), "timeout_s": self.timeout_s, "action": self.action,
                   "ranks": [{"rank": s.rank, "phase": s.phase, "phase_since": s.phase_since, "step": s.step,
-                             "alive": s.alive,
+                             "alive": s.alive, "where": where(s.frames, limit=10),
                              "stack_file": self.dir.stacks(s.rank).name if s.frames else None} for s in states],
                   "locks": locks, "verdict": verdict,
                   "flight_recorder": sorted(p.name for p in self.dir.root.glob("nccl-trace-rank-*")),
