@@ -64,3 +64,21 @@ def test_sub_groups_live_parameters_and_raw_builds_are_read(tmp_path):
 def test_the_seed_launch_builds_inside_zero_init():
     lv = values_from_launch(load_launch([EXAMPLES / "seed"], use_installed=False))
     assert lv.values.get("zero_init", True) is True  # LLaMA-Factory: the HF Trainer builds in zero.Init
+
+
+def test_plan_reads_the_stage_as_the_launch_facts_do(tmp_path):
+    """One fact, one place: plan and the rules agree on ``"stage": 3.0``, ``"3"`` and the boolean form."""
+    from zeropilot.launch.facts import facts
+
+    for text, stage in (('{"zero_optimization": {"stage": 3.0}}', 3), ('{"zero_optimization": {"stage": "3"}}', 3),
+                        ('{"zero_optimization": true}', 1), ('{"train_batch_size": 8}', 0)):
+        (tmp_path / "ds.json").write_text(text)
+        launch = load_launch([tmp_path / "ds.json"], use_installed=False)
+        assert values_from_launch(launch).values["stage"] == stage == facts(launch).ds[0].stage, text
+
+
+def test_plan_reads_offload_devices_through_the_launch_facts(tmp_path):
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "CPU"},'
+                                      ' "offload_param": {"device": "none"}}}')
+    v = values_from_launch(load_launch([tmp_path / "ds.json"], use_installed=False)).values
+    assert (v["offload_optimizer"], v["offload_param"]) == ("cpu", "none")

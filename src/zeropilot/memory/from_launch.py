@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from zeropilot.launch.document import Document
+from zeropilot.launch.facts import ds_facts, truthy
 from zeropilot.launch.model import Launch
 
 
@@ -55,14 +56,6 @@ def _int(value: Any) -> Optional[int]:
     return None
 
 
-def _truthy(value: Any) -> Optional[bool]:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    return None
-
-
 def _set(out: LaunchValues, name: str, value: Any, doc: Document, key: str) -> None:
     if value is not None:
         out.values[name] = value
@@ -84,9 +77,9 @@ def _train_args(out: LaunchValues, doc: Document) -> None:
             _set(out, "micro_batch", _int(doc.value(key)), doc, key)
             break
     _set(out, "grad_accum", _int(doc.value("gradient_accumulation_steps")), doc, "gradient_accumulation_steps")
-    gc = _truthy(doc.value("gradient_checkpointing"))
+    gc = truthy(doc.value("gradient_checkpointing"))
     if doc.flavour == "llamafactory" and gc is None:
-        disabled = _truthy(doc.value("disable_gradient_checkpointing"))
+        disabled = truthy(doc.value("disable_gradient_checkpointing"))
         gc = not disabled if disabled is not None else True
         key = "disable_gradient_checkpointing" if disabled is not None else "finetuning_type"
         out.values["gradient_checkpointing"] = gc
@@ -97,7 +90,7 @@ def _train_args(out: LaunchValues, doc: Document) -> None:
     _lora(out, doc)
     _set(out, "save_total_limit", _int(doc.value("save_total_limit")), doc, "save_total_limit")
     _set(out, "save_steps", _int(doc.value("save_steps")), doc, "save_steps")
-    _set(out, "save_only_model", _truthy(doc.value("save_only_model")), doc, "save_only_model")
+    _set(out, "save_only_model", truthy(doc.value("save_only_model")), doc, "save_only_model")
     attn = doc.value("attn_implementation") or doc.value("flash_attn")
     if isinstance(attn, str) and attn in ("sdpa", "eager"):
         _set(out, "attn", attn, doc, "attn_implementation" if doc.has("attn_implementation") else "flash_attn")
@@ -122,24 +115,24 @@ def _lora(out: LaunchValues, doc: Document) -> None:
         out.sources["lora_rank"] = _where(doc, "finetuning_type")
 
 
-def _offload(zero: Dict[str, Any], key: str) -> Optional[str]:
-    section = zero.get(key)
-    if isinstance(section, dict) and section.get("device") in ("cpu", "nvme", "none"):
-        return section["device"]
-    return None
-
-
-def _ds_config(out: LaunchValues, doc: Document) -> None:
+def _ds_config(out: LaunchValues, doc: Document, hf: Optional[bool]) -> None:
+    """Stage and offload as the launch facts read them (one place); bucket and save keys from the section."""
+    ds = ds_facts(doc, hf)
+    z = "zero_optimization."
+    if ds.stage is not None:
+        out.values["stage"] = ds.stage
+        out.sources["stage"] = (_where(doc, ds.stage_node.path) if ds.stage_node is not None
+                                else f"{doc.path} ({ds.stage_reason})")
+    for name in ("offload_optimizer", "offload_param"):
+        device = getattr(ds, name)
+        if device in ("cpu", "nvme"):
+            _set(out, name, device, doc, f"{z}{name}.device")
+        elif doc.get(f"{z}{name}") is not None:
+            _set(out, name, "none", doc, f"{z}{name}")
     zero = doc.value("zero_optimization")
     if not isinstance(zero, dict):
         return
-    z = "zero_optimization."
-    stage = zero.get("stage")
-    if isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= 3:
-        _set(out, "stage", stage, doc, z + "stage")
-    for name, key in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_param")):
-        _set(out, name, _offload(zero, key), doc, z + key)
-    _set(out, "overlap_comm", _truthy(zero.get("overlap_comm")), doc, z + "overlap_comm")
+    _set(out, "overlap_comm", truthy(zero.get("overlap_comm")), doc, z + "overlap_comm")
     for name, key in (("reduce_bucket_size", "reduce_bucket_size"),
                       ("prefetch_bucket_size", "stage3_prefetch_bucket_size"),
                       ("param_persistence_threshold", "stage3_param_persistence_threshold"),
@@ -152,7 +145,7 @@ def _ds_config(out: LaunchValues, doc: Document) -> None:
             out.sources[name] = _where(doc, z + key) + ' ("auto": filled from hidden_size)'
         else:
             _set(out, name, _int(value), doc, z + key)
-    _set(out, "gather_16bit_on_save", _truthy(zero.get("stage3_gather_16bit_weights_on_model_save")), doc,
+    _set(out, "gather_16bit_on_save", truthy(zero.get("stage3_gather_16bit_weights_on_model_save")), doc,
          z + "stage3_gather_16bit_weights_on_model_save")
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         name = "micro_batch" if key.startswith("train_micro") else "grad_accum"
@@ -215,7 +208,7 @@ def values_from_launch(launch: Launch) -> LaunchValues:
     train: Optional[Document] = pairs[0][0] if pairs else (launch.train_args[0] if launch.train_args else None)
     ds: Optional[Document] = pairs[0][1] if pairs else (launch.ds_configs[0] if launch.ds_configs else None)
     if ds is not None:
-        _ds_config(out, ds)
+        _ds_config(out, ds, launch.uses_hf_integration(ds))
     elif launch.accelerate_configs:
         _accelerate(out, launch.accelerate_configs[0])
     if train is not None:
