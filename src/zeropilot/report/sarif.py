@@ -51,6 +51,7 @@ def render(result: CheckResult) -> str:
             res["locations"] = [loc]
         results.append(res)
     notifications = [{"level": "error", "message": {"text": e.render()}} for e in result.read_errors]
+    notifications += [{"level": "warning", "message": {"text": notice}} for notice in result.notices]
     run = {
         "tool": {"driver": {"name": "zeropilot", "version": __version__, "semanticVersion": __version__,
                             "rules": rules}},
