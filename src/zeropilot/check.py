@@ -29,6 +29,7 @@ def check(
     oracle: bool = False,
     host_mem: Optional[float] = None,
     hardware: Optional[str] = None,
+    gpu_name: Optional[str] = None,
 ) -> Tuple[CheckResult, Launch]:
     """Check a launch.
 
@@ -47,6 +48,8 @@ def check(
             :mod:`zeropilot.oracle`).
         host_mem: host RAM per node in GiB for the host-memory rule (MEM005); None: it waits for it.
         hardware: a hardware profile from ``zeropilot calibrate`` for the memory rules (outside-PyTorch memory).
+        gpu_name: the GPU model the launch runs on (``NVIDIA H200``); without ``hardware``, the calibrate profile
+            of that model closest to the launch's world size is used when one is installed or shipped.
 
     Returns:
         The result (findings less inline suppressions, notices) and the launch that was read.
@@ -70,6 +73,10 @@ def check(
         from zeropilot.calibrate.profile import load as load_profile
 
         launch.hardware_profile = load_profile(hardware)
+    elif gpu_name:
+        from zeropilot.calibrate.profile import find as find_profile
+
+        launch.hardware_profile = find_profile(gpu_name, launch.world_size.value or 1)
     if oracle:
         from zeropilot.oracle import ask
 

@@ -82,3 +82,16 @@ def test_bad_calibrate_and_profile_arguments_exit_2(argv, tmp_path):
                            if argv[0] == "calibrate" else [])], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.strip()
     assert not (tmp_path / "p.json").exists()
+
+
+def test_check_finds_the_shipped_profile_for_the_named_gpu_at_the_launch_world_size():
+    """check() uses a calibrate profile for the GPU model it is told (the CLI detects it); never by itself."""
+    from pathlib import Path
+
+    from zeropilot.check import check
+
+    seed = Path(__file__).resolve().parents[2] / "examples" / "seed"
+    _, launch = check([seed], gpus="16GiB", gpu_name="NVIDIA H200", use_installed=False)
+    assert launch.world_size.value == 4 and Path(launch.hardware_profile.path).name == "nvidia-h200-ws2.json"
+    _, launch = check([seed], gpus="16GiB", use_installed=False)
+    assert getattr(launch, "hardware_profile", None) is None

@@ -63,8 +63,13 @@ def _options(args: argparse.Namespace) -> dict:
     if not select and (settings.extend_select or args.extend_select):
         select = ["ALL"]
     gpus = args.gpus or settings.gpus
+    gpu_name = None
     if gpus is None:
         gpus = _detected_card()
+        if gpus is not None and not args.hardware:
+            from zeropilot.calibrate.profile import visible_gpu_name
+
+            gpu_name = visible_gpu_name()
     elif gpus.lower() == "none":
         gpus = None
     hub = None
@@ -76,6 +81,7 @@ def _options(args: argparse.Namespace) -> dict:
     from zeropilot.launch.machine import inspect_machine
 
     return {"machine": inspect_machine(os.environ), "oracle": args.oracle, "host_mem": args.host_mem, "hardware": args.hardware,
+            "gpu_name": gpu_name,
             "versions": args.versions or settings.versions, "world_size": args.world_size or settings.world_size,
             "select": select, "ignore": settings.ignore + _codes(args.ignore), "gpus": gpus, "hub": hub,
             "per_file_ignores": {(str(base / g) if "/" in g else g): c
@@ -109,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
     options = _options(args)
     fail_on = options.pop("fail_on")
     result, launch = check(args.paths, **options)
+    profile = getattr(launch, "hardware_profile", None)
+    if options.get("gpu_name") and profile is not None:
+        _note(f"memory rules use the hardware profile {profile.path} (found for {options['gpu_name']}); "
+              "--hardware overrides")
     for notice in result.notices:
         print(f"zeropilot: warning: {notice}", file=sys.stderr)
     if args.fix or args.diff:
