@@ -602,17 +602,24 @@ def load(path, confinement: Optional[Confinement] = None) -> Any:
         InputError: the file cannot be opened or is not a regular file inside the checkpoint.
     """
     archive = read_archive(path, confinement)
+    return unpickle(archive.pickle, archive.records, archive.path)
+
+
+def unpickle(data: bytes, records: Dict[str, Record], path: str) -> Any:
+    """Unpickle `data` with the narrowed unpickler, storages resolved in `records`, the result walked.
+
+    Raises:
+        Unsupported: a global or tensor layout the reader does not know (``fallback`` True).
+        HostileFileError: anything else wrong with the pickle.
+    """
     try:
-        obj = _Unpickler(archive.pickle, archive.records, archive.path).load()
-    except Unsupported:
-        raise
-    except DamagedFileError:
+        obj = _Unpickler(data, records, path).load()
+    except (Unsupported, DamagedFileError):
         raise
     except _Refused as exc:
-        raise HostileFileError(f"refused: {exc}", archive.path) from None
+        raise HostileFileError(f"refused: {exc}", path) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
             OverflowError, MemoryError, RecursionError, UnicodeDecodeError, struct.error) as exc:
-        raise HostileFileError(f"pickle not understood ({type(exc).__name__}: {str(exc)[:120]})",
-                               archive.path) from None
-    check_tree(obj, 8 * len(archive.pickle) + 10_000, archive.path)
+        raise HostileFileError(f"pickle not understood ({type(exc).__name__}: {str(exc)[:120]})", path) from None
+    check_tree(obj, 8 * len(data) + 10_000, path)
     return obj
