@@ -85,6 +85,8 @@ def check(
     findings, suppressed, notices = _suppress(launch, findings, rules, per_file_ignores or {})
     files = sorted({str(d.path) for d in launch.documents} | {str(s.path) for s in launch.scripts}
                    | {str(p.path) for p in launch.python_files})
+    notices.extend(f"{script.path}:{line}: a line of {size} characters was not read as a command (longer than "
+                   "256 KiB: no launch command is)" for script in launch.scripts for line, size in script.long_lines)
     if not files and not launch.read_errors:
         notices.insert(0, "no launch file found in " + ", ".join(str(p) for p in paths) +
                        " (looked for DeepSpeed JSON, training YAML/JSON, accelerate YAML, shell and Python "

@@ -71,7 +71,16 @@ def test_seven_mb_single_line_string_reads():
                          ids=["one-line", "open-quote", "continuations"])
 def test_seven_mb_shell_line_is_not_a_command(text):
     script = parse_script(text, Path("run.sh"))
-    assert script.commands == []
+    assert script.commands == [] and script.long_lines[0][1] > SEVEN_MB * 0.9
+
+
+def test_a_skipped_long_line_is_a_notice(tmp_path):
+    write_files(tmp_path, {"run.sh": "export A=1\ndeepspeed t.py " + "--a 1 " * 50_000 + "\n"})
+    from zeropilot.check import check
+
+    result, _ = check([tmp_path], use_installed=False)
+    assert result.notices == [f"{tmp_path / 'run.sh'}:2: a line of 300015 characters was not read as a command "
+                              "(longer than 256 KiB: no launch command is)"]
 
 
 def test_shell_script_of_too_many_words_is_one_input_error():

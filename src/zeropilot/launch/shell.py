@@ -55,6 +55,7 @@ class Script:
     text: str
     env: List[EnvSetting] = field(default_factory=list)
     commands: List[Command] = field(default_factory=list)
+    long_lines: List[Tuple[int, int]] = field(default_factory=list)  # (line, characters) not read as commands
 
     def exported(self) -> Dict[str, EnvSetting]:
         """The last setting of each variable that is exported (or set as a command prefix)."""
@@ -125,13 +126,14 @@ def _logical_lines(text: str) -> Iterator[Tuple[int, str, Origin]]:
             origin.add(offset, len(body))
         else:
             buf = []
+            origin.length += len(body)  # counted, not kept
         offset += len(line)
         if cont:
             continue
         yield start_line, ("".join(buf) if origin.length <= MAX_LINE else ""), origin
         buf, origin, start_line = [], Origin(), None
-    if buf:
-        yield start_line, "".join(buf), origin
+    if start_line is not None:  # the file ended inside a continuation
+        yield start_line, ("".join(buf) if origin.length <= MAX_LINE else ""), origin
 
 
 class _TooLong(Exception):
@@ -209,6 +211,9 @@ def parse_script(text: str, path: Path) -> Script:
     variables: Dict[str, str] = {}
     count = 0
     for lineno, line, origin in _logical_lines(text):
+        if origin.length > MAX_LINE:
+            script.long_lines.append((lineno, origin.length))
+            continue
         words = _split(line)
         if not words:
             continue
