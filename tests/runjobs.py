@@ -4,6 +4,7 @@ Shared by the guard, report and repro tests. Every job is a real multi-process l
 (``DS_ACCELERATOR=cpu``, gloo, 2 ranks) of an unmodified script:
 
 - :func:`hf_trainer`: HF Trainer + DeepSpeed ZeRO-2 under ``torchrun``, 4 steps, saves at steps 2 and 4.
+- :func:`hf_trainer_plain`: a plain HF Trainer (no DeepSpeed) as ``python script.py``, 3 steps, one save.
 - :func:`raw_deepspeed`: ``examples/raw-deepspeed/train.py`` (ZeRO-3) under the ``deepspeed`` launcher,
   6 steps, saves at steps 3 and 6.
 - :func:`killed_in_save`: rank 1 is SIGKILLed while it writes its model states during a save.
@@ -109,6 +110,14 @@ def hf_trainer() -> Job:
     cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "hf_train.py"),
            str(ckpt), "--stage", "2", "--steps", "4", "--save-steps", "2"]
     return zeropilot_run("hf_trainer", cmd)
+
+
+@functools.lru_cache(maxsize=None)
+def hf_trainer_plain() -> Job:
+    """A plain HF Trainer (no DeepSpeed) as ``python script.py``: steps come from the guard's TrainerCallback."""
+    ckpt = root() / "hf_trainer_plain" / "ckpt"
+    cmd = [sys.executable, str(JOBS / "hf_train.py"), str(ckpt), "--stage", "0", "--steps", "3", "--save-steps", "3"]
+    return zeropilot_run("hf_trainer_plain", cmd)
 
 
 @functools.lru_cache(maxsize=None)

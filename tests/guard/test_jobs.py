@@ -70,3 +70,16 @@ def test_bootstrap_chain_loads_the_sitecustomize_it_shadows():
     assert not (job.run_dir.parent / "torch_extensions" / "deepspeed_shm_comm").exists()
     start = _events(job, 0, "start")[0]
     assert start["pid"] != _events(job, 1, "start")[0]["pid"]
+
+
+def test_plain_trainer_is_watched_through_its_callback():
+    job = runjobs.hf_trainer_plain()
+    assert job.returncode == 0, job.stderr[-3000:]
+    start = _events(job, 0, "start")[0]
+    assert start["framework"] == "hf"
+    assert [e["step"] for e in _events(job, 0, "step")] == [1, 2, 3]
+    assert not _events(job, 0, "init")  # no DeepSpeed engine
+    (save,) = _events(job, 0, "save")
+    assert save["step"] == 3 and save["tag"] == "checkpoint-3" and save["bytes"] > 0
+    assert {p["name"] for p in save["phases"]} == {"write"}
+    assert _summary(job)["verdict"]["kind"] == "ok"

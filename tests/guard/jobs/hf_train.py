@@ -1,6 +1,7 @@
 """An ordinary HF Trainer + DeepSpeed script (knows nothing of zeropilot), run by tests under `zeropilot run`.
 
     torchrun --nproc_per_node 2 hf_train.py OUT_DIR [--stage 2] [--steps 4] [--save-steps 2]
+    python hf_train.py OUT_DIR --stage 0      (no DeepSpeed: a plain Trainer in one process)
 
 CPU (``use_cpu=True``, gloo); a tiny Qwen2 from config, random tokens.
 """
@@ -23,8 +24,9 @@ def main():
     p.add_argument("--save-steps", type=int, default=2)
     a = p.parse_args()
     torch.set_num_threads(1)
-    deepspeed.init_distributed(dist_backend="gloo")  # before TrainingArguments: ZeRO-3's zero.Init on CPU
-    ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+    if a.stage:  # --stage 0: a plain Trainer, no DeepSpeed
+        deepspeed.init_distributed(dist_backend="gloo")  # before TrainingArguments: ZeRO-3's zero.Init on CPU
+    ds = None if not a.stage else {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
           "train_batch_size": "auto", "gradient_clipping": "auto", "zero_optimization": {"stage": a.stage},
           "zero_allow_untested_optimizer": True}
     args = TrainingArguments(output_dir=a.out, use_cpu=True, deepspeed=ds, per_device_train_batch_size=2,
