@@ -166,9 +166,14 @@ def _write_hang(d: RunDir, spec: Spec, t: float) -> None:
                '  File "torch/distributed/distributed_c10d.py", line 2800 in all_reduce\n'),
             encoding="utf-8")
         ranks.append({"rank": rank, "phase": phase, "phase_since": t - 310, "step": spec.steps // 2 - 1,
+                      "alive": True, "where": ["main (train.py:90)", "save_checkpoint (engine.py:3300)" if stuck
+                                               else "all_reduce (distributed_c10d.py:2800)"],
                       "stack_file": d.stacks(rank).name})
     write_json_atomic(d.hang_file, {
-        "t": t + 300, "timeout_s": 300, "action": "stop", "ranks": ranks,
+        "t": t + 300, "timeout_s": 300, "action": "stop", "ranks": ranks, "locks": [],
+        "flight_recorder": [f"nccl-trace-rank-{r}" for r in range(spec.ranks)],
+        "flight_recorder_summary": {"desync": 41, "text": "process group 0: ranks 0-1 wait in all_reduce #41; "
+                                    f"rank {spec.hang_rank} never called it"},
         "verdict": {"ranks": [spec.hang_rank], "where": ["save_checkpoint"], "reason":
                     f"rank {spec.hang_rank} is writing a checkpoint while the others wait in all_reduce",
                     "cause": "a save called on one rank only", "fixes": [

@@ -86,7 +86,9 @@ def test_hang_verdict_wins_and_shows_the_stuck_ranks_stack(capsys, synth_dirs, v
                                                 "expected_bytes": None}]
     assert main(["report", str(synth_dirs["hang"])]) == 0
     out = capsys.readouterr().out
-    assert "rank 2: phase save:write at step 19 <- stuck" in out
+    assert "rank 2: phase save:write at step 19, in save_checkpoint (engine.py:3300) <- stuck" in out
+    assert "flight recorder: process group 0: ranks 0-1 wait in all_reduce #41; rank 2 never called it" in out
+    assert rep["hang"]["flight_recorder_summary"]["desync"] == 41 and rep["hang"]["ranks"][0]["alive"] is True
     assert 'rank 2 stack: File "deepspeed/runtime/engine.py", line 3300 in save_checkpoint' in out
 
 

@@ -153,6 +153,23 @@ def oom(record: Dict[str, Any], rank: int) -> Dict[str, Any]:
     }
 
 
+def _flag(value: Any) -> Optional[bool]:
+    return value if isinstance(value, bool) else None
+
+
+def _locks(value: Any) -> List[Dict[str, Any]]:
+    if not isinstance(value, list):
+        return []
+    return [{"path": text(x.get("path")), "age_s": num(x.get("age_s"))} for x in value[:MAX_ITEMS] if isinstance(x, dict)]
+
+
+def _flight_summary(value: Any) -> Optional[Dict[str, Any]]:
+    """The watchdog's reading of the NCCL flight recorder: where ranks' collectives diverged, and its text."""
+    if not isinstance(value, dict):
+        return None
+    return {"desync": integer(value.get("desync")), "text": text(value.get("text"))}
+
+
 def hang(record: Dict[str, Any]) -> Dict[str, Any]:
     """``hang.json`` in the report's shape."""
     v = record.get("verdict") if isinstance(record.get("verdict"), dict) else {}
@@ -161,12 +178,17 @@ def hang(record: Dict[str, Any]) -> Dict[str, Any]:
         if isinstance(r, dict) and integer(r.get("rank")) is not None:
             ranks.append({"rank": integer(r.get("rank")), "phase": text(r.get("phase")),
                           "phase_since": num(r.get("phase_since")), "step": integer(r.get("step")),
+                          "alive": _flag(r.get("alive")), "where": texts(r.get("where")),
                           "stack_file": text(r.get("stack_file"))})
     return {
         "t": num(record.get("t")),
         "timeout_s": num(record.get("timeout_s")),
         "action": text(record.get("action")),
         "ranks": ranks[:MAX_ITEMS],
+        "locks": _locks(record.get("locks")),
+        "flight_recorder": texts(record.get("flight_recorder")),
+        "flight_recorder_summary": _flight_summary(record.get("flight_recorder_summary")),
         "verdict": {"ranks": ints(v.get("ranks")), "where": texts(v.get("where")),
-                    "reason": text(v.get("reason")), "cause": text(v.get("cause")), "fixes": fixes(v.get("fixes"))},
+                    "reason": text(v.get("reason")), "cause": text(v.get("cause")), "fixes": fixes(v.get("fixes")),
+                    "ranks_detail": texts(v.get("ranks_detail"))},
     }

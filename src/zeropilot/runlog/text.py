@@ -190,7 +190,14 @@ def _hang(summary: Dict[str, Any]) -> List[str]:
         lines.append(f"  cause: {clean(v['cause'])}")
     for r in h["ranks"]:
         odd = " <- stuck" if r["rank"] in v["ranks"] else ""
-        lines.append(f"  rank {r['rank']}: phase {clean(r['phase'])} at step {r['step']}{odd}")
+        dead = " (process gone)" if r.get("alive") is False else ""
+        waits = f", in {clean(r['where'][-1])}" if r.get("where") else ""
+        lines.append(f"  rank {r['rank']}: phase {clean(r['phase'])} at step {r['step']}{waits}{dead}{odd}")
+    for lock in h.get("locks") or []:
+        lines.append(f"  op-build lock: {clean(lock['path'])} ({secs(lock['age_s'])} old)")
+    fr = h.get("flight_recorder_summary") or {}
+    if fr.get("text"):
+        lines += [f"  flight recorder: {clean(ln)}" for ln in fr["text"].splitlines()[:8]]
     stacks = {s["rank"]: s["main_frames"] for s in summary.get("hang_stacks") or []}
     for rank in v["ranks"]:
         # faulthandler writes the most recent call first: the first frames are where the rank waits

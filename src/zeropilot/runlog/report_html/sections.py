@@ -168,8 +168,10 @@ def hang(summary: Dict[str, Any]) -> str:
     """The watchdog's verdict, each rank's phase, and each rank's stacks as recorded."""
     h = summary["hang"]
     v = h["verdict"]
-    rows = [[str(r["rank"]) + (" <b>stuck</b>" if r["rank"] in v["ranks"] else ""), _e(r["phase"]), _e(r["step"]),
-             "-" if r["phase_since"] is None or h["t"] is None else secs(h["t"] - r["phase_since"])]
+    rows = [[str(r["rank"]) + (" <b>stuck</b>" if r["rank"] in v["ranks"] else ""),
+             {True: "yes", False: "<b>no</b>", None: "-"}[r["alive"]], _e(r["phase"]), _e(r["step"]),
+             "-" if r["phase_since"] is None or h["t"] is None else secs(h["t"] - r["phase_since"]),
+             f"<code>{esc(r['where'][-1])}</code>" if r["where"] else "-"]
             for r in h["ranks"]]
     stacks = "".join(f'<details class="stack" data-rank="{s["rank"]}"{" open" if s["rank"] in v["ranks"] else ""}>'
                      f'<summary>rank {s["rank"]}: {esc(s["main_frames"][0] if s["main_frames"] else "no frames")}'
@@ -177,7 +179,23 @@ def hang(summary: Dict[str, Any]) -> str:
                      for s in summary["hang_stacks"])
     return (f'<p>{_e(v["reason"])}</p>' + (f"<p>cause: {esc(v['cause'])}</p>" if v["cause"] else "")
             + f"<p>timeout {secs(h['timeout_s'])}, action {_e(h['action'])}</p>"
-            + table(["rank", "phase", "step", "in phase for"], rows, "hangranks") + _fixes(v["fixes"]) + stacks)
+            + table(["rank", "alive", "phase", "step", "in phase for", "waiting in"], rows, "hangranks")
+            + _fixes(v["fixes"]) + _hang_extras(h) + stacks)
+
+
+def _hang_extras(h: Dict[str, Any]) -> str:
+    """Op-build locks and the NCCL flight recorder's reading, where the watchdog found them."""
+    out = ""
+    if h["locks"]:
+        out += "<h4>op-build locks</h4>" + table(["lock", "age"], [[f"<code>{_e(x['path'])}</code>", secs(x["age_s"])]
+                                                                   for x in h["locks"]], "locks")
+    fr = h["flight_recorder_summary"]
+    if fr and fr["text"]:
+        out += f"<h4>NCCL flight recorder</h4><pre>{esc(fr['text'])}</pre>"
+    elif h["flight_recorder"]:
+        out += ("<p>NCCL flight recorder dumps: " + ", ".join(f"<code>{esc(f)}</code>" for f in h["flight_recorder"])
+                + " (read with <code>python -m torch.distributed.flight_recorder.fr_trace</code>)</p>")
+    return out
 
 
 def _detail(e: Dict[str, Any]) -> str:
