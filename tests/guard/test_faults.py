@@ -44,7 +44,8 @@ def test_rank_killed_during_save_is_named_and_checkpoint_is_incomplete():
     terminated = terminated_ranks(stacks)
     assert errors0 or terminated == [0]
     records = read_run(job.run_dir)
-    assert summarize(records)["verdict"]["kind"] == "crash"
+    verdict = summarize(records)["verdict"]
+    assert verdict["kind"] == "crash" and verdict["ranks"] == [1], verdict
     last_t = {r: max([e["t"] for e in rec.events] + list(rec.steps["t"])) for r, rec in records.ranks.items()}
     rank, why = first_failure({r: rec.events for r, rec in records.ranks.items()}, last_t, terminated)
     assert rank == 1 and "killed" in why
