@@ -47,6 +47,26 @@ def accelerator(torch: Any) -> Optional[str]:
     return "hip" if getattr(torch.version, "hip", None) else "cuda"
 
 
+_COUNTERS = (("allocated_bytes", "current"), ("allocated_bytes", "peak"), ("reserved_bytes", "current"),
+             ("reserved_bytes", "peak"))
+
+
+def _counters(torch: Any, dev: int) -> Dict[str, Any]:
+    """The allocator counters the records need, under ``memory_stats``' flat names.
+
+    From ``memory_stats_as_nested_dict`` (the allocator's own dict): ``memory_stats`` flattens and sorts
+    every one of its ~100 entries in Python on each call, which is most of the guard's per-step cost.
+    Falls back to ``memory_stats`` where the nested form is missing or shaped otherwise."""
+    try:
+        nested = torch.cuda.memory_stats_as_nested_dict(dev)
+        out = {f"{a}.all.{b}": nested[a]["all"][b] for a, b in _COUNTERS}
+        out["num_alloc_retries"] = nested["num_alloc_retries"]
+        out["num_ooms"] = nested["num_ooms"]
+        return out
+    except (AttributeError, KeyError, TypeError):
+        return torch.cuda.memory_stats(dev)
+
+
 def read_memory(torch: Any = None, device: Optional[int] = None) -> Dict[str, Any]:
     """The :data:`MEMORY_FIELDS` of this rank now; unknown values are None."""
     mem = empty_memory()
@@ -54,7 +74,7 @@ def read_memory(torch: Any = None, device: Optional[int] = None) -> Dict[str, An
         return mem
     try:
         dev = torch.cuda.current_device() if device is None else device
-        stats = torch.cuda.memory_stats(dev)
+        stats = _counters(torch, dev)
         free, total = torch.cuda.mem_get_info(dev)
     except Exception:  # noqa: BLE001
         return mem
