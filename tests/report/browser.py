@@ -148,7 +148,7 @@ class Browser:
     """One headless Chromium for several pages; ``with Browser() as b: b.visit(page, script)``."""
 
     def __init__(self, timeout: float = 60.0) -> None:
-        self.timeout = timeout
+        self.timeout = timeout  # seconds for the start and for each page, every read included
         self.pid: Optional[int] = None
 
     def __enter__(self) -> "Browser":
@@ -176,6 +176,7 @@ class Browser:
     def visit(self, page: Path, script: str, screenshot: bool = True, width: int = 1280) -> PageVisit:
         """Load ``page`` (a local file) in a new tab, evaluate ``script`` (an expression), take a full-page PNG."""
         pipe, result = self.pipe, PageVisit()
+        pipe.deadline = time.monotonic() + self.timeout  # each page gets the whole timeout
         pipe.events.clear()
         target = pipe.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = pipe.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
