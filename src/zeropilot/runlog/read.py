@@ -209,7 +209,8 @@ def read_run(root: Path) -> RunRecords:
     """Read a run directory written by ``zeropilot run``; an input error if it is none."""
     root = Path(root)
     if not root.is_dir():
-        raise InputError("not a run directory (no such folder)", path=root)
+        raise InputError("not a run directory (" + ("not a folder" if root.exists() else "no such folder") + ")",
+                         path=root)
     d = RunDir(root)
     problems: List[str] = []
     run = read_side_json(d.run_file, problems)
