@@ -70,11 +70,11 @@ def check(
     launch.machine = machine
     launch.host_mem = int(host_mem * 2**30) if host_mem else None
     if hardware:
-        from zeropilot.calibrate.profile import load as load_profile
+        from zeropilot.memory.profile import load as load_profile
 
         launch.hardware_profile = load_profile(hardware)
     elif gpu_name:
-        from zeropilot.calibrate.profile import find as find_profile
+        from zeropilot.memory.profile import find as find_profile
 
         launch.hardware_profile = find_profile(gpu_name, launch.world_size.value or 1)
     if oracle:

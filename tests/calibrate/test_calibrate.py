@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from zeropilot.calibrate.profile import GIB, apply, from_dict, load
+from zeropilot.memory.profile import GIB, apply, from_dict, load
 from zeropilot.errors import InputError
 from zeropilot.launch.build import model_build
 from zeropilot.memory.constants import DEFAULT

@@ -5,6 +5,6 @@ PyTorch per rank, the allocator's behaviour, the disk's write speed) into a hard
 (``worker``) and writes the profile. Docs: ``docs/calibrate.md``.
 """
 
-from zeropilot.calibrate.profile import Profile, apply, find, load
+from zeropilot.memory.profile import Profile, apply, find, load
 
 __all__ = ["Profile", "apply", "find", "load"]

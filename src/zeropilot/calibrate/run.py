@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from zeropilot.calibrate.profile import Profile
+from zeropilot.memory.profile import Profile
 from zeropilot.errors import InputError
 
 WORKER_TIMEOUT_S = 240.0

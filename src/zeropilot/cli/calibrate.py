@@ -49,7 +49,7 @@ def render(profile, path: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zeropilot.calibrate.profile import file_name, search_dirs
+    from zeropilot.memory.profile import file_name, search_dirs
     from zeropilot.calibrate.run import calibrate, write_profile
 
     profile = calibrate(args.nproc, Path(args.checkpoint_dir), args.disk_mib)

@@ -120,7 +120,7 @@ def _flag_values(args: argparse.Namespace) -> Dict[str, Any]:
 
 def _profile(args: argparse.Namespace, world: int):
     """The hardware profile named by --hardware, or found for the visible GPU when planning without --gpus."""
-    from zeropilot.calibrate.profile import find, load, visible_gpu_name
+    from zeropilot.memory.profile import find, load, visible_gpu_name
 
     if args.hardware:
         return load(args.hardware)
@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
         inputs = _auto_stage(inputs)
     constants, notes = DEFAULT, []
     if args._profile is not None:
-        from zeropilot.calibrate.profile import apply
+        from zeropilot.memory.profile import apply
 
         constants, notes = apply(args._profile, DEFAULT, inputs.world_size, inputs.stage)
     plan = make_plan(inputs, constants)

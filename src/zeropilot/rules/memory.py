@@ -73,7 +73,7 @@ def _constants(launch: Launch, inputs):
     profile = getattr(launch, "hardware_profile", None)
     if profile is None:
         return DEFAULT
-    from zeropilot.calibrate.profile import apply
+    from zeropilot.memory.profile import apply
 
     return apply(profile, DEFAULT, inputs.world_size, inputs.stage)[0]
 
