@@ -42,3 +42,11 @@ def test_docs_in_sync():
 def test_codes_unique_names_unique():
     rules = all_rules()
     assert len({r.name for r in rules}) == len(rules)
+
+
+def test_readme_rule_table_in_sync():
+    from zeropilot.rules.docs import readme_with_table
+
+    readme = (ROOT / "README.md").read_text()
+    assert readme == readme_with_table(readme, generate()["index.md"]), \
+        "README rule table out of date: run `python -m zeropilot.rules.docs`"
