@@ -43,7 +43,6 @@ import zipfile
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from zeropilot.checkpoint.fsguard import Confinement, open_regular
