@@ -13,16 +13,11 @@ from typing import Iterator, List, Optional, Tuple
 
 from zeropilot.launch import Document, Launch, Node
 from zeropilot.launch.facts import facts, is_on
-from zeropilot.launch.facts import zero_stage as facts_zero_stage
+from zeropilot.rules.deepspeed_config import zero_stage
 from zeropilot.rules.registry import Hit, Severity, rule
 
 GATHER_KEYS = ("zero_optimization.stage3_gather_16bit_weights_on_model_save",
                "zero_optimization.stage3_gather_fp16_weights_on_model_save")
-
-
-def zero_stage(ds: Document) -> Optional[int]:
-    """The ZeRO stage DeepSpeed runs for a config (:func:`zeropilot.launch.facts.zero_stage`), None if unknown."""
-    return facts_zero_stage(ds)[0]
 
 
 def gathers_16bit(ds: Document) -> bool:
