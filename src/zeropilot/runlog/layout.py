@@ -8,7 +8,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 RUN_SCHEMA = "zeropilot.run/1"
 
@@ -67,14 +67,24 @@ class RunDir:
         return sorted(found)
 
 
-def write_json_atomic(path: Path, payload: Dict[str, Any]) -> None:
-    """Write JSON to ``path`` through a temporary file in the same folder and a rename."""
+def write_text_atomic(path: Path, text: str, mode: Optional[int] = None) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename: never half a file.
+
+    Args:
+        path: the file; its folder is created when missing.
+        text: written as UTF-8.
+        mode: permission bits for the file (``None``: ``mkstemp``'s 0o600).
+
+    Raises:
+        OSError: the folder, the temporary file or the rename failed; no temporary file is left behind.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=1, sort_keys=False, default=str)
-            fh.write("\n")
+            fh.write(text)
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -82,3 +92,8 @@ def write_json_atomic(path: Path, payload: Dict[str, Any]) -> None:
         except OSError:
             pass
         raise
+
+
+def write_json_atomic(path: Path, payload: Dict[str, Any]) -> None:
+    """Write JSON to ``path`` atomically (:func:`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(payload, indent=1, sort_keys=False, default=str) + "\n")
