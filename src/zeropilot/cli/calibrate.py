@@ -6,7 +6,7 @@ Parse -> :func:`zeropilot.calibrate.run.calibrate` -> write the profile -> print
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
 GIB = 1024**3
@@ -48,15 +48,26 @@ def render(profile, path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def document(profile, path: Path) -> dict:
+    """``zeropilot.calibrate/1``: the profile's fields, its file format version as ``profile_schema``, and
+    ``path``, where it was written (the file itself keeps ``"schema": 1``: it is what ``plan`` loads)."""
+    from zeropilot.report.jsonout import CALIBRATE_SCHEMA, envelope
+
+    fields = profile.to_dict()
+    fields["profile_schema"] = fields.pop("schema")
+    return envelope(CALIBRATE_SCHEMA, {**fields, "path": str(path)})
+
+
 def run(args: argparse.Namespace) -> int:
     from zeropilot.memory.profile import file_name, search_dirs
     from zeropilot.calibrate.run import calibrate, write_profile
+    from zeropilot.report.jsonout import dumps
 
     profile = calibrate(args.nproc, Path(args.checkpoint_dir), args.disk_mib)
     path = Path(args.out) if args.out else search_dirs()[0] / file_name(profile)
     write_profile(profile, path)
     if args.format == "json":
-        print(json.dumps(profile.to_dict(), indent=2))
+        sys.stdout.write(dumps(document(profile, path)))
     else:
         print(render(profile, path), end="")
     return 0

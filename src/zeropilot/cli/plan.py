@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
+import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -216,18 +215,16 @@ def _auto_stage(inputs):
 
 
 def _write_json_atomic(path: str, data: dict) -> None:
+    """The ``--write-ds-config`` file, written atomically into a folder that must exist."""
+    from zeropilot.runlog.layout import write_text_atomic
+
     target = Path(path)
     if not target.parent.is_dir():
         raise InputError("directory does not exist", target.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=str(target.parent))
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, target)
+        write_text_atomic(target, json.dumps(data, indent=2) + "\n", mode=0o644)
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise InputError(f"cannot write: {exc.strerror}", target) from None
+        raise InputError(f"cannot write: {exc.strerror or exc}", target) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -255,7 +252,9 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--write-ds-config needs --search with a configuration that fits")
         _write_json_atomic(args.write_ds_config, deepspeed_config(found[0][0].plan.inputs))
     if args.format == "json":
-        print(json.dumps(to_dict(plan, found), indent=2, default=str))
+        from zeropilot.report.jsonout import PLAN_SCHEMA, dumps, envelope
+
+        sys.stdout.write(dumps(envelope(PLAN_SCHEMA, to_dict(plan, found))))
     else:
         print(render_text(plan, found), end="")
     return 0

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Dict
 
@@ -25,27 +23,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _write(text: str, out: Path) -> None:
-    """Write through a temporary file in the same folder and a rename: never a half-written report."""
+    """Write atomically (never a half-written report), readable by others (0o644) like any file the user asks for."""
+    from zeropilot.runlog.layout import write_text_atomic
+
     folder = out.parent if str(out.parent) else Path(".")
     if not folder.is_dir():
         raise InputError("cannot write the report: no such folder", path=folder)
     if out.is_dir():
         raise InputError("cannot write the report: this is a folder", path=out)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=str(folder))
+        write_text_atomic(out, text, mode=0o644)
     except OSError as exc:
-        raise InputError(f"cannot write the report ({exc.strerror})", path=out) from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        raise InputError(f"cannot write the report ({exc.strerror or exc})", path=out) from None
 
 
 def _render(args: argparse.Namespace) -> str:
@@ -56,7 +45,7 @@ def _render(args: argparse.Namespace) -> str:
     summary = summarize(records)
     if args.compare is None:
         if args.format == "json":
-            return _json(summary)
+            return render_json(summary)
         if args.format == "html":
             from zeropilot.runlog.report_html import render
             return render(records, summary)
@@ -66,15 +55,18 @@ def _render(args: argparse.Namespace) -> str:
     other = read_run(args.compare)
     cmp = compare(summary, summarize(other))
     if args.format == "json":
-        return _json(cmp)
+        return render_json(cmp)
     if args.format == "html":
         from zeropilot.runlog.report_html import render_compare
         return render_compare(records, other, cmp)
     return text_render.render_compare(cmp)
 
 
-def _json(obj: Dict[str, Any]) -> str:
-    return json.dumps(obj, indent=2, allow_nan=False) + "\n"
+def render_json(obj: Dict[str, Any]) -> str:
+    """``zeropilot.report/1`` (or ``report-compare/1``) in the envelope every command's JSON has."""
+    from zeropilot.report.jsonout import rewrap
+
+    return json.dumps(rewrap(obj), indent=2, allow_nan=False) + "\n"
 
 
 def run(args: argparse.Namespace) -> int:

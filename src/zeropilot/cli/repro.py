@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -97,8 +96,9 @@ def run(args: argparse.Namespace) -> int:
     verdict = run_cases([(spec, out.resolve())], timeout=args.timeout, command=["zeropilot", "repro"] + sys.argv[2:],
                         check=check_summary, keep_checkpoints=args.keep_checkpoints)[0]
     if args.format == "json":
-        json.dump(verdict, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        from zeropilot.report.jsonout import dumps, rewrap
+
+        sys.stdout.write(dumps(rewrap(verdict)))
     else:
         sys.stdout.write(render(verdict))
     if verdict["failures"]:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from zeropilot.errors import InputError
 
@@ -20,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run COMMAND (deepspeed, torchrun, accelerate launch, llamafactory-cli, python) unmodified, "
                     "with zeropilot's guard inside every rank; write the run directory and print its summary.",
         usage="zeropilot run [--out DIR] [--no-check] [--hang-timeout S] [--on-hang report|stop] "
-              "[--memory-history] -- COMMAND ...")
+              "[--memory-history] [--format text|json] -- COMMAND ...")
     p.add_argument("--out", type=Path, metavar="DIR", help="run directory (default: zeropilot-runs/<time>)")
     p.add_argument("--no-check", action="store_true", help="start even when `check` finds errors")
     p.add_argument("--hang-timeout", type=float, metavar="S",
@@ -30,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="after reporting a hang: let the job run on (report) or end it (stop)")
     p.add_argument("--memory-history", action="store_true",
                    help="record allocation history; an OOM writes a snapshot for PyTorch's memory_viz")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="json: print the report (zeropilot.report/1, as `zeropilot report DIR --format json`); "
+                        "the launch's own standard output then goes to standard error")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the launch")
     p.set_defaults(func=run)
 
@@ -55,9 +60,38 @@ def hang_timeout(flag: Optional[float], plan: Optional[dict]) -> float:
     return DEFAULT_HANG_TIMEOUT_S
 
 
-def run(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool) -> Iterator[None]:
+    """While active, file descriptor 1 (inherited by the launch) is standard error: stdout stays JSON only."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _summary(out: Path, fmt: str) -> str:
+    """The run's report: the text summary, or the ``zeropilot.report/1`` document in the envelope."""
     from zeropilot.runlog import read_run, summarize
+
+    summary = summarize(read_run(out))
+    if fmt == "json":
+        from zeropilot.cli.report import render_json
+
+        return render_json(summary)
     from zeropilot.runlog.text import render
+
+    return render(summary)
+
+
+def run(args: argparse.Namespace) -> int:
     from zeropilot.runner import RunOptions, supervise
     from zeropilot.runner import runinfo
 
@@ -88,9 +122,10 @@ def run(args: argparse.Namespace) -> int:
                       memory_history=args.memory_history, world_size=world,
                       torch_version=record["versions"].get("torch"))
     try:
-        end = supervise(opts, record)
+        with _stdout_to_stderr(args.format == "json"):
+            end = supervise(opts, record)
     except FileNotFoundError:
         raise InputError(f"cannot start {command[0]!r}: no such program") from None
     sys.stdout.flush()
-    sys.stdout.write(render(summarize(read_run(out))))
+    sys.stdout.write(_summary(out, args.format))
     return int(end["exit_code"])

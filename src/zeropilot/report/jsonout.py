@@ -15,6 +15,11 @@ from zeropilot.report import CheckResult
 
 CHECK_SCHEMA = "zeropilot.check/1"
 RULES_SCHEMA = "zeropilot.rules/1"
+PLAN_SCHEMA = "zeropilot.plan/1"
+CALIBRATE_SCHEMA = "zeropilot.calibrate/1"
+CKPT_INSPECT_SCHEMA = "zeropilot.ckpt-inspect/1"
+# ``repro`` and ``report`` (also printed by ``run --format json``) name theirs where their documents are built:
+# ``zeropilot.repro.verdict.SCHEMA`` and ``zeropilot.runlog.summary.REPORT_SCHEMA`` / ``COMPARE_SCHEMA``.
 
 
 def envelope(schema: str, payload: Dict[str, Any]) -> Dict[str, Any]:
@@ -27,6 +32,12 @@ def envelope(schema: str, payload: Dict[str, Any]) -> Dict[str, Any]:
     if "schema" in payload or "tool" in payload:
         raise ValueError("payload keys 'schema' and 'tool' belong to the envelope")
     return {"schema": schema, "tool": {"name": "zeropilot", "version": __version__}, **payload}
+
+
+def rewrap(document: Dict[str, Any]) -> Dict[str, Any]:
+    """A document that already names its ``schema`` (a repro verdict, a run report), in the envelope."""
+    payload = dict(document)
+    return envelope(payload.pop("schema"), payload)
 
 
 def dumps(document: Dict[str, Any]) -> str:
