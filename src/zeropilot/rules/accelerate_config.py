@@ -196,6 +196,18 @@ def _prepare_optimizers(launch: Launch) -> Iterator[tuple]:
                         yield py, node, kinds[arg.id]
 
 
+def _prepared(launch: Launch, kind: str) -> Iterator[tuple]:
+    """(python file, prepare call) for optimizers of ``kind`` ("dummy" | "real") passed to ``prepare``."""
+    for py, call, found in _prepare_optimizers(launch):
+        if found == kind:
+            yield py, call
+
+
+def _prepare_hit(py, call, message: str) -> Hit:
+    """A finding at a ``prepare(...)`` call of a script."""
+    return Hit(None, None, message, file=py.path, line=call.lineno, key="prepare")
+
+
 def _accelerate_ds_configs(launch: Launch) -> List[Document]:
     out = []
     for acc in launch.accelerate_configs:
@@ -237,11 +249,10 @@ def optimizer_in_config_and_in_prepare(launch: Launch) -> Iterator[Hit]:
     configs = [ds for ds in _accelerate_ds_configs(launch) if ds.get("optimizer") is not None]
     if not configs:
         return
-    for py, call, kind in _prepare_optimizers(launch):
-        if kind == "real":
-            yield Hit(None, None, f"a torch optimizer passed to {ast_text(call)} while {configs[0].path.name} has an "
-                                  f"`optimizer` section: accelerate raises a ValueError — pass DummyOptim, or remove "
-                                  f"the config's optimizer", file=py.path, line=call.lineno, key="prepare")
+    for py, call in _prepared(launch, "real"):
+        yield _prepare_hit(py, call, f"a torch optimizer passed to {ast_text(call)} while {configs[0].path.name} has "
+                                     f"an `optimizer` section: accelerate raises a ValueError — pass DummyOptim, or "
+                                     f"remove the config's optimizer")
 
 
 @rule("AC005", "dummy-optim-without-config-optimizer", Severity.ERROR, packages=("accelerate",),
@@ -270,11 +281,10 @@ def dummy_optim_without_config_optimizer(launch: Launch) -> Iterator[Hit]:
     configs = _accelerate_ds_configs(launch)
     if not configs or any(ds.get("optimizer") is not None for ds in configs):
         return
-    for py, call, kind in _prepare_optimizers(launch):
-        if kind == "dummy":
-            yield Hit(None, None, f"DummyOptim passed to {ast_text(call)} but {configs[0].path.name} has no "
-                                  f"`optimizer` section: accelerate raises a ValueError — add the optimizer to the "
-                                  f"config, or pass a torch optimizer", file=py.path, line=call.lineno, key="prepare")
+    for py, call in _prepared(launch, "dummy"):
+        yield _prepare_hit(py, call, f"DummyOptim passed to {ast_text(call)} but {configs[0].path.name} has no "
+                                     f"`optimizer` section: accelerate raises a ValueError — add the optimizer to "
+                                     f"the config, or pass a torch optimizer")
 
 
 def ast_text(node) -> str:
