@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 
 from zeropilot.memory.profile import Profile
 from zeropilot.errors import InputError
+from zeropilot.runlog.layout import write_text_atomic
 
 WORKER_TIMEOUT_S = 240.0
 
@@ -151,11 +152,6 @@ def calibrate(nproc: int, checkpoint_dir: Path, disk_mib: int = 1024) -> Profile
 def write_profile(profile: Profile, path: Path) -> None:
     """Write ``profile`` to ``path`` atomically (its folder is created when missing)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
-        with os.fdopen(fd, "w") as f:
-            json.dump(profile.to_dict(), f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(profile.to_dict(), indent=2) + "\n")
     except OSError as exc:
         raise InputError(f"cannot write the profile: {exc.strerror}", path) from None
