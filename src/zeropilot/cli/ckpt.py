@@ -100,7 +100,9 @@ def _inspect(args: argparse.Namespace) -> int:
     report = inspect_checkpoint(args.path, args.tag, trust_pickle=args.trust_pickle,
                                 follow_symlinks=args.follow_symlinks)
     if args.format == "json":
-        print(json.dumps(to_json(report), indent=2))
+        from zeropilot.report.jsonout import CKPT_INSPECT_SCHEMA, envelope
+
+        print(json.dumps(envelope(CKPT_INSPECT_SCHEMA, to_json(report)), indent=2))
     else:
         print(render_text(report))
     return report.exit_code
