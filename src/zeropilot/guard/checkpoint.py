@@ -2,8 +2,9 @@
 
 The outermost operation (``Trainer._save_checkpoint`` or ``DeepSpeedEngine.save_checkpoint`` when
 called directly) owns the record; operations inside it (the engine's save under the Trainer's) only
-add phases. Phases may nest: ``write`` (every file DeepSpeed's checkpoint engine writes) lies inside
-``model_states`` and ``optimizer_states``; ``gather_16bit`` is the ZeRO-3 16-bit consolidation.
+add phases. Phases may nest: ``write`` (every file DeepSpeed's checkpoint engine writes; ``read`` in a
+load) lies inside ``model_states`` and ``optimizer_states``; ``gather_16bit`` is the ZeRO-3 16-bit
+consolidation. A load's ``step`` is the step the engine resumed at, its ``bytes`` the files read.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class CheckpointOp:
     phases: List[Dict[str, Any]] = field(default_factory=list)
     bytes: int = 0
     files: int = 0
+    error: Optional[str] = None  # set by a wrapper that saw it fail without an exception
 
 
 @contextmanager
@@ -55,7 +57,7 @@ def operation(kind: str, path: Any = None, tag: Any = None, step: Optional[int] 
         raise
     finally:
         guard.op_stack.pop()
-        _finish(guard, op, error)
+        _finish(guard, op, error or op.error)
         guard.set_phase("idle" if previous in ("forward", "backward", "step") else previous)
 
 
@@ -92,7 +94,7 @@ def phase(name: str) -> Iterator[None]:
 
 
 def wrote(path: Any) -> None:
-    """A file of the checkpoint was written: count its bytes."""
+    """A file of the checkpoint was written (save) or read (load): count its bytes."""
     guard = peek()
     if guard is None or not guard.op_stack:
         return

@@ -8,6 +8,7 @@ touches a tensor. ``attach(engine)`` is the same for an engine built before the 
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Any, Callable
 
@@ -59,7 +60,7 @@ def _save(original):
     def wrapper(self, save_dir, tag=None, *args, **kwargs):
         tag_name = tag if tag is not None else f"global_step{getattr(self, 'global_steps', '?')}"
         with checkpoint.operation("save", save_dir, tag_name, getattr(self, "global_steps", None)):
-            with _count_writes(self):
+            with _count_files(self, "save", "write"):
                 return original(self, save_dir, tag, *args, **kwargs)
     return wrapper
 
@@ -67,20 +68,39 @@ def _save(original):
 def _save16(original):
     def wrapper(self, save_dir, *args, **kwargs):
         with checkpoint.operation("save", save_dir, "16bit_model", getattr(self, "global_steps", None)):
-            with _count_writes(self):
+            with _count_files(self, "save", "write"):
                 return original(self, save_dir, *args, **kwargs)
     return wrapper
 
 
 def _load(original):
     def wrapper(self, load_dir, tag=None, *args, **kwargs):
-        with checkpoint.operation("load", load_dir, tag):
-            result = original(self, load_dir, tag, *args, **kwargs)
+        with checkpoint.operation("load", load_dir, tag) as op:
+            with _count_files(self, "load", "read"):
+                result = original(self, load_dir, tag, *args, **kwargs)
+            _loaded(op, self, result)
         guard = peek()
         if guard is not None and getattr(self, "global_steps", None) is not None:
             guard.step = int(self.global_steps)
         return result
     return wrapper
+
+
+def _loaded(op: Any, engine: Any, result: Any) -> None:
+    """A load returned: its record names the step the engine resumed at and the tag DeepSpeed chose.
+
+    With ``tag=None`` DeepSpeed reads the tag from ``latest``; the path it returns (``DIR/TAG/FILE``,
+    ``None`` when nothing was loaded) names it, so the guard reads no file of its own."""
+    if op is None or op.kind != "load":
+        return
+    steps = getattr(engine, "global_steps", None)
+    if steps is not None:
+        op.step = int(steps)
+    path = result[0] if isinstance(result, tuple) and result else None
+    if op.tag is None and isinstance(path, str):
+        op.tag = os.path.basename(os.path.dirname(path)) or None
+    if path is None:
+        op.error = "DeepSpeed loaded nothing (load_checkpoint returned no path)"
 
 
 def _phase(name: str):
@@ -92,31 +112,41 @@ def _phase(name: str):
     return make
 
 
-class _count_writes:
-    """Count the files DeepSpeed's checkpoint engine writes during a save (a ``write`` phase each)."""
+class _count_files:
+    """Count the files DeepSpeed's checkpoint engine writes in a save or reads in a load (a phase each).
 
-    def __init__(self, engine: Any) -> None:
+    ``kind`` is the checkpoint engine's method (``save`` or ``load``), ``name`` the phase. The wrapper
+    is an attribute of this engine's checkpoint engine for the duration of the operation only."""
+
+    def __init__(self, engine: Any, kind: str, name: str) -> None:
         self.ce = getattr(engine, "checkpoint_engine", None)
-        self.original = None
+        self.kind, self.name = kind, name
+        self.installed = False
 
     def __enter__(self) -> None:
-        if self.ce is None or "save" in vars(self.ce):
+        if self.ce is None or self.kind in vars(self.ce) or not callable(getattr(self.ce, self.kind, None)):
             return
-        original = self.ce.save
+        original, name = getattr(self.ce, self.kind), self.name
 
-        def save(state_dict, path, *args, **kwargs):
-            with checkpoint.phase("write"):
+        def counted(state_dict, path, *args, **kwargs):  # DeepSpeed's own parameter names: callers use them
+            with checkpoint.phase(name):
                 result = original(state_dict, path, *args, **kwargs)
             checkpoint.wrote(path)
             return result
 
-        self.original = original
-        self.ce.save = save
+        def counted_load(path, *args, **kwargs):
+            with checkpoint.phase(name):
+                result = original(path, *args, **kwargs)
+            checkpoint.wrote(path)
+            return result
+
+        setattr(self.ce, self.kind, counted if self.kind == "save" else counted_load)
+        self.installed = True
 
     def __exit__(self, *exc: object) -> None:
-        if self.original is not None:
+        if self.installed:
             try:
-                del self.ce.save
+                delattr(self.ce, self.kind)
             except AttributeError:
                 pass
 
