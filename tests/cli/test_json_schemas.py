@@ -121,3 +121,10 @@ def test_report_out_file_is_written_atomically_and_readable(tmp_path, capsys):
     capsys.readouterr()
     assert main(["report", str(out), "--out", str(tmp_path / "no" / "such" / "r.txt")]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_ckpt_inspect_json(capsys):
+    code = main(["ckpt", "inspect", str(CKPT_FIXTURE), "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert_documented(doc, "zeropilot.ckpt-inspect/1")
+    assert code == 0 and doc["verdict"] == "ok" and doc["stage"] == 2 and doc["world_size"] == 2
