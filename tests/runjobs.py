@@ -3,8 +3,11 @@
 Shared by the guard, report and repro tests. Every job is a real multi-process launch on CPU
 (``DS_ACCELERATOR=cpu``, gloo, 2 ranks) of an unmodified script:
 
-- :func:`hf_trainer`: HF Trainer + DeepSpeed ZeRO-2 under ``torchrun``, 4 steps, saves at steps 2 and 4.
+- :func:`hf_trainer`: HF Trainer + DeepSpeed ZeRO-2 under ``torchrun``, 4 steps, saves at steps 2 and 4,
+  then loads the best of them back (``load_best_model_at_end``: ``DeepSpeedEngine.load_checkpoint``).
 - :func:`hf_trainer_plain`: a plain HF Trainer (no DeepSpeed) as ``python script.py``, 3 steps, one save.
+- :func:`accelerate_trainer`: the same Trainer script under ``accelerate launch --use_deepspeed``, 2 steps,
+  one save.
 - :func:`raw_deepspeed`: ``examples/raw-deepspeed/train.py`` (ZeRO-3) under the ``deepspeed`` launcher,
   6 steps, saves at steps 3 and 6.
 - :func:`killed_in_save`: rank 1 is SIGKILLed while it writes its model states during a save.
@@ -105,11 +108,30 @@ def _deepspeed(script: Path, *args: str) -> List[str]:
 
 @functools.lru_cache(maxsize=None)
 def hf_trainer() -> Job:
-    """(a) HF Trainer, ZeRO-2, torchrun, 2 ranks, saves at steps 2 and 4."""
+    """(a) HF Trainer, ZeRO-2, torchrun, 2 ranks, saves at steps 2 and 4, then loads the best one back."""
     ckpt = root() / "hf_trainer" / "ckpt"
     cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "hf_train.py"),
-           str(ckpt), "--stage", "2", "--steps", "4", "--save-steps", "2"]
+           str(ckpt), "--stage", "2", "--steps", "4", "--save-steps", "2", "--load-best"]
     return zeropilot_run("hf_trainer", cmd)
+
+
+@functools.lru_cache(maxsize=None)
+def accelerate_trainer() -> Job:
+    """HF Trainer + DeepSpeed ZeRO-2 under ``accelerate launch`` (its DeepSpeed launcher: torchrun), 2 ranks.
+
+    Not ``--cpu`` and not accelerate's own DeepSpeed plugin loop: with accelerate 1.15, ``--cpu`` and
+    ``--use_deepspeed`` are refused together ("You can only use one of `--cpu`, ..., `--use_deepspeed`"),
+    ``--cpu --num_processes 2`` starts ONE process (``simple_launcher``: RANK unset, DistributedType.NO),
+    and a plain ``Accelerator()`` + DeepSpeed loop on a CPU-only host sees ``num_processes == 1`` on
+    every rank, so ``deepspeed.initialize`` fails its batch check ("train_batch_size is not equal to
+    micro_batch_per_gpu * gradient_acc_step * world_size 4 != 4 * 1 * 2"). The Trainer's ``use_cpu=True``
+    puts accelerate on MULTI_CPU/gloo, which is how a Trainer script runs under ``accelerate launch`` on CPU.
+    """
+    ckpt = root() / "accelerate_trainer" / "ckpt"
+    cmd = ["accelerate", "launch", "--use_deepspeed", "--zero_stage", "2", "--num_processes", "2",
+           "--main_process_port", str(free_port()), str(JOBS / "hf_train.py"), str(ckpt), "--stage", "2",
+           "--steps", "2", "--save-steps", "2"]
+    return zeropilot_run("accelerate_trainer", cmd)
 
 
 @functools.lru_cache(maxsize=None)

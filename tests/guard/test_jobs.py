@@ -10,6 +10,7 @@ import json
 import pytest
 
 from tests import runjobs
+from zeropilot.cli import main
 from zeropilot.runlog import read_run, summarize
 
 pytestmark = [pytest.mark.slow]
@@ -83,3 +84,51 @@ def test_plain_trainer_is_watched_through_its_callback():
     assert save["step"] == 3 and save["tag"] == "checkpoint-3" and save["bytes"] > 0
     assert {p["name"] for p in save["phases"]} == {"write"}
     assert _summary(job)["verdict"]["kind"] == "ok"
+
+
+def test_load_checkpoint_is_recorded_on_every_rank(capsys):
+    # load_best_model_at_end: the Trainer loads its best checkpoint back through DeepSpeedEngine.load_checkpoint
+    job = runjobs.hf_trainer()
+    assert job.returncode == 0, job.stderr[-3000:]
+    best = json.loads((job.ckpt_dir / "checkpoint-4" / "trainer_state.json").read_text())["best_model_checkpoint"]
+    step = int(best.rsplit("-", 1)[1])
+    tag = f"global_step{step}"
+    model_states = (job.ckpt_dir / f"checkpoint-{step}" / tag / "mp_rank_00_model_states.pt").stat().st_size
+    for rank in (0, 1):
+        (load,) = _events(job, rank, "load")
+        assert (load["step"], load["tag"], load["path"]) == (step, tag, best)
+        assert load["seconds"] > 0 and "error" not in load
+        names = [p["name"] for p in load["phases"]]
+        assert {"model_states", "optimizer_states", "read"} <= set(names)
+        own = (job.ckpt_dir / f"checkpoint-{step}" / tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+        assert load["files"] >= 2 and load["bytes"] >= model_states + own.stat().st_size
+        assert load["mem_before"]["host_rss_bytes"] > 0 and load["mem_after"]["host_rss_bytes"] > 0
+        # the load is the last checkpoint operation: after the save at step 4
+        assert load["t"] > max(s["t"] for s in _events(job, rank, "save"))
+    assert main(["report", str(job.run_dir), "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert sorted((x["rank"], x["step"], x["tag"], x["path"]) for x in rep["loads"]) == [
+        (r, step, tag, best) for r in (0, 1)]
+    assert all(x["seconds"] > 0 and x["bytes"] > 0 and x["phases"] and x["error"] is None for x in rep["loads"])
+    assert f"load at step {step} (2 ranks)" in job.stdout
+
+
+def test_accelerate_launch_is_watched_on_every_rank():
+    job = runjobs.accelerate_trainer()
+    assert job.returncode == 0, job.stderr[-3000:]
+    run = json.loads((job.run_dir / "run.json").read_text())
+    assert run["command"][:2] == ["accelerate", "launch"] and run["exit_code"] == 0 and run["signal"] is None
+    assert run["world_size"] == 2
+    s = _summary(job)
+    assert s["verdict"]["kind"] == "ok" and [r["rank"] for r in s["ranks"]] == [0, 1]
+    assert all(r["steps"] == 2 and r["ended"] for r in s["ranks"])
+    for rank in (0, 1):
+        assert [e["step"] for e in _events(job, rank, "step")] == [1, 2]
+        assert _events(job, rank, "init")[0]["zero_stage"] == 2
+        (save,) = _events(job, rank, "save")
+        assert save["step"] == 2 and save["tag"] == "checkpoint-2" and save["bytes"] > 0 and "error" not in save
+        assert {"model_states", "optimizer_states", "write"} <= {p["name"] for p in save["phases"]}
+    tag = job.ckpt_dir / "checkpoint-2" / "global_step2"
+    assert sorted(p.name for p in tag.glob("zero_pp_rank_*")) == [
+        f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
+    assert "verdict: OK" in job.stdout and str(job.run_dir) in job.stdout
