@@ -18,7 +18,7 @@ import stat
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from zeropilot.errors import InputError
 from zeropilot.runlog.events import MEMORY_FIELDS
@@ -222,20 +222,18 @@ def read_run(root: Path) -> RunRecords:
                         f"{budget.dropped_events} other record(s) not read")
     if run is None and not ranks:
         raise InputError("not a run directory: no run.json and no rank-N.jsonl", path=root)
-    ooms = {}
-    for r in d.ranks("oom-rank"):
-        rec = read_side_json(d.oom(r), problems)
-        if rec is not None:
-            ooms[r] = rec
-    beats = {}
-    for r in d.ranks("heartbeat-rank"):
-        rec = read_side_json(d.heartbeat(r), problems)
-        if rec is not None:
-            beats[r] = rec
-    stacks = {}
-    for r in d.ranks("stacks-rank"):
-        text = read_stack(d.stacks(r), problems)
-        if text is not None:
-            stacks[r] = text
+    ooms = _by_rank(d.ranks("oom-rank"), lambda r: read_side_json(d.oom(r), problems))
+    beats = _by_rank(d.ranks("heartbeat-rank"), lambda r: read_side_json(d.heartbeat(r), problems))
+    stacks = _by_rank(d.ranks("stacks-rank"), lambda r: read_stack(d.stacks(r), problems))
     return RunRecords(root=root, run=run, ranks=ranks, ooms=ooms, hang=read_side_json(d.hang_file, problems),
                       heartbeats=beats, problems=problems, stacks=stacks)
+
+
+def _by_rank(ranks: List[int], read: Callable[[int], Any]) -> Dict[int, Any]:
+    """{rank: what ``read(rank)`` returned} for the ranks it could read (``None``: not read)."""
+    out = {}
+    for r in ranks:
+        got = read(r)
+        if got is not None:
+            out[r] = got
+    return out
