@@ -144,6 +144,14 @@ def _client_optimizers(py: PythonFile, tree: ast.AST) -> Iterator[tuple]:
                 yield node, name, _text(cls)
 
 
+def _client_optimizers_outside(launch: Launch, allowed: frozenset) -> Iterator[tuple]:
+    """(python file, initialize call, class text) for every client optimizer whose class is not in ``allowed``."""
+    for py, tree in _trees(launch):
+        for call, name, text in _client_optimizers(py, tree):
+            if name not in allowed:
+                yield py, call, text
+
+
 @rule("PY006", "untested-client-optimizer-under-zero", Severity.ERROR, packages=("deepspeed",),
       versions="all DeepSpeed versions with ZeRO (tested list as of 0.19.8)",
       witness="tests/rules/test_engine_scripts.py::test_py006_witness")
@@ -174,13 +182,11 @@ def untested_client_optimizer_under_zero(launch: Launch) -> Iterator[Hit]:
     configs = [f for f in _raw_configs(launch) if f.stage and not f.allow_untested_optimizer]
     if not configs:
         return
-    for py, tree in _trees(launch):
-        for call, name, text in _client_optimizers(py, tree):
-            if name not in ZERO_TESTED:
-                yield _hit(py, call, "optimizer", f"client optimizer {text} is not one ZeRO has tested and "
-                                                  f"{configs[0].doc.path.name} (ZeRO-{configs[0].stage}) does not set "
-                                                  f"zero_allow_untested_optimizer: deepspeed.initialize asserts — "
-                                                  f"add \"zero_allow_untested_optimizer\": true")
+    for py, call, text in _client_optimizers_outside(launch, ZERO_TESTED):
+        yield _hit(py, call, "optimizer", f"client optimizer {text} is not one ZeRO has tested and "
+                                          f"{configs[0].doc.path.name} (ZeRO-{configs[0].stage}) does not set "
+                                          f"zero_allow_untested_optimizer: deepspeed.initialize asserts — "
+                                          f"add \"zero_allow_untested_optimizer\": true")
 
 
 @rule("PY007", "client-optimizer-with-optimizer-offload", Severity.ERROR, packages=("deepspeed",),
@@ -210,11 +216,9 @@ def client_optimizer_with_optimizer_offload(launch: Launch) -> Iterator[Hit]:
                and f.force_ds_cpu_optimizer]
     if not configs:
         return
-    for py, tree in _trees(launch):
-        for call, name, text in _client_optimizers(py, tree):
-            if name not in DS_CPU_OPTIMIZERS:
-                yield _hit(py, call, "optimizer", f"client optimizer {text} with offload_optimizer "
-                                                  f"({configs[0].doc.path.name}) and zero_force_ds_cpu_optimizer "
-                                                  f"true (the default): deepspeed.initialize raises "
-                                                  f"ZeRORuntimeException — use DeepSpeedCPUAdam or the config's "
-                                                  f"optimizer")
+    for py, call, text in _client_optimizers_outside(launch, DS_CPU_OPTIMIZERS):
+        yield _hit(py, call, "optimizer", f"client optimizer {text} with offload_optimizer "
+                                          f"({configs[0].doc.path.name}) and zero_force_ds_cpu_optimizer "
+                                          f"true (the default): deepspeed.initialize raises "
+                                          f"ZeRORuntimeException — use DeepSpeedCPUAdam or the config's "
+                                          f"optimizer")
