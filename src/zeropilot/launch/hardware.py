@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from typing import Optional
+from typing import List, Optional
 
 _QUERY = ["--query-gpu=memory.total", "--format=csv,noheader,nounits"]
 
@@ -33,15 +33,19 @@ def parse_nvidia_smi(text: str, visible: Optional[str] = None) -> Optional[str]:
     return f"{len(sizes)}x{min(sizes)}MiB"
 
 
-def visible_gpus(timeout: float = 5.0) -> Optional[str]:
-    """The local NVIDIA GPUs as ``COUNTxMEMMiB``, or None without ``nvidia-smi`` or when it fails."""
+def nvidia_smi(args: List[str], timeout: float = 5.0) -> Optional[str]:
+    """What ``nvidia-smi ARGS`` prints, or None without ``nvidia-smi`` or when it fails or times out."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, *_QUERY], capture_output=True, text=True, timeout=timeout, check=False)
+        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode != 0:
-        return None
-    return parse_nvidia_smi(out.stdout, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return out.stdout if out.returncode == 0 else None
+
+
+def visible_gpus(timeout: float = 5.0) -> Optional[str]:
+    """The local NVIDIA GPUs as ``COUNTxMEMMiB``, or None without ``nvidia-smi`` or when it fails."""
+    text = nvidia_smi(_QUERY, timeout)
+    return None if text is None else parse_nvidia_smi(text, os.environ.get("CUDA_VISIBLE_DEVICES"))

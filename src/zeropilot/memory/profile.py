@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from zeropilot.errors import InputError
+from zeropilot.launch.hardware import nvidia_smi
 
 SCHEMA = 1
 GIB = 1024**3
@@ -181,19 +182,9 @@ def find(gpu_name: str, world_size: int) -> Optional[Profile]:
 
 def visible_gpu_name(timeout: float = 5.0) -> Optional[str]:
     """The first visible NVIDIA GPU's name from ``nvidia-smi`` (no torch), or None."""
-    import shutil
-    import subprocess
-
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=timeout, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = [x.strip() for x in out.stdout.splitlines() if x.strip()]
-    return lines[0] if out.returncode == 0 and lines else None
+    lines = [x.strip() for x in (nvidia_smi(["--query-gpu=name", "--format=csv,noheader"], timeout) or "").splitlines()
+             if x.strip()]
+    return lines[0] if lines else None
 
 
 def apply(profile: Profile, constants, world_size: int, stage: int) -> Tuple[object, List[str]]:
