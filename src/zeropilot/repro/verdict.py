@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from zeropilot.repro.spec import PARTS, TOLERANCE, ReproSpec
 
@@ -109,34 +109,7 @@ def build(spec: ReproSpec, root: Path, legs: Dict[int, Any]) -> Dict[str, Any]:
     two = _results(root, 2, spec.resume_nproc) if spec.resume_from is not None else []
     tol = TOLERANCE[spec.device]
     failures = _failures(one, two, legs)
-    details: Dict[str, Any] = {}
-    differs: List[str] = []
-    cause: List[str] = []
-    leg2_failed = any(f["leg"] == 2 for f in failures)
-    if spec.resume_from is not None and not any(f["leg"] == 1 for f in failures):
-        if spec.resume_nproc != spec.nproc:
-            differs.append("world_size")
-            cause.append("world_size")
-            details["world_size"] = {"uninterrupted": spec.nproc, "resumed": spec.resume_nproc}
-        if not leg2_failed:
-            if spec.resume_nproc == spec.nproc:
-                details["loss"] = _losses(spec, one, two, tol["loss"])
-                if not details["loss"]["within_tolerance"]:
-                    differs.append("loss")
-            for part, cmp in _merge_compare(two).items():
-                details[part] = cmp
-                if not cmp["within_tolerance"]:
-                    differs.append(part)
-            restored = _merge_compare(two, "restored")
-            if restored:
-                details["restored"] = restored
-                cause = [p for p in PARTS if p in restored and not restored[p]["within_tolerance"]]
-                differs += [p for p in cause if p not in differs]
-            step = _data_order(spec, one, two) if spec.resume_nproc == spec.nproc else None
-            if step is not None and "data" not in differs:
-                differs.append("data")
-            if step is not None:
-                details.setdefault("data", {})["first_step_with_other_samples"] = step
+    details, differs, cause = _differences(spec, one, two, failures, tol)
     exact = None
     if spec.resume_from is not None and not failures:
         exact = not differs
@@ -156,6 +129,44 @@ def build(spec: ReproSpec, root: Path, legs: Dict[int, Any]) -> Dict[str, Any]:
                                                "exclude_frozen", "leave_out")},
         "notes": spec.notes,
     }
+
+
+def _differences(spec: ReproSpec, one: List[Optional[Dict]], two: List[Optional[Dict]],
+                 failures: List[Dict[str, Any]], tol: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str], List[str]]:
+    """(details, parts that differ, parts not restored) of the resumed run against the uninterrupted one.
+
+    Nothing is compared without a resume or when the first leg failed; only the world size when the second did.
+    """
+    details: Dict[str, Any] = {}
+    differs: List[str] = []
+    cause: List[str] = []
+    if spec.resume_from is None or any(f["leg"] == 1 for f in failures):
+        return details, differs, cause
+    if spec.resume_nproc != spec.nproc:
+        differs.append("world_size")
+        cause.append("world_size")
+        details["world_size"] = {"uninterrupted": spec.nproc, "resumed": spec.resume_nproc}
+    if any(f["leg"] == 2 for f in failures):
+        return details, differs, cause
+    if spec.resume_nproc == spec.nproc:
+        details["loss"] = _losses(spec, one, two, tol["loss"])
+        if not details["loss"]["within_tolerance"]:
+            differs.append("loss")
+    for part, cmp in _merge_compare(two).items():
+        details[part] = cmp
+        if not cmp["within_tolerance"]:
+            differs.append(part)
+    restored = _merge_compare(two, "restored")
+    if restored:
+        details["restored"] = restored
+        cause = [p for p in PARTS if p in restored and not restored[p]["within_tolerance"]]
+        differs += [p for p in cause if p not in differs]
+    step = _data_order(spec, one, two) if spec.resume_nproc == spec.nproc else None
+    if step is not None:
+        if "data" not in differs:
+            differs.append("data")
+        details.setdefault("data", {})["first_step_with_other_samples"] = step
+    return details, differs, cause
 
 
 def _merge_compare(two: List[Optional[Dict]], key: str = "compare") -> Dict[str, Dict[str, Any]]:
