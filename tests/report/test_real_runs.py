@@ -75,7 +75,8 @@ def test_hang_shows_the_stuck_ranks_own_thread(capsys, validate):
 def test_real_pages_in_chromium(chromium_browser, tmp_path, validate, capsys):  # noqa: F811
     ok, hang = runjobs.hf_trainer(), runjobs.hang_save_rank0_only()
     f = _open(chromium_browser, _page(tmp_path, ok.run_dir))
-    assert f["overview"] == ["0", "1"] and f["steps"] == ["0", "1"] and f["spans"] == 4
+    # spans: the saves at steps 2 and 4 and the load of the best one (load_best_model_at_end), on each rank
+    assert f["overview"] == ["0", "1"] and f["steps"] == ["0", "1"] and f["spans"] == 6
     assert [c[1] for c in f["memCharts"]] == [["host_rss_bytes"], ["host_rss_bytes"]]
     f = _open(chromium_browser, _page(tmp_path, hang.run_dir))
     assert "hang" in f["sections"] and ["0", True] in f["stacks"]
