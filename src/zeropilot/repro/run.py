@@ -51,6 +51,14 @@ def _groups(cases: Sequence[Case], key) -> Dict[Any, List[Case]]:
     return groups
 
 
+def _run_leg(leg: int, cases: Sequence[Case], world_of, timeout: float, legs: Dict[str, Dict[int, Any]]) -> None:
+    """Run one leg of ``cases``, one process group per (world size, device); record how each ended in ``legs``."""
+    for (world, device), group in _groups(cases, lambda s: (world_of(s), s.device)).items():
+        run = run_leg(_job(leg, group), world, group[0][1], timeout, device == "cpu")
+        for _, root in group:
+            legs[str(root)][leg] = asdict(run)
+
+
 def run_cases(cases: Sequence[Case], timeout: float = 900.0, command: Optional[List[str]] = None,
               check: Optional[Dict[str, Any]] = None, keep_checkpoints: bool = True) -> List[Dict[str, Any]]:
     """Run every case (leg 1 grouped by world size, then leg 2 grouped by resume world size); their verdicts.
@@ -65,15 +73,8 @@ def run_cases(cases: Sequence[Case], timeout: float = 900.0, command: Optional[L
         write_json_atomic(root / "repro-spec.json", spec.to_json())
         write_json_atomic(root / "run.json", _run_json(spec, command, check, started, None))
     legs: Dict[str, Dict[int, Any]] = {str(root): {} for _, root in cases}
-    for (world, device), group in _groups(cases, lambda s: (s.nproc, s.device)).items():
-        run = run_leg(_job(1, group), world, group[0][1], timeout, device == "cpu")
-        for _, root in group:
-            legs[str(root)][1] = asdict(run)
-    resumable = [c for c in cases if c[0].resume_from is not None]
-    for (world, device), group in _groups(resumable, lambda s: (s.resume_nproc, s.device)).items():
-        run = run_leg(_job(2, group), world, group[0][1], timeout, device == "cpu")
-        for _, root in group:
-            legs[str(root)][2] = asdict(run)
+    _run_leg(1, cases, lambda s: s.nproc, timeout, legs)
+    _run_leg(2, [c for c in cases if c[0].resume_from is not None], lambda s: s.resume_nproc, timeout, legs)
     verdicts = []
     for spec, root in cases:
         v = verdict.build(spec, root, {k: _jsonable(x) for k, x in legs[str(root)].items()})
