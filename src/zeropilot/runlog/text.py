@@ -228,7 +228,8 @@ def render(summary: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _value(metric: str, x: Optional[float]) -> str:
+def metric_value(metric: str, x: Optional[float]) -> str:
+    """A compared metric's value as the text and HTML reports show it (``-`` when the run has none)."""
     if x is None:
         return "-"
     if metric == "save_bytes":
@@ -250,10 +251,11 @@ def render_compare(cmp: Dict[str, Any]) -> str:
         if m["a"] is None and m["b"] is None:
             continue
         change = "-" if m["ratio"] is None else f"{(m['ratio'] - 1) * 100:+.1f}%"
-        lines.append(f"{m['metric']:<26}{_value(m['metric'], m['a']):>14}{_value(m['metric'], m['b']):>14}  {change}")
+        lines.append(f"{m['metric']:<26}{metric_value(m['metric'], m['a']):>14}"
+                     f"{metric_value(m['metric'], m['b']):>14}  {change}")
     for r in cmp["ranks"]:
         m = r["peak_reserved_bytes"] if r["peak_reserved_bytes"]["a"] or r["peak_reserved_bytes"]["b"] \
             else r["host_rss_peak_bytes"]
-        lines.append(f"rank {r['rank']} {m['metric']:<19}{_value(m['metric'], m['a']):>14}"
-                     f"{_value(m['metric'], m['b']):>14}")
+        lines.append(f"rank {r['rank']} {m['metric']:<19}{metric_value(m['metric'], m['a']):>14}"
+                     f"{metric_value(m['metric'], m['b']):>14}")
     return "\n".join(lines) + "\n"

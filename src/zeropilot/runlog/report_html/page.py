@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from zeropilot.runlog.read import RunRecords
 from zeropilot.runlog.report_html import charts, sections
 from zeropilot.runlog.report_html.svg import esc
-from zeropilot.runlog.text import gib, secs, size
+from zeropilot.runlog.text import metric_value
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; base-uri 'none'; form-action 'none'"
 
@@ -123,16 +123,6 @@ def render(records: RunRecords, summary: Dict[str, Any]) -> str:
     return document(f"zeropilot report: {summary['run_dir']}", body)
 
 
-def _metric_cell(metric: str, v: Optional[float]) -> str:
-    if v is None:
-        return "-"
-    if metric == "save_bytes":
-        return size(v)
-    if metric.endswith("_bytes"):
-        return gib(v)
-    return secs(v) if "seconds" in metric else f"{v:g}"
-
-
 def render_compare(rec_a: RunRecords, rec_b: RunRecords, cmp: Dict[str, Any]) -> str:
     """Two runs side by side: the metrics table, then each run's verdict and memory chart."""
     rows = []
@@ -140,12 +130,12 @@ def render_compare(rec_a: RunRecords, rec_b: RunRecords, cmp: Dict[str, Any]) ->
         if m["a"] is None and m["b"] is None:
             continue
         change = "-" if m["ratio"] is None else f"{(m['ratio'] - 1) * 100:+.1f}%"
-        rows.append([esc(m["metric"]), _metric_cell(m["metric"], m["a"]), _metric_cell(m["metric"], m["b"]), change])
+        rows.append([esc(m["metric"]), metric_value(m["metric"], m["a"]), metric_value(m["metric"], m["b"]), change])
     for r in cmp["ranks"]:
         m = r["peak_reserved_bytes"] if (r["peak_reserved_bytes"]["a"] or r["peak_reserved_bytes"]["b"]) \
             else r["host_rss_peak_bytes"]
-        rows.append([esc(f"rank {r['rank']} {m['metric']}"), _metric_cell(m["metric"], m["a"]),
-                     _metric_cell(m["metric"], m["b"]), "-" if m["ratio"] is None else
+        rows.append([esc(f"rank {r['rank']} {m['metric']}"), metric_value(m["metric"], m["a"]),
+                     metric_value(m["metric"], m["b"]), "-" if m["ratio"] is None else
                      f"{(m['ratio'] - 1) * 100:+.1f}%"])
     cols = []
     for label, rec, s in (("A", rec_a, cmp["a"]), ("B", rec_b, cmp["b"])):
