@@ -8,6 +8,8 @@ Shared by the guard, report and repro tests. Every job is a real multi-process l
 - :func:`hf_trainer_plain`: a plain HF Trainer (no DeepSpeed) as ``python script.py``, 3 steps, one save.
 - :func:`accelerate_trainer`: the same Trainer script under ``accelerate launch --use_deepspeed``, 2 steps,
   one save.
+- :func:`accelerate_loop`: a plain accelerate loop (``python script.py``), 3 steps of 2 accumulated
+  micro-batches, ``save_state`` then ``load_state``.
 - :func:`raw_deepspeed`: ``examples/raw-deepspeed/train.py`` (ZeRO-3) under the ``deepspeed`` launcher,
   6 steps, saves at steps 3 and 6.
 - :func:`killed_in_save`: rank 1 is SIGKILLed while it writes its model states during a save.
@@ -132,6 +134,14 @@ def accelerate_trainer() -> Job:
            "--main_process_port", str(free_port()), str(JOBS / "hf_train.py"), str(ckpt), "--stage", "2",
            "--steps", "2", "--save-steps", "2"]
     return zeropilot_run("accelerate_trainer", cmd)
+
+
+@functools.lru_cache(maxsize=None)
+def accelerate_loop() -> Job:
+    """accelerate's own loop, no Trainer, no DeepSpeed: steps from ``AcceleratedOptimizer.step``."""
+    ckpt = root() / "accelerate_loop" / "ckpt"
+    cmd = [sys.executable, str(JOBS / "accel_loop.py"), str(ckpt), "--steps", "3", "--accum", "2"]
+    return zeropilot_run("accelerate_loop", cmd)
 
 
 @functools.lru_cache(maxsize=None)

@@ -132,3 +132,19 @@ def test_accelerate_launch_is_watched_on_every_rank():
     assert sorted(p.name for p in tag.glob("zero_pp_rank_*")) == [
         f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
     assert "verdict: OK" in job.stdout and str(job.run_dir) in job.stdout
+
+
+def test_plain_accelerate_loop_steps_saves_and_loads():
+    job = runjobs.accelerate_loop()
+    assert job.returncode == 0, job.stderr[-3000:]
+    # 6 micro-batches, 2 accumulated per optimizer step: accelerate stepped 3 times
+    assert [e["step"] for e in _events(job, 0, "step")] == [1, 2, 3]
+    assert not _events(job, 0, "init")  # no DeepSpeed engine
+    (save,) = _events(job, 0, "save")
+    (load,) = _events(job, 0, "load")
+    on_disk = sorted(job.ckpt_dir.iterdir())
+    assert (save["step"], save["tag"], save["path"]) == (3, "ckpt", str(job.ckpt_dir))
+    assert save["files"] == len(on_disk) and save["bytes"] == sum(p.stat().st_size for p in on_disk) > 0
+    assert (load["step"], load["tag"], load["path"]) == (3, "ckpt", str(job.ckpt_dir))
+    assert [p["name"] for p in load["phases"]] == ["read"] and load["seconds"] > 0 and "error" not in load
+    assert _summary(job)["verdict"]["kind"] == "ok"

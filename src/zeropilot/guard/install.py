@@ -34,6 +34,18 @@ def _on_trainer(module: Any) -> None:
     patch_trainer_module(module)
 
 
+def _on_accelerate_optimizer(module: Any) -> None:
+    from zeropilot.guard.accelerate_hooks import patch_optimizer_module
+
+    patch_optimizer_module(module)
+
+
+def _on_accelerator(module: Any) -> None:
+    from zeropilot.guard.accelerate_hooks import patch_accelerator_module
+
+    patch_accelerator_module(module)
+
+
 def _on_cuda(module: Any) -> None:
     """Attach the OOM observer as soon as this process initialises CUDA (any script, not only DeepSpeed's).
 
@@ -177,6 +189,8 @@ def install() -> None:
     when_imported("deepspeed", _on_deepspeed)
     when_imported("deepspeed.runtime.engine", _on_engine)
     when_imported("transformers.trainer", _on_trainer)
+    when_imported("accelerate.optimizer", _on_accelerate_optimizer)
+    when_imported("accelerate.accelerator", _on_accelerator)
     when_imported("torch.distributed.distributed_c10d", _on_c10d)
     when_imported("torch.cuda", _on_cuda)
     _excepthook()
