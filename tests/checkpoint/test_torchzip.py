@@ -163,3 +163,26 @@ def test_a_file_with_a_non_contiguous_tensor_is_read_through_torch(tmp_path):
     loaded = reconstruct.load_file(tmp_path / "f.pt")
     assert isinstance(loaded["module"]["w"], reconstruct.LoadedTensor)
     assert torch.equal(loaded["module"]["w"].flat().to_torch(), base.t().reshape(-1))
+
+
+def test_parallel_crc32_equals_zlib_for_any_chunking(tmp_path):
+    """Large records are hashed in chunks on several threads and joined with crc32_combine: same CRC as zlib."""
+    import os
+    import zlib
+
+    from zeropilot.checkpoint.torchzip import crc32_combine, file_crc32
+
+    data = os.urandom(300_001)
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for chunk in (1, 7, 4096, 65_536, 1 << 20):
+            for offset, size in ((0, len(data)), (5, 299_990), (1234, 77_777), (10, 0)):
+                assert file_crc32(fd, offset, size, chunk=chunk, workers=3) == zlib.crc32(data[offset:offset + size])
+        with pytest.raises(EOFError):
+            file_crc32(fd, 299_000, 5_000, chunk=1000)
+    finally:
+        os.close(fd)
+    a, b = data[:1000], data[1000:]
+    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(data)
