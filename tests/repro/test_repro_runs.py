@@ -138,6 +138,6 @@ def test_run_directory_opens_in_report(verdicts):
     assert summary["verdict"]["kind"] == "ok"
     assert summary["steps"] == STEPS
     assert {(s["step"], s["rank"]) for s in summary["saves"]} >= {(2, 0), (2, 1), (4, 0), (4, 1)}
-    assert [(ld["step"], ld["rank"]) for ld in summary["loads"]] == [(2, 0), (2, 1)]
+    assert sorted((ld["step"], ld["rank"]) for ld in summary["loads"]) == [(2, 0), (2, 1)]  # by time: either rank first
     saved = json.loads((Path(v["run_dir"]) / "repro.json").read_text())
     assert saved["resume_exact"] is True
