@@ -20,7 +20,7 @@ the peak counters are reset (``peaks_reset_after_init``: true) so ``steady`` hol
 peaks alone; ``host_rss_init_gb`` is the host peak RSS at the end of the init phase.
 Usage: python zero_mem_probe_plan.py '<json spec>'
 """
-import gc, json, os, resource, shutil, sys, time
+import json, os, resource, shutil, sys, time
 
 spec = json.loads(sys.argv[1])
 if spec.get("alloc_conf"):

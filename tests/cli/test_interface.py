@@ -4,7 +4,6 @@ versioned JSON, and no hidden I/O (nvidia-smi and the Hub only from the CLI / wh
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 

@@ -9,9 +9,7 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-import pytest
 
 from tests import runjobs
 

@@ -10,23 +10,13 @@ scaler did not skip it. Each wrapper calls the original with the same arguments 
 
 from __future__ import annotations
 
-import functools
 import os
-from typing import Any, Callable
+from typing import Any
 
 from zeropilot.guard import checkpoint
 from zeropilot.guard.rank import peek
 
-_MARK = "__zeropilot_wrapped__"
 
-
-def _wrap(cls: Any, name: str, make: Callable[[Callable], Callable]) -> None:
-    original = getattr(cls, name, None)
-    if original is None or getattr(original, _MARK, False):
-        return
-    wrapper = functools.wraps(original)(make(original))
-    setattr(wrapper, _MARK, True)
-    setattr(cls, name, wrapper)
 
 
 def _counts_steps(guard: Any) -> bool:
@@ -57,7 +47,7 @@ def _save_state(original):
             if op is not None and op.kind == "save" and isinstance(where, (str, os.PathLike)):
                 op.path, op.tag = str(where), _tag(where)
                 if getattr(self, "is_main_process", False) and op.bytes == 0:
-                    _count_top_files(op, str(where))
+                    checkpoint.count_new_files(op, str(where))
             return where
     return wrapper
 
@@ -74,31 +64,17 @@ def _tag(path: Any) -> Any:
     return os.path.basename(os.path.normpath(str(path))) if path is not None else None
 
 
-def _count_top_files(op: checkpoint.CheckpointOp, folder: str, limit: int = 1000) -> None:
-    """Files accelerate wrote at the top of the state folder (its main process writes the model and
-    optimizer; the other ranks only their RNG state)."""
-    try:
-        with os.scandir(folder) as it:
-            for i, entry in enumerate(it):
-                if i >= limit:
-                    break
-                if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime >= op.t0 - 1:
-                    op.bytes += entry.stat().st_size
-                    op.files += 1
-    except OSError:
-        pass
-
 
 def patch_optimizer_module(module: Any) -> None:
     """Wrap ``AcceleratedOptimizer.step`` (once)."""
     cls = getattr(module, "AcceleratedOptimizer", None)
     if cls is not None:
-        _wrap(cls, "step", _step)
+        checkpoint.wrap_method(cls, "step", _step)
 
 
 def patch_accelerator_module(module: Any) -> None:
     """Wrap ``Accelerator.save_state`` / ``load_state`` (once)."""
     cls = getattr(module, "Accelerator", None)
     if cls is not None:
-        _wrap(cls, "save_state", _save_state)
-        _wrap(cls, "load_state", _load_state)
+        checkpoint.wrap_method(cls, "save_state", _save_state)
+        checkpoint.wrap_method(cls, "load_state", _load_state)

@@ -9,11 +9,12 @@ consolidation. A load's ``step`` is the step the engine resumed at, its ``bytes`
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from zeropilot.guard.rank import RankGuard, peek
 
@@ -102,4 +103,32 @@ def wrote(path: Any) -> None:
         guard.op_stack[-1].bytes += os.path.getsize(path)
         guard.op_stack[-1].files += 1
     except (OSError, TypeError):
+        pass
+
+
+_MARK = "__zeropilot_wrapped__"
+
+
+def wrap_method(cls: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+    """Replace ``cls.name`` with ``make(original)`` once (a second patch of the same class is a no-op)."""
+    original = getattr(cls, name, None)
+    if original is None or getattr(original, _MARK, False):
+        return
+    wrapper = functools.wraps(original)(make(original))
+    setattr(wrapper, _MARK, True)
+    setattr(cls, name, wrapper)
+
+
+def count_new_files(op: CheckpointOp, folder: str, limit: int = 1000) -> None:
+    """Add to ``op`` the files at the top of ``folder`` written since it began (a framework's own files beside
+    the engine's: weights, trainer state, RNG), reading at most ``limit`` entries."""
+    try:
+        with os.scandir(folder) as it:
+            for i, entry in enumerate(it):
+                if i >= limit:
+                    break
+                if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime >= op.t0 - 1:
+                    op.bytes += entry.stat().st_size
+                    op.files += 1
+    except OSError:
         pass

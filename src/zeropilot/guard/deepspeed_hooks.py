@@ -7,24 +7,14 @@ touches a tensor. ``attach(engine)`` is the same for an engine built before the 
 
 from __future__ import annotations
 
-import functools
 import os
 import time
-from typing import Any, Callable
+from typing import Any
 
 from zeropilot.guard import checkpoint
 from zeropilot.guard.rank import current, peek
 
-_MARK = "__zeropilot_wrapped__"
 
-
-def _wrap(cls: Any, name: str, make: Callable[[Callable], Callable]) -> None:
-    original = getattr(cls, name, None)
-    if original is None or getattr(original, _MARK, False):
-        return
-    wrapper = functools.wraps(original)(make(original))
-    setattr(wrapper, _MARK, True)
-    setattr(cls, name, wrapper)
 
 
 def _in_phase(phase: str):
@@ -153,17 +143,17 @@ class _count_files:
 
 def patch_engine_class(cls: Any) -> None:
     """Wrap the methods of ``DeepSpeedEngine`` (once)."""
-    _wrap(cls, "forward", _in_phase("forward"))
-    _wrap(cls, "backward", _in_phase("backward"))
-    _wrap(cls, "step", _step)
-    _wrap(cls, "save_checkpoint", _save)
-    _wrap(cls, "load_checkpoint", _load)
-    _wrap(cls, "save_16bit_model", _save16)
-    _wrap(cls, "_save_checkpoint", _phase("model_states"))
-    _wrap(cls, "_save_zero_checkpoint", _phase("optimizer_states"))
-    _wrap(cls, "_zero3_consolidated_16bit_state_dict", _phase("gather_16bit"))
-    _wrap(cls, "_load_checkpoint", _phase("model_states"))
-    _wrap(cls, "_load_zero_checkpoint", _phase("optimizer_states"))
+    checkpoint.wrap_method(cls, "forward", _in_phase("forward"))
+    checkpoint.wrap_method(cls, "backward", _in_phase("backward"))
+    checkpoint.wrap_method(cls, "step", _step)
+    checkpoint.wrap_method(cls, "save_checkpoint", _save)
+    checkpoint.wrap_method(cls, "load_checkpoint", _load)
+    checkpoint.wrap_method(cls, "save_16bit_model", _save16)
+    checkpoint.wrap_method(cls, "_save_checkpoint", _phase("model_states"))
+    checkpoint.wrap_method(cls, "_save_zero_checkpoint", _phase("optimizer_states"))
+    checkpoint.wrap_method(cls, "_zero3_consolidated_16bit_state_dict", _phase("gather_16bit"))
+    checkpoint.wrap_method(cls, "_load_checkpoint", _phase("model_states"))
+    checkpoint.wrap_method(cls, "_load_zero_checkpoint", _phase("optimizer_states"))
 
 
 def _initialize(original):
@@ -181,12 +171,7 @@ def _initialize(original):
 
 def patch_deepspeed(module: Any) -> None:
     """Wrap ``deepspeed.initialize`` (the module attribute every caller looks up)."""
-    original = getattr(module, "initialize", None)
-    if original is None or getattr(original, _MARK, False):
-        return
-    wrapper = functools.wraps(original)(_initialize(original))
-    setattr(wrapper, _MARK, True)
-    module.initialize = wrapper
+    checkpoint.wrap_method(module, "initialize", _initialize)
 
 
 def attach(engine: Any, seconds: Any = None) -> None:

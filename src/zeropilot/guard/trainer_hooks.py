@@ -7,14 +7,12 @@ engine's hooks record them and the callback only marks phases.
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
 from zeropilot.guard import checkpoint
 from zeropilot.guard.rank import current, peek
 
-_MARK = "__zeropilot_wrapped__"
 
 
 def _callback_base() -> Any:
@@ -94,23 +92,10 @@ def _save_checkpoint(original):
         with checkpoint.operation("save", out, f"checkpoint-{step}", step) as op:
             result = original(self, *args, **kwargs)
             if op is not None and getattr(getattr(self, "args", None), "should_save", False) and out:
-                _count_top_files(op, os.path.join(str(out), f"checkpoint-{step}"))
+                checkpoint.count_new_files(op, os.path.join(str(out), f"checkpoint-{step}"))
             return result
     return wrapper
 
-
-def _count_top_files(op: checkpoint.CheckpointOp, folder: str, limit: int = 1000) -> None:
-    """Files the Trainer wrote itself (weights, trainer state, RNG) at the top of the checkpoint folder."""
-    try:
-        with os.scandir(folder) as it:
-            for i, entry in enumerate(it):
-                if i >= limit:
-                    break
-                if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime >= op.t0 - 1:
-                    op.bytes += entry.stat().st_size
-                    op.files += 1
-    except OSError:
-        pass
 
 
 def _save_model(original):
@@ -126,9 +111,4 @@ def patch_trainer_module(module: Any) -> None:
     if cls is None:
         return
     for name, make in (("__init__", _init), ("_save_checkpoint", _save_checkpoint), ("save_model", _save_model)):
-        original = getattr(cls, name, None)
-        if original is None or getattr(original, _MARK, False):
-            continue
-        wrapper = functools.wraps(original)(make(original))
-        setattr(wrapper, _MARK, True)
-        setattr(cls, name, wrapper)
+        checkpoint.wrap_method(cls, name, make)

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from zeropilot.fix.model import Applicability, Edit, Fix
+from zeropilot.fix.model import Applicability, Edit, Fix  # noqa: F401 - re-exported: rules build fixes from here
 from zeropilot.launch.document import Document, Node
 
 
