@@ -55,7 +55,9 @@ def test_killed_rank_is_named_not_the_rank_that_noticed(capsys, validate):
     assert validate(rep) == []
     v = rep["verdict"]
     assert v["kind"] == "crash" and v["ranks"] == [1], v
-    assert "rank 1 stopped recording without an error" in v["reason"] and "saw its peer fail" in v["reason"]
+    assert "rank 1 stopped recording without an error" in v["reason"], v
+    # Rank 0 either notices the dead peer (gloo) before torchrun ends it, or is ended first: both name rank 1.
+    assert "saw its peer fail" in v["reason"] or "exit status 1" in v["reason"], v
     assert not rep["ranks"][1]["ended"]
 
 

@@ -158,3 +158,22 @@ def test_many_ranks_keep_one_overview_series_each_and_sixteen_rank_charts(tmp_pa
     assert sorted(map(int, re.findall(r'data-rank="(\d+)"', overview))) == list(range(40))
     charts = sorted(map(int, re.findall(r'<svg id="mem-rank-(\d+)"', page)))
     assert len(charts) == 16 and {0, 33, 39} <= set(charts)  # the first, the OOM's, the last
+
+
+def test_a_killed_rank_is_named_when_the_launcher_ended_its_peer_before_it_noticed(tmp_path):
+    """The race of the real killed-rank job, made deterministic: rank 1 is SIGKILLed, torchrun SIGTERMs rank 0
+    (its faulthandler dump, not asked for by the watchdog) before rank 0 records the peer's failure. Rank 0's
+    records may even end later or earlier than rank 1's: the terminated rank is a consequence, never the cause."""
+    d = write_run(tmp_path / "killed", Spec(ranks=2, steps=5, save_every=0))
+    run = json.loads((d / "run.json").read_text())
+    run["exit_code"] = 1
+    (d / "run.json").write_text(json.dumps(run))
+    for rank in (0, 1):
+        lines = (d / f"rank-{rank}.jsonl").read_text().splitlines()
+        keep = [ln for ln in lines if '"end"' not in ln]
+        (d / f"rank-{rank}.jsonl").write_text("\n".join(keep[:-2] if rank == 0 else keep) + "\n")
+    (d / "stacks-rank-0.txt").write_text('Fatal Python error: Terminated\n\nCurrent thread 0x1 (most recent call first):\n'
+                                          '  File "train.py", line 9 in <module>\n')
+    v = summarize(read_run(d))["verdict"]
+    assert v["kind"] == "crash" and v["ranks"] == [1], v
+    assert v["reason"].startswith("exit status 1; rank 1 stopped recording without an error"), v

@@ -248,13 +248,16 @@ def _verdict(records: RunRecords, ranks: List[Dict[str, Any]], ooms: List[Dict[s
     if "ended_at" not in run and run.get("exit_code") is None:
         return {"kind": "running", "ranks": [], "where": [], "reason": "the run has not ended (or its supervisor died)"}
     if exit_code not in (0, None) or signal or not_ended:
-        dead = sorted(not_ended, key=lambda r: (r["last_record_t"] or 0, r["rank"]))
-        first = [dead[0]["rank"]] if dead else []
         why = f"exit status {exit_code}" if exit_code not in (0, None) else "a rank ended without finishing"
         if signal:
             why = f"killed by {signal}"
-        return {"kind": "crash", "ranks": first, "where": [], "reason": why +
-                (f"; rank {first[0]} stopped recording first" if first else "")}
+        found = _first_failure(records, ranks) if not_ended else None
+        if found is None:
+            return {"kind": "crash", "ranks": [], "where": [], "reason": why}
+        rank, what = found
+        silent = next(r for r in ranks if r["rank"] == rank)
+        return {"kind": "crash", "ranks": [rank], "where": [],
+                "reason": nz.text(f"{why}; rank {rank} {what}, {_last_seen(records, silent)}")}
     return {"kind": "ok", "ranks": [], "where": [], "reason": "every rank finished"}
 
 
@@ -269,11 +272,7 @@ def _crash(records: RunRecords, ranks: List[Dict[str, Any]], errors: List[tuple]
     when every error is one, the rank that stopped with neither ``error`` nor ``end`` (killed: SIGKILL,
     the kernel's OOM killer) and was not terminated by its launcher failed first.
     """
-    from zeropilot.guard.crash import first_failure, terminated_ranks
-
-    last_t = {r["rank"]: r["last_record_t"] for r in ranks}
-    found = first_failure({r: rec.events for r, rec in records.ranks.items()}, last_t,
-                          terminated_ranks(records.stacks))
+    found = _first_failure(records, ranks)
     if found is None:
         return {"kind": "crash", "ranks": [], "where": [], "reason": "a rank failed"}
     rank, why = found
@@ -286,6 +285,15 @@ def _crash(records: RunRecords, ranks: List[Dict[str, Any]], errors: List[tuple]
     return {"kind": "crash", "ranks": [rank], "where": [],
             "reason": nz.text(f"rank {rank} {why}, {_last_seen(records, silent)}; then rank {other} saw its "
                               f"peer fail: {_error_text(e)}")}
+
+
+def _first_failure(records: RunRecords, ranks: List[Dict[str, Any]]) -> Optional[tuple]:
+    """(rank, why) by :func:`zeropilot.guard.crash.first_failure`: ranks the launcher terminated are not causes."""
+    from zeropilot.guard.crash import first_failure, terminated_ranks
+
+    last_t = {r["rank"]: r["last_record_t"] for r in ranks}
+    return first_failure({r: rec.events for r, rec in records.ranks.items()}, last_t,
+                         terminated_ranks(records.stacks))
 
 
 def _last_seen(records: RunRecords, rank: Dict[str, Any]) -> str:
