@@ -9,9 +9,7 @@ documents for it: the tables there are parsed, so the documentation and the outp
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Dict, Iterable, Set
 
 import pytest
 
+from tests.zp import run_zeropilot
 from zeropilot import __version__
 from zeropilot.cli import main
 
@@ -55,17 +54,7 @@ def assert_documented(doc: dict, schema: str, optional: Iterable[str] = ()) -> N
 
 
 def _zp(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``python -m zeropilot ARGV`` in its own process group, killed with its children on every path."""
-    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO / "src"))
-    proc = subprocess.Popen([sys.executable, "-m", "zeropilot", *argv], cwd=str(REPO), env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_zeropilot(argv, timeout=timeout, env={"DS_ACCELERATOR": "cpu"})
 
 
 def test_every_documented_schema_has_a_field_table():

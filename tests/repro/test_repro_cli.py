@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import write_files
+from tests.zp import run_zeropilot
 from zeropilot.cli import main
 from zeropilot.repro.prepare import prepare
 from zeropilot.repro.spec import SHRUNK, Options, fill_ds_config, shrink
@@ -21,17 +18,8 @@ SEED = REPO / "examples" / "seed"
 
 
 def _run(args, timeout=600):
-    """``python -m zeropilot ARGS`` in its own session, killed with its children on every path."""
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    proc = subprocess.Popen([sys.executable, "-m", "zeropilot", *args], cwd=str(REPO), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, out, err
+    r = run_zeropilot(args, timeout=timeout)
+    return r.returncode, r.stdout, r.stderr
 
 
 @pytest.fixture(scope="module")
