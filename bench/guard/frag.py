@@ -4,13 +4,27 @@ A 3 GiB allocator cap; one 1 GiB segment is carved into ten 100 MiB tensors and 
 freed: five 100 MiB holes that cannot merge or be released (the segment is still partly used). The
 rest of the cap is taken by one tensor, leaving 100 MiB. A 200 MiB request then fails although
 500 MiB is reserved but unallocated.
+
+Under torchrun (``WORLD_SIZE`` > 1) every rank first joins an NCCL process group and runs one
+all-reduce, so NCCL's buffers sit outside PyTorch as they do in training, then does the same on its GPU.
 """
+
+import os
 
 import torch
 
 GiB, MiB = 1 << 30, 1 << 20
-torch.cuda.set_device(0)
-total = torch.cuda.get_device_properties(0).total_memory
+local = int(os.environ.get("LOCAL_RANK", 0))
+torch.cuda.set_device(local)
+if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    t = torch.ones(1 << 20, device="cuda")
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    del t
+total = torch.cuda.get_device_properties(local).total_memory
 torch.cuda.set_per_process_memory_fraction(3 * GiB / total)
 big = torch.empty(GiB, dtype=torch.uint8, device="cuda")
 del big  # the 1 GiB segment stays cached
