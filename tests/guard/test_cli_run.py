@@ -115,3 +115,21 @@ def test_run_json_has_the_plan_when_the_launch_names_a_known_model(tmp_path):
     assert run["plan"]["model"]["name"] == "Qwen/Qwen2-7B"
     # sizing the model did not change the job's environment
     assert f"offline={os.environ.get('HF_HUB_OFFLINE')}" in r.stdout
+
+
+def test_flight_recorder_pipes_are_removed_at_the_end_only_under_our_prefix(tmp_path):
+    import os
+
+    from zeropilot.runner.supervisor import _remove_pipes
+
+    run, other = tmp_path / "run", tmp_path / "other"
+    run.mkdir()
+    other.mkdir()
+    for d in (run, other):
+        for r in (0, 1):
+            os.mkfifo(d / f".nccl-pipe-rank-{r}.pipe")
+    (run / ".nccl-pipe-rank-9.pipe.txt").write_text("a file, not a pipe")
+    _remove_pipes(str(run / ".nccl-pipe-rank-"), run)
+    _remove_pipes(str(other / ".nccl-pipe-rank-"), run)  # the user's own prefix elsewhere: left alone
+    assert sorted(p.name for p in run.iterdir()) == [".nccl-pipe-rank-9.pipe.txt"]
+    assert len(list(other.iterdir())) == 2

@@ -82,3 +82,31 @@ def test_same_record_inside_a_save_is_a_save_spike():
 def test_missing_fields_do_not_break_the_classifier():
     verdict, fixes = classify_oom({"request_bytes": 1 << 20, "mem": {}})
     assert verdict["kind"] == "capacity" and fixes
+
+
+X2 = FIXTURES / "x2"
+X2_CASES = {"capacity": ("capacity", [0, 1]), "fragmentation": ("fragmentation", [0, 1]),
+            "save-spike": ("save_spike", [0, 1]), "outside-torch": ("outside_torch", [0])}
+
+
+@pytest.mark.parametrize("name", sorted(X2_CASES))
+def test_each_real_oom_over_nccl_is_told_apart_on_every_rank(name):
+    kind, ranks = X2_CASES[name]
+    files = sorted((X2 / name).glob("oom-rank-*.json"))
+    assert [int(f.stem.rsplit("-", 1)[1]) for f in files] == ranks
+    for f in files:
+        rec = json.loads(f.read_text())
+        assert rec["verdict"]["kind"] == kind  # what the guard said on the GPU
+        for key in ("verdict", "fixes"):
+            rec.pop(key)
+        assert classify_oom(rec)[0]["kind"] == kind  # and the classifier again, here
+
+
+@pytest.mark.parametrize("name", sorted(X2_CASES))
+def test_report_on_the_two_rank_run_names_the_class_and_the_ranks(name):
+    from zeropilot.runlog import read_run, summarize
+
+    kind, ranks = X2_CASES[name]
+    verdict = summarize(read_run(X2 / name))["verdict"]
+    assert (verdict["kind"], verdict["class"], verdict["ranks"]) == ("oom", kind, ranks)
+    assert verdict["first_rank"] in ranks

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -100,6 +101,18 @@ def _stop(proc: subprocess.Popen) -> None:
     _signal_group(proc.pid, signal.SIGKILL)  # stragglers that left the launcher behind
 
 
+def _remove_pipes(prefix: str, root: Path) -> None:
+    """The flight recorder's dump pipes (FIFOs PyTorch made at our prefix in the run directory): the job is over."""
+    if not prefix.startswith(str(root)):
+        return  # a prefix the user set: not ours to remove
+    for path in Path(prefix).parent.glob(Path(prefix).name + "*.pipe"):
+        try:
+            if stat.S_ISFIFO(path.lstat().st_mode):
+                path.unlink()
+        except OSError:
+            pass
+
+
 def supervise(opts: RunOptions, run_record: Dict) -> Dict:
     """Run the command to its end; returns run.json as written at the end."""
     d = RunDir(opts.out)
@@ -131,6 +144,7 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
         if proc.poll() is None:
             _stop(proc)
     _signal_group(proc.pid, signal.SIGKILL)  # nothing of the job outlives zeropilot run
+    _remove_pipes(env.get(PIPE_ENV, ""), d.root)
     record = dict(run_record)
     record["ended_at"] = time.time()
     record["exit_code"] = code if code >= 0 else 128 - code
