@@ -76,3 +76,20 @@ def test_plan_imports_no_torch():
             "'--search']); heavy = [m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'deepspeed', 'transformers', 'peft')]; assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)
+
+
+def test_several_nodes_are_not_judged_without_a_measured_outside_torch_figure(capsys):
+    base = ["--model", "qwen2-7b", "--gpus", "4x16GiB", "--nodes", "2", "--stage", "3", "--lora-rank", "16",
+            "--zero-init", "--gradient-checkpointing", "--seq-len", "1024", "--micro-batch", "1"]
+    data = _json(capsys, *base)
+    assert data["verdict"]["kind"] == "unknown" and "inter-node" in data["verdict"]["message"]
+    assert "--outside-torch" in data["verdict"]["message"]
+    measured = _json(capsys, *base, "--outside-torch", "2.5")
+    assert measured["verdict"]["kind"] == "fits"
+    assert measured["breakdown"]["non_torch"]["bytes"] == int(2.5 * 2**30)
+    one_node = _json(capsys, *base[:4], *base[6:])
+    assert one_node["verdict"]["kind"] == "fits"
+    assert main(["plan", *base, "--search"]) == 2
+    err = capsys.readouterr().err
+    assert "--outside-torch" in err and err.count("\n") == 1
+    assert main(["plan", *base, "--outside-torch", "-1"]) == 2

@@ -114,3 +114,36 @@ def test_persistence_threshold_keeps_small_matrices_whole_on_every_gpu():
     low = estimate_gpu(base.with_(param_persistence_threshold=0)).by_name()["zero_buffers"]
     high = estimate_gpu(base.with_(param_persistence_threshold=10**8)).by_name()["zero_buffers"]
     assert high > low
+
+
+def test_raw_build_with_offload_param_keeps_the_build_cache_beyond_the_gathered_parameters():
+    """No zero.Init + offload_param: the whole-model build's blocks stay reserved (witness below)."""
+    kw = dict(stage=3, micro_batch=1, seq_len=2048, gradient_checkpointing=True, offload_optimizer="cpu")
+    raw = estimate_gpu(_inputs(zero_init=False, offload_param="cpu", **kw))
+    parts = {c.name: c.bytes for c in raw.components}
+    whole = parts["init_peak"] * 1.02
+    assert 0 < parts["build_cache"] < whole  # the gathered parameters reuse part of it
+    assert raw.reserved_peak_bytes >= raw.allocated_peak_bytes + parts["allocator_overhead"] + parts["build_cache"]
+    for other in (dict(zero_init=True, offload_param="cpu"), dict(zero_init=False, offload_param="none")):
+        assert "build_cache" not in {c.name for c in estimate_gpu(_inputs(**other, **kw)).components}
+
+
+@pytest.mark.slow
+def test_witness_deepspeed_empties_the_cache_only_when_parameters_stay_on_the_device(tmp_path):
+    """Real DeepSpeed ZeRO-3 initialize on CPU (one gloo rank): ``defragment`` calls empty_cache once; with
+    offload_param nothing does — why the build's blocks stay cached in the plan's build-cache term."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from runjobs import free_port
+
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+    worker = Path(__file__).with_name("ds_empty_cache_worker.py")
+    out = subprocess.run([sys.executable, str(worker), str(free_port())], env=env, capture_output=True, text=True,
+                         timeout=300)
+    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
+    assert json.loads(line[7:]) == {"params_on_device": 1, "offload_param": 0}

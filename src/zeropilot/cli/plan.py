@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from zeropilot.errors import InputError
 
@@ -52,6 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-live-parameters", type=int, help="stage3_max_live_parameters (elements)")
     p.add_argument("--hardware", metavar="FILE", help="hardware profile from `zeropilot calibrate` (default: the "
                                                       "profile of the visible GPU model, when planning without --gpus)")
+    p.add_argument("--outside-torch", type=float, metavar="GiB",
+                   help="memory outside PyTorch per rank that you measured (CUDA/HIP context, BLAS, NCCL/RCCL; "
+                        "`zeropilot report DIR` shows it per rank): replaces the H200/profile figure, and is what "
+                        "a plan across --nodes needs before it gives a verdict")
     p.add_argument("--host-mem", type=float, metavar="GiB", help="host RAM per node (default: this machine's "
                                                                  "when planning without --gpus)")
     p.add_argument("--expandable-segments", action=argparse.BooleanOptionalAction, default=None,
@@ -227,6 +231,30 @@ def _write_json_atomic(path: str, data: dict) -> None:
         raise InputError(f"cannot write: {exc.strerror or exc}", target) from None
 
 
+def _outside_torch(args: argparse.Namespace, inputs, constants, notes: List[str]):
+    """``--outside-torch GiB``: the user's own per-rank figure; it covers the plan's nodes (they measured there).
+
+    Raises:
+        InputError: a negative or absurd figure; ``--search`` across nodes without it (candidates would be
+            ranked on memory that leaves the inter-node buffers out).
+    """
+    import dataclasses
+
+    nodes = inputs.hardware.nodes if inputs.hardware else 1
+    if args.outside_torch is None:
+        if args.search and nodes > constants.outside_nodes:
+            raise InputError(f"--search across {nodes} nodes needs --outside-torch GiB: NCCL's inter-node "
+                             "buffers are not modelled, so no configuration can be said to fit")
+        return constants, notes
+    if not 0 <= args.outside_torch <= 1024:
+        raise InputError(f"--outside-torch {args.outside_torch}: give GiB per rank, 0-1024")
+    base = args.outside_torch * (1 << 30)
+    constants = dataclasses.replace(constants, non_torch_zero12=base, non_torch_zero3_init=base,
+                                    non_torch_zero3=base, nccl_multi_gpu=0.0, outside_nodes=nodes,
+                                    source="flag --outside-torch, measured by you")
+    return constants, notes + [f"outside PyTorch: {args.outside_torch:.2f} GiB per rank (flag --outside-torch)"]
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -243,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
         from zeropilot.memory.profile import apply
 
         constants, notes = apply(args._profile, DEFAULT, inputs.world_size, inputs.stage)
+    constants, notes = _outside_torch(args, inputs, constants, notes)
     plan = make_plan(inputs, constants)
     if notes:
         plan = dataclasses.replace(plan, notes=tuple(notes) + plan.notes)

@@ -42,6 +42,8 @@ class Constants:
             or parameter offload), per byte of the largest gathered tensor (fitted).
         init_reserved: reserved per allocated byte at the init phase's peak (measured: 1.01-1.03).
         source: where the outside-PyTorch figures come from (a hardware profile names itself here).
+        outside_nodes: nodes the outside-PyTorch figure was measured across (1: one node, no inter-node
+            NCCL transport; a plan for more nodes than this is not judged, see ``plan.verdict_of``).
         fit_live: share of ``stage3_max_live_parameters`` that stays gathered at the peak (fitted).
         host_base: host memory of one training process without offload (measured RSS, ~2.2 GiB).
         host_offload_per_param: host bytes per offloaded trainable element (measured RSS, torch AdamW).
@@ -71,6 +73,7 @@ class Constants:
     fit_live: float = 1.0
     init_reserved: float = 1.02
     source: str = "measured on H200, bench/plan and bench/multigpu"
+    outside_nodes: int = 1
     host_base: float = 2.2 * GIB
     host_offload_per_param: float = 30.0
     host_offload_per_param_z3: float = 24.5

@@ -11,7 +11,7 @@ reserved. The larger of the two phases is the peak. Formulas and constants: ``do
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from zeropilot.memory.constants import DEFAULT, GIB, Constants
 from zeropilot.memory.inputs import PlanInputs
@@ -126,11 +126,7 @@ def _zero_buffers(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
     total = 2 * rbs * buckets
     why = f"{buckets} reduce bucket(s) of {rbs / 1e6:.0f} M bf16 elements"
     if gathers(inputs):
-        largest_layer = max(counts.per_layer)
-        live = max(counts.largest, largest_layer) + min(inputs.prefetch_bucket_size, inputs.max_live_parameters)
-        kept = 0.0
-        if inputs.max_reuse_distance > 0:
-            kept = c.fit_live * min(inputs.max_live_parameters, counts.total)
+        live, kept = _gathered(inputs, counts, c)
         persist = _persistent(inputs)
         total += 2 * (live + kept + persist)
         why += (f"; gathered parameters: the largest layer/tensor + prefetch bucket, {live / 1e6:.0f} M bf16"
@@ -144,6 +140,13 @@ def _zero_buffers(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
         total += hpz
         why += f"; ZeRO++ hpZ secondary partition: 2 B × {counts.total / 1e6:.0f} M / {inputs.hpz_partition_size}"
     return Component("zero_buffers", int(total), "resident", why)
+
+
+def _gathered(inputs: PlanInputs, counts: ParamCounts, c: Constants) -> Tuple[float, float]:
+    """ZeRO-3's gathered parameters in elements: (the largest layer/tensor + the prefetch bucket, kept for reuse)."""
+    live = max(counts.largest, max(counts.per_layer)) + min(inputs.prefetch_bucket_size, inputs.max_live_parameters)
+    kept = c.fit_live * min(inputs.max_live_parameters, counts.total) if inputs.max_reuse_distance > 0 else 0.0
+    return live, kept
 
 
 def _persistent(inputs: PlanInputs) -> float:
@@ -298,6 +301,28 @@ def _init_phase(inputs: PlanInputs, params: int, trainable: int) -> Component:
                      "deepspeed.initialize partitions it; the caching allocator keeps it reserved")
 
 
+def _build_cache(inputs: PlanInputs, counts: ParamCounts, init: Component, c: Constants) -> Optional[Component]:
+    """The whole-model build's blocks that stay reserved through training (ZeRO-3, no zero.Init, offload_param).
+
+    ``deepspeed.initialize`` partitions the parameters and, with ``offload_param``, moves the partitions to the
+    CPU. Only when parameters stay on the GPU does it copy them into one flat buffer through ``defragment``, which
+    calls ``empty_cache()`` (DeepSpeed 0.19.8, ``runtime/zero/stage3.py`` ``_create_fp16_partitions_with_
+    defragmentation`` and ``runtime/zero/utils.py`` ``defragment``). With ``offload_param`` nothing empties the
+    cache, so the blocks that held the whole 16-bit model, one per parameter, stay reserved. Training's gathered
+    parameters have exactly those sizes and reuse them; its other tensors (logits, activations, buckets) do not
+    fit the per-parameter blocks and get new segments. So the cached blocks beyond the gathered working set count
+    on top of training.
+    """
+    if inputs.stage != 3 or inputs.zero_init or inputs.offload_param == "none":
+        return None
+    cache = init.bytes * c.init_reserved
+    reused = min(cache, 2 * sum(_gathered(inputs, counts, c)))
+    return Component("build_cache", int(cache - reused), "overhead",
+                     f"no zero.Init with offload_param: the whole-model build's blocks ({cache / GIB:.2f} GiB) stay "
+                     "cached (DeepSpeed empties the cache only when parameters stay on the GPU); the gathered "
+                     f"parameters reuse {reused / GIB:.2f} GiB of them, the rest stays beside training")
+
+
 def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     """The per-GPU memory of ``inputs`` at its peak, component by component."""
     counts = count_params(inputs.arch)
@@ -324,6 +349,11 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
         init = _init_phase(inputs, params, trainable)
         comps.append(init)
         init_peak = int(init.bytes * c.init_reserved) + non_torch.bytes
+        cache = _build_cache(inputs, counts, init, c)
+        if cache is not None:
+            comps.insert(comps.index(gap) + 1, cache)
+            reserved += cache.bytes
+            train_peak += cache.bytes
         if init_peak > train_peak:
             phase, allocated, reserved = "init", init.bytes, int(init.bytes * c.init_reserved)
     peak = max(train_peak, init_peak)

@@ -31,12 +31,24 @@ class Verdict:
     message: str
 
 
-def verdict_of(gpu: GpuMemory, gpu_bytes: Optional[int]) -> Verdict:
-    """Compare the predicted peak with one GPU's memory."""
+def verdict_of(gpu: GpuMemory, gpu_bytes: Optional[int], nodes: int = 1, outside_nodes: int = 1) -> Verdict:
+    """Compare the predicted peak with one GPU's memory.
+
+    Across nodes NCCL adds its network transport (per-peer buffers and proxy state for IB/RoCE), which no
+    run here measured and the plan does not model: a plan for more nodes than its outside-PyTorch figure
+    was measured across is refused a verdict (``unknown``), with the single-node figures and how to measure.
+    """
     if gpu_bytes is None:
         return Verdict("unknown", None, "no --gpus given: no verdict")
     non_torch = gpu.peak_bytes - gpu.reserved_peak_bytes
     head = gpu_bytes - gpu.peak_bytes
+    if nodes > outside_nodes:
+        return Verdict("unknown", head, f"not judged: {nodes} nodes, and NCCL's inter-node buffers (network "
+                                        "transport) are neither modelled nor measured here; without them the "
+                                        f"peak is {gpu.peak_bytes / GIB:.1f} GiB of {gpu_bytes / GIB:.1f} GiB "
+                                        f"({head / GIB:+.1f} GiB). Measure memory outside PyTorch per rank on "
+                                        "your nodes (`zeropilot run` records it: `zeropilot report DIR`, column "
+                                        "'outside torch') and plan with --outside-torch GiB")
     if head >= 0:
         return Verdict("fits", head, f"fits: {head / GIB:.1f} GiB headroom of {gpu_bytes / GIB:.1f} GiB "
                                      f"({100 * head / gpu_bytes:.0f}%)")
@@ -87,15 +99,18 @@ def _after_save(inputs: PlanInputs, gpu: GpuMemory) -> Tuple[int, str]:
     return 0, "engine.save_checkpoint copies tensors to the CPU as it writes; peaks unchanged after a save (H200)"
 
 
-def _notes(inputs: PlanInputs, ckpt: Checkpoint) -> List[str]:
+def _notes(inputs: PlanInputs, ckpt: Checkpoint, c: Constants) -> List[str]:
     notes = []
-    if inputs.world_size > 2:
+    if inputs.world_size > 2 and c.nccl_multi_gpu:  # H200 figures; a profile or the flag is the user's own
         notes.append(f"memory outside PyTorch was measured at world sizes 1 and 2; at world size "
                      f"{inputs.world_size} the world-size-2 figure is used (NCCL rings grow little with ranks)")
     if inputs.hardware is not None and inputs.hardware.nodes > 1:
         notes.append(f"{inputs.hardware.nodes} nodes: parameters, gradients and optimizer state are partitioned "
-                     f"over all {inputs.world_size} ranks; NCCL's inter-node (IB/RoCE) buffers are NOT in the plan: "
-                     "neither the H200 runs nor `zeropilot calibrate` (one node) measure them")
+                     f"over all {inputs.world_size} ranks"
+                     + (f"; ZeRO++ hpZ keeps a secondary 16-bit partition over {inputs.hpz_partition_size} GPUs "
+                        "(counted in ZeRO buffers)" if inputs.hpz_partition_size > 1 and inputs.stage == 3 else "")
+                     + "; NCCL's inter-node (IB/RoCE) buffers are not modelled: neither the H200 runs nor "
+                     "`zeropilot calibrate` (one node) measure them")
     if inputs.attn == "flash":
         notes.append("flash attention sized like sdpa (both keep O(seq) per head); not measured separately")
     if inputs.offload_optimizer == "nvme" or inputs.offload_param == "nvme":
@@ -124,9 +139,10 @@ def make_plan(inputs: PlanInputs, c: Constants = DEFAULT) -> Plan:
     gpu = estimate_gpu(inputs, c)
     host = estimate_host(inputs, gpu.params, gpu.trainable, c)
     ckpt = estimate_checkpoint(inputs, gpu.params, gpu.trainable)
-    verdict = verdict_of(gpu, inputs.hardware.gpu_bytes if inputs.hardware else None)
+    hw = inputs.hardware
+    verdict = verdict_of(gpu, hw.gpu_bytes if hw else None, hw.nodes if hw else 1, c.outside_nodes)
     extra, _ = _after_save(inputs, gpu)
-    notes = _notes(inputs, ckpt)
+    notes = _notes(inputs, ckpt, c)
     if gpu.peak_phase == "init":
         notes.insert(0, f"the init phase sets the peak ({gpu.init_peak_bytes / GIB:.1f} GiB against training's "
                         f"{gpu.train_peak_bytes / GIB:.1f} GiB): the model is built whole on every GPU before "

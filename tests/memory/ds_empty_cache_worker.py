@@ -1,0 +1,50 @@
+"""Witness for the plan's build-cache term: does ``deepspeed.initialize`` (ZeRO-3) empty the allocator cache?
+
+Real DeepSpeed on CPU, one rank on gloo, a tiny Qwen2 built whole (no zero.Init), as a raw script does. Counts
+calls of the accelerator's ``empty_cache`` during ``deepspeed.initialize`` with the parameters kept on the
+device and with ``offload_param``. Usage: python ds_empty_cache_worker.py PORT -> prints ``RESULT {json}``.
+"""
+import json
+import os
+import sys
+
+
+def main(port: str) -> None:
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                      DS_ACCELERATOR="cpu")
+    import deepspeed
+    import torch
+    from deepspeed.accelerator import get_accelerator
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    acc = get_accelerator()
+    calls = {"n": 0}
+    real = acc.empty_cache
+
+    def counting():
+        calls["n"] += 1
+        return real()
+
+    acc.empty_cache = counting
+    cfg = AutoConfig.for_model("qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+    out = {}
+    for name, offload in (("params_on_device", False), ("offload_param", True)):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        zero = {"stage": 3}
+        if offload:
+            zero["offload_param"] = {"device": "cpu"}
+        calls["n"] = 0
+        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                          config={"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                                                  "zero_optimization": zero, "zero_allow_untested_optimizer": True,
+                                                  "steps_per_print": 10 ** 9})
+        out[name] = calls["n"]
+        engine.destroy()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
