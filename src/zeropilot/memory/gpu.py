@@ -301,7 +301,7 @@ def _init_phase(inputs: PlanInputs, params: int, trainable: int) -> Component:
                      "deepspeed.initialize partitions it; the caching allocator keeps it reserved")
 
 
-def _build_cache(inputs: PlanInputs, counts: ParamCounts, init: Component, c: Constants) -> Optional[Component]:
+def _build_cache(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[Component]:
     """The whole-model build's blocks that stay reserved through training (ZeRO-3, no zero.Init, offload_param).
 
     ``deepspeed.initialize`` partitions the parameters and, with ``offload_param``, moves the partitions to the
@@ -315,7 +315,7 @@ def _build_cache(inputs: PlanInputs, counts: ParamCounts, init: Component, c: Co
     """
     if inputs.stage != 3 or inputs.zero_init or inputs.offload_param == "none":
         return None
-    cache = init.bytes * c.init_reserved
+    cache = 2 * (counts.total + (trainable if inputs.lora_rank else 0)) * c.init_reserved  # the whole 16-bit model
     reused = min(cache, 2 * sum(_gathered(inputs, counts, c)))
     return Component("build_cache", int(cache - reused), "overhead",
                      f"no zero.Init with offload_param: the whole-model build's blocks ({cache / GIB:.2f} GiB) stay "
@@ -349,7 +349,7 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
         init = _init_phase(inputs, params, trainable)
         comps.append(init)
         init_peak = int(init.bytes * c.init_reserved) + non_torch.bytes
-        cache = _build_cache(inputs, counts, init, c)
+        cache = _build_cache(inputs, counts, trainable, c)
         if cache is not None:
             comps.insert(comps.index(gap) + 1, cache)
             reserved += cache.bytes
