@@ -3,10 +3,7 @@
 # Usage (GPU machine, repository root): bash bench/guard/gpu_bench.sh OUT   -> OUT/log.txt, OUT/runs.tar.gz
 set -u
 OUT=$1; R=$OUT/runs; mkdir -p $R
-export NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=4
-ZP="python3 -m zeropilot run --no-check"
-T=bench/guard/train_lm.py
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("",0));print(s.getsockname()[1])'; }
+source bench/guard/common.sh
 section() { echo "=== $1 $(date +%T)"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 

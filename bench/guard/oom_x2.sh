@@ -5,10 +5,7 @@
 # helper process takes all but 1 GiB of GPU 0.
 set -u
 OUT=$1; R=$OUT/runs; mkdir -p $R
-export NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=4
-ZP="python3 -m zeropilot run --no-check"
-T=bench/guard/train_lm.py
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("",0));print(s.getsockname()[1])'; }
+source bench/guard/common.sh
 tr2() { echo torchrun --nproc_per_node 2 --master_port $(port); }
 echo "=== oom-x2 $(date +%T)"
 timeout 150 $ZP --out $R/oom-x2-capacity -- $(tr2) $T '{"size":"qwen0.5b","stage":2,"mb":16,"seq":2048,"cap_gib":16,"steps":2}' > $R/oom-x2-capacity.out 2>&1 &

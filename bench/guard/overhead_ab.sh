@@ -9,13 +9,11 @@
 #   OUT/overhead-ab/{guard,plain}-g<gpu>-s<slot>.out, then python bench/guard/overhead_summary.py OUT/overhead-ab
 set -u
 OUT=$1/overhead-ab; SLOTS=${2:-4}; mkdir -p $OUT
-export NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=4
-T=bench/guard/train_lm.py
+source bench/guard/common.sh
 STEPS=${STEPS:-50}
 OV='{"size":"qwen0.5b","stage":2,"mb":8,"seq":2048,"gc":true,"steps":'$STEPS',"warmup":10}'
 N=$(nproc); H=$((N / 2))
 cores() { if [ "$1" = 0 ]; then echo 0-$((H - 1)); else echo $H-$((N - 1)); fi; }
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("",0));print(s.getsockname()[1])'; }
 job() {  # KIND GPU SLOT
   local cmd="torchrun --nproc_per_node 1 --master_port $(port) $T $OV"
   if [ "$1" = guard ]; then cmd="python3 -m zeropilot run --no-check --out $OUT/run-g$2-s$3 -- $cmd"; fi

@@ -5,10 +5,8 @@
 #   python bench/guard/overhead_summary.py OUT/overhead
 set -u
 OUT=$1/overhead; mkdir -p $OUT
-export NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=4
-T=bench/guard/train_lm.py
+source bench/guard/common.sh
 OV='{"size":"qwen0.5b","stage":2,"mb":4,"seq":1024,"steps":60,"warmup":10}'
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("",0));print(s.getsockname()[1])'; }
 guard() { CUDA_VISIBLE_DEVICES=$2 timeout 110 python3 -m zeropilot run --no-check --out $OUT/run-guard-$1 -- \
   torchrun --nproc_per_node 1 --master_port $(port) $T "$OV" > $OUT/guard-$1.out 2>&1; }
 plain() { CUDA_VISIBLE_DEVICES=$2 timeout 110 torchrun --nproc_per_node 1 --master_port $(port) $T "$OV" \
