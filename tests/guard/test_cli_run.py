@@ -133,3 +133,19 @@ def test_flight_recorder_pipes_are_removed_at_the_end_only_under_our_prefix(tmp_
     _remove_pipes(str(other / ".nccl-pipe-rank-"), run)  # the user's own prefix elsewhere: left alone
     assert sorted(p.name for p in run.iterdir()) == [".nccl-pipe-rank-9.pipe.txt"]
     assert len(list(other.iterdir())) == 2
+
+
+def test_the_launch_script_carries_the_environment_that_decides_the_launch(tmp_path):
+    """`FORCE_TORCHRUN=1 NPROC_PER_NODE=2 zeropilot run -- llamafactory-cli train x.yaml`: the world size comes from
+    the environment, so check and plan must see it (and nothing outside the curated names: no secrets)."""
+    from zeropilot.check import check
+    from zeropilot.runner.runinfo import write_launch_script
+
+    script = write_launch_script(["llamafactory-cli", "train", "x.yaml"], tmp_path / "launch.sh",
+                                 env={"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2", "HF_TOKEN": "secret",
+                                      "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:128"})
+    text = script.read_text()
+    assert "secret" not in text and "export NPROC_PER_NODE=2" in text
+    _, launch = check([script])
+    assert launch.world_size.value == 2 and launch.world_size.reason == "NPROC_PER_NODE"
+    assert "PYTORCH_CUDA_ALLOC_CONF" in launch.env()

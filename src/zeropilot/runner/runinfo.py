@@ -47,10 +47,13 @@ def versions() -> Dict[str, str]:
     return out
 
 
-def write_launch_script(command: List[str], path: Path) -> Path:
-    """The command as a one-line shell script that ``check`` can read."""
-    path.write_text("#!/bin/sh\n# written by zeropilot run: the launch it watches\n" + shlex.join(command) + "\n",
-                    encoding="utf-8")
+def write_launch_script(command: List[str], path: Path, env: Optional[Dict[str, str]] = None) -> Path:
+    """The launch as a shell script that ``check`` can read: the variables of :func:`environment` that are set
+    (``NPROC_PER_NODE`` and ``FORCE_TORCHRUN`` for ``llamafactory-cli``, visible devices, allocator settings:
+    the launch's own environment, which decides its world size and what the rules see), then the command."""
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in environment(env).items())
+    path.write_text("#!/bin/sh\n# written by zeropilot run: the launch it watches, with the environment it ran in\n"
+                    + exports + shlex.join(command) + "\n", encoding="utf-8")
     return path
 
 
