@@ -22,5 +22,7 @@ CUDA_VISIBLE_DEVICES=0 timeout 60 python3 -m zeropilot run --no-check --out $W/g
 grep RESULT $W/guard/runs/hook-cost.out
 echo "=== done $(date +%T)"
 find $W -name 'stacks-rank-*.txt' -size +200k -delete
-tar czf $OUT/guard.tar.gz -C $W guard; tar czf $OUT/repro.tar.gz -C $W resume.json resume.log resume 2>/dev/null
+tar czf $OUT/guard.tar.gz -C $W guard
+# the resume folders hold each rank's captured state (GBs): bring back the verdicts and logs only
+(cd $W && tar czf $OUT/repro.tar.gz resume.json resume.log $(find resume -type f -size -2M))
 ls -la $OUT

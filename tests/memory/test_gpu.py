@@ -134,16 +134,14 @@ def test_witness_deepspeed_empties_the_cache_only_when_parameters_stay_on_the_de
     offload_param nothing does — why the build's blocks stay cached in the plan's build-cache term."""
     import json
     import os
-    import subprocess
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from runjobs import free_port
+    from tests.runjobs import free_port
+    from tests.zp import run_group
 
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
     worker = Path(__file__).with_name("ds_empty_cache_worker.py")
-    out = subprocess.run([sys.executable, str(worker), str(free_port())], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = run_group([sys.executable, str(worker), str(free_port())], timeout=300, env=env, cwd=tmp_path)
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
     assert json.loads(line[7:]) == {"params_on_device": 1, "offload_param": 0}

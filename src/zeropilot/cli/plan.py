@@ -238,7 +238,7 @@ def _outside_torch(args: argparse.Namespace, inputs, constants, notes: List[str]
         InputError: a negative or absurd figure; ``--search`` across nodes without it (candidates would be
             ranked on memory that leaves the inter-node buffers out).
     """
-    import dataclasses
+    from zeropilot.memory.profile import with_outside_torch
 
     nodes = inputs.hardware.nodes if inputs.hardware else 1
     if args.outside_torch is None:
@@ -248,10 +248,8 @@ def _outside_torch(args: argparse.Namespace, inputs, constants, notes: List[str]
         return constants, notes
     if not 0 <= args.outside_torch <= 1024:
         raise InputError(f"--outside-torch {args.outside_torch}: give GiB per rank, 0-1024")
-    base = args.outside_torch * (1 << 30)
-    constants = dataclasses.replace(constants, non_torch_zero12=base, non_torch_zero3_init=base,
-                                    non_torch_zero3=base, nccl_multi_gpu=0.0, outside_nodes=nodes,
-                                    source="flag --outside-torch, measured by you")
+    constants = with_outside_torch(constants, args.outside_torch * (1 << 30), "flag --outside-torch, measured by you",
+                                   nodes=nodes)
     return constants, notes + [f"outside PyTorch: {args.outside_torch:.2f} GiB per rank (flag --outside-torch)"]
 
 

@@ -187,6 +187,14 @@ def visible_gpu_name(timeout: float = 5.0) -> Optional[str]:
     return lines[0] if lines else None
 
 
+def with_outside_torch(constants, base: float, source: str, raw_build_extra: float = 0.0, nodes: int = 1):
+    """Constants whose memory outside PyTorch is one measured per-rank figure (NCCL included, so no extra per
+    world size), for ``nodes`` nodes: a hardware profile (one node, measured inside zero.Init: a build without
+    it adds ``raw_build_extra``) or the user's own ``--outside-torch``."""
+    return replace(constants, non_torch_zero12=base, non_torch_zero3_init=base, non_torch_zero3=base + raw_build_extra,
+                   nccl_multi_gpu=0.0, outside_nodes=nodes, source=source)
+
+
 def apply(profile: Profile, constants, world_size: int, stage: int) -> Tuple[object, List[str]]:
     """Constants with the profile's figures, and notes saying what changed.
 
@@ -198,9 +206,8 @@ def apply(profile: Profile, constants, world_size: int, stage: int) -> Tuple[obj
     c = constants
     if profile.outside_torch_bytes is not None:
         base = profile.outside_torch_bytes
-        c = replace(c, non_torch_zero12=base, non_torch_zero3_init=base, non_torch_zero3=base + RAW_BUILD_EXTRA,
-                    nccl_multi_gpu=0.0, source=f"hardware profile {Path(profile.path or '').name or 'given'}, "
-                                              f"measured at world size {profile.world_size}")
+        c = with_outside_torch(c, base, f"hardware profile {Path(profile.path or '').name or 'given'}, measured at "
+                                        f"world size {profile.world_size}", raw_build_extra=RAW_BUILD_EXTRA)
         notes.append(f"outside PyTorch: {base / GIB:.2f} GiB per rank from the hardware profile "
                      f"({profile.gpu_name}, world size {profile.world_size})")
         if world_size != profile.world_size:

@@ -103,9 +103,10 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _remove_pipes(prefix: str, root: Path) -> None:
     """The flight recorder's dump pipes (FIFOs PyTorch made at our prefix in the run directory): the job is over."""
-    if not prefix.startswith(str(root)):
-        return  # a prefix the user set: not ours to remove
-    for path in Path(prefix).parent.glob(Path(prefix).name + "*.pipe"):
+    base = Path(prefix)
+    if not prefix or base.parent != root:
+        return  # a prefix the user set elsewhere: not ours to remove
+    for path in root.glob(base.name + "*.pipe"):
         try:
             if stat.S_ISFIFO(path.lstat().st_mode):
                 path.unlink()
