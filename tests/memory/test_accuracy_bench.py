@@ -27,6 +27,7 @@ def test_the_plans_known_under_predictions_are_the_measured_ones():
     """`memory.plan.KNOWN_UNDER` states the worst under-prediction per kind of run: it must be what the committed
     never-fitted rows give (one fact: the bench results; the plan only quotes them)."""
     sys.path.insert(0, str(BENCH))
+    from accuracy import NOT_TUNED
     from rows import load_rows
 
     from zeropilot.memory.gpu import estimate_gpu
@@ -34,7 +35,7 @@ def test_the_plans_known_under_predictions_are_the_measured_ones():
 
     worst = {}
     for r in load_rows():
-        if r.split in ("holdout", "new-arch", "x2-holdout") and r.measured_bytes:
+        if r.split in NOT_TUNED and r.measured_bytes:
             kind = known_under(r.inputs)
             if kind is not None:
                 err = round(100 * (estimate_gpu(r.inputs).peak_bytes / r.measured_bytes - 1), 1)
