@@ -13,6 +13,9 @@ A variant of ``../shared/calibration/zero_mem_probe.py`` (same output format) wi
                  on the GPU first, as a raw script does before ``deepspeed.initialize``
   sgs / mlp / mrd  sub_group_size, stage3_max_live_parameters, stage3_max_reuse_distance (DeepSpeed
                  defaults when absent)
+  trace          record the caching allocator's history from the start (``torch.cuda.memory.
+                 _record_memory_history``, no stacks) and write rank 0's events as
+                 ``$TRACE_DIR/<trace>.json.gz``: a list of [action, addr, size, phase] (``analyze_trace.py``)
 and, in the output: ``phase`` of an OOM (init or step), ``host_peak_rss_gb``, ``non_torch_nvml_gb``
 (this process's memory by NVML minus PyTorch's reserved, where NVML answers); snapshots ``built`` (after
 the model is built), ``after_init`` (after ``deepspeed.initialize``: its peaks are the init phase's), then
@@ -85,6 +88,16 @@ if spec.get("offload_param"):
 t0 = time.time()
 snaps = []
 phase = "init"
+if spec.get("trace"):
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=2_000_000)
+marks = []  # (trace index, phase) where each phase starts
+
+
+def mark(name):
+    if spec.get("trace"):
+        marks.append((len(torch.cuda.memory._snapshot()["device_traces"][LOCAL_RANK]), name))
+
+
 try:
     if spec.get("zero_init") and stage == 3:
         from transformers.integrations import HfDeepSpeedConfig
@@ -117,6 +130,7 @@ try:
     out["host_rss_init_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     torch.cuda.reset_peak_memory_stats(); out["peaks_reset_after_init"] = True
     phase = "step"
+    mark("step")
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def step():
@@ -151,6 +165,17 @@ try:
 except torch.OutOfMemoryError as e:
     out["status"] = "oom"; out["phase"] = phase; out["error"] = str(e)[:400]; snaps.append(snap("at_oom"))
 out["snaps"] = snaps
+if spec.get("trace") and int(os.environ["RANK"]) == 0:
+    import gzip
+    events = torch.cuda.memory._snapshot()["device_traces"][LOCAL_RANK]
+    starts = dict(marks)
+    rows, ph = [], "init"
+    for i, e in enumerate(events):
+        ph = starts.get(i, ph)
+        rows.append([e["action"], e["addr"], e["size"], ph])
+    with gzip.open(os.path.join(os.environ.get("TRACE_DIR", "/tmp"), spec["trace"] + ".json.gz"), "wt") as f:
+        json.dump(rows, f)
+    out["trace_events"] = len(rows)
 out["host_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 out["total_gpu_gb"] = total_gb
 out["versions"] = {"torch": torch.__version__, "deepspeed": deepspeed.__version__,
