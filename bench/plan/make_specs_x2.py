@@ -6,7 +6,7 @@ fine-tuning of 7-8B models at ZeRO-3 (``sub_group_size`` default and smaller), o
 offload, ``stage3_max_live_parameters``, and 16 GiB-capped pairs. Every spec names its split
 (``fit`` or ``holdout``) BEFORE it is measured: at least a third are held out of any fitting.
 HF ``"auto"`` bucket values (LLaMA-Factory's ds_z3 config) are written out: rbs h², pbs 0.9·h², ppt 10·h.
-Usage: python bench/plan/make_specs_x2.py [--call5]   (--call5: the third pass's rows, specs/call5_x2.jsonl)
+Usage: python bench/plan/make_specs_x2.py [--call5 | --call8]   (the third / fourth pass's rows, specs/callN_x2.jsonl)
 """
 from __future__ import annotations
 
@@ -84,15 +84,39 @@ CALL5 = [
 ]
 
 
+# Call 8 (fourth pass): rows never measured before, held out, their predictions written into the spec before
+# the run, after the ZeRO-1/2 segment floor (memory/gpu.py ``_zero12_segments``) and the ZeRO-1/2 offload
+# gradient fix were made from call 7's allocator traces. Mostly ZeRO-1/2 (what changed), world size 1 and 2,
+# with and without checkpointing and offload, plus ZeRO-3 rows the change does not touch.
+CALL8 = [
+    spec("qwen3-4b", 2, 2, 1024, 1, "holdout"),
+    spec("llama-3.2-1b", 2, 4, 1024, 1, "holdout"),
+    spec("gemma-2-2b", 1, 2, 1024, 1, "holdout"),
+    spec("phi-3-mini", 2, 1, 2048, 1, "holdout", gc=True),
+    spec("qwen2.5-0.5b", 2, 8, 1024, 1, "holdout", gc=True),
+    spec("mistral-1b-shape", 2, 4, 2048, 1, "holdout", gc=True),
+    spec("qwen3-1.7b", 1, 2, 2048, 1, "holdout", gc=True),
+    spec("qwen2.5-1.5b", 2, 2, 2048, 1, "holdout", gc=True, offload=True),
+    spec("llama-3.2-3b", 2, 1, 2048, 1, "holdout", gc=True, offload=True),
+    spec("gemma-3-1b", 2, 2, 2048, 1, "holdout"),
+    spec("gemma-2-2b", 2, 2, 2048, 1, "holdout", lora=16),
+    spec("qwen2.5-1.5b", 2, 4, 1024, 2, "holdout"),
+    spec("llama-3.2-1b", 1, 2, 2048, 2, "holdout", gc=True),
+    spec("qwen3-1.7b", 3, 2, 2048, 2, "holdout", gc=True, zero_init=True),
+    spec("qwen2.5-1.5b", 3, 2, 1024, 1, "holdout", lora=16, zero_init=False),
+    spec("llama-3.2-1b", 3, 4, 1024, 2, "holdout", zero_init=False),
+]
+
+
 def main() -> None:
     import sys
     sys.path.insert(0, str(HERE.parents[1] / "src"))
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    call5 = "--call5" in sys.argv
-    rows = CALL5 if call5 else ROWS
-    out = HERE / "specs" / ("call5_x2.jsonl" if call5 else "call3_x2.jsonl")
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8")), "call3")
+    rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8}[which]
+    out = HERE / "specs" / f"{which}_x2.jsonl"
     with out.open("w") as f:
         for s in rows:
             p = make_plan(spec_inputs(s, 139.8)).gpu_peak_bytes / 2**30

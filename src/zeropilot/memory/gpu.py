@@ -107,6 +107,10 @@ def _grads_and_optimizer(inputs: PlanInputs, trainable: int) -> List[Component]:
     off = inputs.offload_optimizer != "none"
     if off and inputs.stage == 3:
         grad_share, grad_why = 0, "ZeRO-3 with offload_optimizer keeps gradient partitions in pinned CPU memory"
+    elif off and inputs.stage in (1, 2):
+        grad_share = 0
+        grad_why = ("ZeRO-1/2 with offload_optimizer copies each reduced gradient into the fp32 partition on the CPU "
+                    "(copy_grads_in_partition): no gradient partition on the GPU, only the reduce bucket")
     where = f"on {inputs.offload_optimizer.upper()} (offload_optimizer)" if off else "on the GPU"
     master = 0 if off else 4 * part
     adam = 0 if off else 8 * part
@@ -323,6 +327,40 @@ def _build_cache(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Con
                      f"parameters reuse {reused / GIB:.2f} GiB of them, the rest stays beside training")
 
 
+def _zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, forward: int) -> Optional[Component]:
+    """ZeRO-1/2: a floor on training's reserved memory from the caching allocator's segments, which never shrink.
+
+    Read off the allocator's own history (``torch.cuda.memory._record_memory_history``) of six ZeRO-1/2 runs
+    (``bench/plan/analyze_trace.py``, call 7) and checked against every ZeRO-1/2 row's ``after_init`` snapshot:
+    ``deepspeed.initialize`` leaves the 16-bit weights and the fp32 master partition allocated and, cached
+    beside them, the blocks the model was built in and a flattening copy (2 B each per trainable element)
+    and, with the optimizer on the GPU, the zeroed fp32 gradient ``initialize_optimizer_states`` steps with
+    (4 B per partition element). The forward's transient (``forward``: activations and logits) beyond that
+    cache needs new segments. The first optimizer step needs whole fp32 blocks the size of the partition —
+    the fp32 gradient and AdamW's two states — and, unless the logits' fp32 blocks are that large, none is
+    free, so each takes a new segment; when the forward fitted in initialize's cache and left it whole, the
+    ``foreach`` temporary reuses the cached gradient block, otherwise it takes a fourth.
+    With ``expandable_segments`` blocks grow in place and this does not hold: no floor.
+    """
+    if inputs.stage not in (1, 2) or inputs.expandable_segments:
+        return None
+    n = inputs.world_size
+    gpu_opt = inputs.offload_optimizer == "none"
+    params = counts.total + (trainable if inputs.lora_rank else 0)
+    block = 4 * trainable / n  # one fp32 partition
+    allocated = 2 * params + (block if gpu_opt else 0)
+    cached = 4 * trainable + (block if gpu_opt else 0)
+    logits32 = 4 * inputs.micro_batch * inputs.seq_len * inputs.arch.vocab
+    whole = forward <= cached
+    fb = max(0.0, forward - cached)
+    blocks = (3 if whole else 4) if gpu_opt and logits32 < block else 0
+    total = allocated + cached + fb + blocks * block
+    return Component("segments", int(total), "overhead",
+                     f"initialize's segments ({_gib(allocated)} allocated + {_gib(cached)} cached), "
+                     f"{_gib(fb)} of the forward beyond that cache, {blocks} new whole fp32 blocks of "
+                     f"{_gib(block)} for the optimizer step")
+
+
 def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     """The per-GPU memory of ``inputs`` at its peak, component by component."""
     counts = count_params(inputs.arch)
@@ -341,6 +379,11 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     gap = _gap(inputs, opt, max(backward_bytes, step.bytes), step.bytes, counts.largest, c)
     non_torch = _non_torch(inputs, c)
     reserved = allocated + gap.bytes
+    segs = _zero12_segments(inputs, counts, trainable, backward_bytes)
+    if segs is not None and segs.bytes > reserved:
+        gap = Component(gap.name, segs.bytes - allocated, gap.phase,
+                        f"reserved but unallocated: {segs.reason} ({_gib(segs.bytes)} in all)")
+        reserved = segs.bytes
     params = counts.total + (trainable if inputs.lora_rank else 0)
     comps = resident + backward + [step, gap, non_torch]
     train_peak = reserved + non_torch.bytes
