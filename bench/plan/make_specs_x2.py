@@ -85,7 +85,7 @@ CALL5 = [
 
 
 # Call 8 (fourth pass): rows never measured before, held out, their predictions written into the spec before
-# the run, after the ZeRO-1/2 segment floor (memory/gpu.py ``_zero12_segments``) and the ZeRO-1/2 offload
+# the run, after the ZeRO-1/2 segment floor (memory/gpu.py ``zero12_segments``) and the ZeRO-1/2 offload
 # gradient fix were made from call 7's allocator traces. Mostly ZeRO-1/2 (what changed), world size 1 and 2,
 # with and without checkpointing and offload, plus ZeRO-3 rows the change does not touch.
 CALL8 = [

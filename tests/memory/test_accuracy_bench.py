@@ -41,3 +41,39 @@ def test_the_plans_known_under_predictions_are_the_measured_ones():
                 err = round(100 * (estimate_gpu(r.inputs).peak_bytes / r.measured_bytes - 1), 1)
                 worst[kind] = min(worst.get(kind, 0.0), err)
     assert worst == {k: v[0] for k, v in KNOWN_UNDER.items()}
+
+
+def test_zero12_segment_floor_reads_the_committed_allocator_traces():
+    """The ZeRO-1/2 segment floor (memory/gpu.py ``zero12_segments``) against the caching allocator's own history
+    of call 7's runs on an H200 (bench/plan/data/traces7, made by ``run_trace_call7.sh``): initialize's segments,
+    and the number of new segments of one fp32 partition taken in training."""
+    import gzip
+    import json
+
+    sys.path.insert(0, str(BENCH))
+    from rows import spec_inputs
+
+    from zeropilot.memory.gpu import activation_bytes, logits_bytes, trainable_params, zero12_segments
+    from zeropilot.models.params import count_params
+
+    checked = 0
+    for line in (BENCH / "data" / "h200x2_call7.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        spec = r["spec"]
+        if spec["stage"] not in (1, 2) or r["rank"] != 0:
+            continue
+        inputs = spec_inputs(spec, r["total_gpu_gb"])
+        counts = count_params(inputs.arch)
+        trainable = trainable_params(inputs, counts)
+        forward = activation_bytes(inputs)[0] + logits_bytes(inputs)[0]
+        floor = zero12_segments(inputs, counts, trainable, forward)
+        with gzip.open(BENCH / "data" / "traces7" / f"{spec['trace']}.json.gz", "rt") as f:
+            events = json.load(f)
+        init = sum(e[2] for e in events if e[0] == "segment_alloc" and e[3] == "init") - \
+            sum(e[2] for e in events if e[0] == "segment_free" and e[3] == "init")
+        whole = sum(1 for e in events if e[0] == "segment_alloc" and e[3] == "step" and abs(e[2] - floor.block) < 2**21)
+        predicted_init = floor.init_allocated + floor.init_cached
+        assert abs(predicted_init - init) <= 0.03 * init + 0.25 * 2**30, (spec["trace"], predicted_init, init)
+        assert floor.step_blocks == whole or floor.block < 2**27, (spec["trace"], floor.step_blocks, whole)
+        checked += 1
+    assert checked >= 7

@@ -21,7 +21,9 @@ def test_components_add_up_to_the_peak():
     gpu = estimate_gpu(_inputs(lora_rank=16, gradient_checkpointing=True))
     parts = gpu.by_name()
     resident = sum(c.bytes for c in gpu.components if c.phase == "resident")
-    transient = max(parts["activations"] + parts["logits"], parts["step_temporaries"])
+    late = sum(c.bytes for c in gpu.components if c.phase == "gradients")
+    assert late == parts["gradients"] + parts["zero_buffers"] > 0  # ZeRO-2: taken during backward, gone after it
+    transient = max(parts["activations"] + parts["logits"], late + parts["step_temporaries"])
     assert gpu.allocated_peak_bytes == resident + transient
     assert gpu.peak_bytes == gpu.allocated_peak_bytes + parts["allocator_overhead"] + parts["non_torch"]
     assert all(c.reason for c in gpu.components)
@@ -145,3 +147,43 @@ def test_witness_deepspeed_empties_the_cache_only_when_parameters_stay_on_the_de
     out = run_group([sys.executable, str(worker), str(free_port())], timeout=300, env=env, cwd=tmp_path)
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
     assert json.loads(line[7:]) == {"params_on_device": 1, "offload_param": 0}
+
+
+def test_zero12_gradients_and_buckets_are_not_held_at_the_loss_backward():
+    dense = estimate_gpu(_inputs(stage=2, micro_batch=8, seq_len=2048))  # the loss backward sets the peak
+    parts = dense.by_name()
+    assert dense.peak_phase == "backward"
+    resident = sum(c.bytes for c in dense.components if c.phase == "resident")
+    assert dense.allocated_peak_bytes == resident + parts["activations"] + parts["logits"]
+    assert "gradients" not in {c.name for c in dense.components if c.phase == "resident"}
+    offload = estimate_gpu(_inputs(stage=2, offload_optimizer="cpu")).by_name()
+    assert offload["gradients"] == 0  # copied into the CPU fp32 partition as they arrive
+    lora = estimate_gpu(_inputs(stage=2, lora_rank=8, reduce_bucket_size=int(5e8))).by_name()
+    assert lora["zero_buffers"] == 2 * int(5e8)  # a whole bucket, however few the trainable elements
+
+
+@pytest.mark.slow
+def test_witness_deepspeed_gradient_buffers(tmp_path):
+    """Real DeepSpeed on CPU (one gloo rank, torch AdamW): each contiguous-gradients bucket has
+    ``reduce_bucket_size`` elements even with fewer trainable ones (ZeRO-1, 2, 3); ZeRO-1/2 hold no gradient
+    partition at the loss backward (released after each step); with offload_optimizer none after backward either."""
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    from tests.runjobs import free_port
+    from tests.zp import run_group
+
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+    worker = Path(__file__).with_name("ds_buffers_worker.py")
+    out = run_group([sys.executable, str(worker), str(free_port())], timeout=300, env=env, cwd=tmp_path)
+    res = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    rbs = 100_000
+    for name in ("zero1", "zero2", "zero2_offload", "zero3"):
+        assert res[name]["trainable"] < rbs and res[name]["bucket"] and set(res[name]["bucket"]) == {rbs}, name
+    for name in ("zero1", "zero2"):
+        assert res[name]["grads_at_loss"] == {"flat": 0, "averaged": 0}
+        assert res[name]["grads_after_backward"]["averaged"] == res[name]["trainable"]
+    assert res["zero2_offload"]["grads_at_loss"] == res["zero2_offload"]["grads_after_backward"] == \
+        {"flat": 0, "averaged": 0}

@@ -10,7 +10,7 @@ reserved. The larger of the two phases is the peak. Formulas and constants: ``do
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple
 
 from zeropilot.memory.constants import DEFAULT, GIB, Constants
@@ -25,9 +25,10 @@ class Component:
     Attributes:
         name: stable key (``weights_frozen``, ``logits`` ...), used in JSON.
         bytes: size on one GPU.
-        phase: ``resident`` (held through the step), ``backward`` (peak of the backward pass),
-            ``step`` (peak of the optimizer step), ``overhead`` (allocator and outside PyTorch) or
-            ``init`` (building the model and ``deepspeed.initialize``, before training).
+        phase: ``resident`` (held through the step), ``gradients`` (ZeRO-1/2's gradient partition and reduce
+            buckets: taken as gradients arrive and released after each step, so absent at the loss backward),
+            ``backward`` (peak of the backward pass), ``step`` (peak of the optimizer step), ``overhead``
+            (allocator and outside PyTorch) or ``init`` (building the model and ``deepspeed.initialize``).
         reason: how the size was worked out, in words.
     """
 
@@ -336,7 +337,28 @@ def _build_cache(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Con
                         else "nothing is gathered during the optimizer step, which sets the peak: all of it stays"))
 
 
-def _zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, forward: int) -> Optional[Component]:
+@dataclass(frozen=True)
+class Segments:
+    """ZeRO-1/2's segments in bytes (see :func:`zero12_segments`)."""
+
+    init_allocated: float
+    init_cached: float
+    forward_new: float
+    step_blocks: int
+    block: float
+
+    @property
+    def total(self) -> int:
+        return int(self.init_allocated + self.init_cached + self.forward_new + self.step_blocks * self.block)
+
+    @property
+    def reason(self) -> str:
+        return (f"initialize's segments ({_gib(self.init_allocated)} allocated + {_gib(self.init_cached)} cached), "
+                f"{_gib(self.forward_new)} of the forward beyond that cache, {self.step_blocks} new whole fp32 "
+                f"blocks of {_gib(self.block)} for the optimizer step")
+
+
+def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, forward: int) -> Optional[Segments]:
     """ZeRO-1/2: a floor on training's reserved memory from the caching allocator's segments, which never shrink.
 
     Read off the allocator's own history (``torch.cuda.memory._record_memory_history``) of six ZeRO-1/2 runs
@@ -361,13 +383,8 @@ def _zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, fo
     cached = 4 * trainable + (block if gpu_opt else 0)
     logits32 = 4 * inputs.micro_batch * inputs.seq_len * inputs.arch.vocab
     whole = forward <= cached
-    fb = max(0.0, forward - cached)
     blocks = (3 if whole else 4) if gpu_opt and logits32 < block else 0
-    total = allocated + cached + fb + blocks * block
-    return Component("segments", int(total), "overhead",
-                     f"initialize's segments ({_gib(allocated)} allocated + {_gib(cached)} cached), "
-                     f"{_gib(fb)} of the forward beyond that cache, {blocks} new whole fp32 blocks of "
-                     f"{_gib(block)} for the optimizer step")
+    return Segments(allocated, cached, max(0.0, forward - cached), blocks, block)
 
 
 def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
@@ -380,22 +397,25 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     lg, lg_why = logits_bytes(inputs, c)
     backward = [Component("activations", act, "backward", act_why), Component("logits", lg, "backward", lg_why)]
     step = _step_temporaries(inputs, counts, trainable, c)
-    resident_bytes = sum(x.bytes for x in resident)
+    if inputs.stage < 3:
+        # ZeRO-1/2 release the gradient partition and the reduce buckets after each step (0.19.8,
+        # ``_release_ipg_buffers``) and take them again as gradients arrive: at the loss backward, where logits and
+        # activations peak, neither is there (call 7's traces; witness in tests/memory/test_gpu.py).
+        resident = [replace(x, phase="gradients") if x.name in ("gradients", "zero_buffers") else x for x in resident]
+    late = sum(x.bytes for x in resident if x.phase == "gradients")
+    resident_bytes = sum(x.bytes for x in resident if x.phase == "resident")
     backward_bytes = act + lg
-    # ZeRO-1/2 release the gradient partition and the reduce buckets after each step (_release_ipg_buffers) and
-    # take them again as gradients arrive: at the loss backward, where logits and activations peak, neither is there.
-    late = sum(x.bytes for x in resident if x.name in ("gradients", "zero_buffers")) if inputs.stage < 3 else 0
-    phase = "backward" if backward_bytes - late >= step.bytes else "step"
-    allocated = resident_bytes + max(backward_bytes - late, step.bytes)
+    phase = "backward" if backward_bytes >= late + step.bytes else "step"
+    allocated = resident_bytes + max(backward_bytes, late + step.bytes)
     opt = sum(x.bytes for x in resident if x.name.startswith("optimizer_"))
-    gap = _gap(inputs, opt, max(backward_bytes - late, step.bytes), step.bytes, counts.largest, c)
+    gap = _gap(inputs, opt, max(backward_bytes, late + step.bytes) - late, step.bytes, counts.largest, c)
     non_torch = _non_torch(inputs, c)
     reserved = allocated + gap.bytes
-    segs = _zero12_segments(inputs, counts, trainable, backward_bytes)
-    if segs is not None and segs.bytes > reserved:
-        gap = Component(gap.name, segs.bytes - allocated, gap.phase,
-                        f"reserved but unallocated: {segs.reason} ({_gib(segs.bytes)} in all)")
-        reserved = segs.bytes
+    segs = zero12_segments(inputs, counts, trainable, backward_bytes)
+    if segs is not None and segs.total > reserved:
+        gap = Component(gap.name, segs.total - allocated, gap.phase,
+                        f"reserved but unallocated: {segs.reason} ({_gib(segs.total)} in all)")
+        reserved = segs.total
     params = counts.total + (trainable if inputs.lora_rank else 0)
     comps = resident + backward + [step, gap, non_torch]
     train_peak = reserved + non_torch.bytes
