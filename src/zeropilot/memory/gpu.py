@@ -15,6 +15,7 @@ from typing import List, Optional, Tuple
 
 from zeropilot.memory.constants import DEFAULT, GIB, Constants
 from zeropilot.memory.inputs import PlanInputs
+from zeropilot.memory.segments import zero12_reserved
 from zeropilot.models.params import ParamCounts, count_params, lora_trainable, tensor_sizes
 
 
@@ -337,54 +338,39 @@ def _build_cache(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Con
                         else "nothing is gathered during the optimizer step, which sets the peak: all of it stays"))
 
 
-@dataclass(frozen=True)
-class Segments:
-    """ZeRO-1/2's segments in bytes (see :func:`zero12_segments`)."""
-
-    init_allocated: float
-    init_cached: float
-    forward_new: float
-    step_blocks: int
-    block: float
-
-    @property
-    def total(self) -> int:
-        return int(self.init_allocated + self.init_cached + self.forward_new + self.step_blocks * self.block)
-
-    @property
-    def reason(self) -> str:
-        return (f"initialize's segments ({_gib(self.init_allocated)} allocated + {_gib(self.init_cached)} cached), "
-                f"{_gib(self.forward_new)} of the forward beyond that cache, {self.step_blocks} new whole fp32 "
-                f"blocks of {_gib(self.block)} for the optimizer step")
-
-
-def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, forward: int) -> Optional[Segments]:
-    """ZeRO-1/2: a floor on training's reserved memory from the caching allocator's segments, which never shrink.
-
-    Read off the allocator's own history (``torch.cuda.memory._record_memory_history``) of six ZeRO-1/2 runs
-    (``bench/plan/analyze_trace.py``, call 7) and checked against every ZeRO-1/2 row's ``after_init`` snapshot:
-    ``deepspeed.initialize`` leaves the 16-bit weights and the fp32 master partition allocated and, cached
-    beside them, the blocks the model was built in and a flattening copy (2 B each per trainable element)
-    and, with the optimizer on the GPU, the zeroed fp32 gradient ``initialize_optimizer_states`` steps with
-    (4 B per partition element). The forward's transient (``forward``: activations and logits) beyond that
-    cache needs new segments. The first optimizer step needs whole fp32 blocks the size of the partition —
-    the fp32 gradient and AdamW's two states — and, unless the logits' fp32 blocks are that large, none is
-    free, so each takes a new segment; when the forward fitted in initialize's cache and left it whole, the
-    ``foreach`` temporary reuses the cached gradient block, otherwise it takes a fourth.
-    With ``expandable_segments`` blocks grow in place and this does not hold: no floor.
-    """
+def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[dict]:
+    """ZeRO-1/2: the arguments of :func:`~zeropilot.memory.segments.zero12_reserved` for this launch: its large
+    tensors, from the same activation and logits sizes as the estimate. None for ZeRO-3, and with
+    ``expandable_segments`` (blocks grow in place; segments are not what sets the peak)."""
     if inputs.stage not in (1, 2) or inputs.expandable_segments:
         return None
-    n = inputs.world_size
-    gpu_opt = inputs.offload_optimizer == "none"
-    params = counts.total + (trainable if inputs.lora_rank else 0)
-    block = 4 * trainable / n  # one fp32 partition
-    allocated = 2 * params + (block if gpu_opt else 0)
-    cached = 4 * trainable + (block if gpu_opt else 0)
-    logits32 = 4 * inputs.micro_batch * inputs.seq_len * inputs.arch.vocab
-    whole = forward <= cached
-    blocks = (3 if whole else 4) if gpu_opt and logits32 < block else 0
-    return Segments(allocated, cached, max(0.0, forward - cached), blocks, block)
+    a = inputs.arch
+    tokens = inputs.micro_batch * inputs.seq_len
+    sizes = [2.0 * n for n in tensor_sizes(a)]
+    build, frozen = ([], sizes) if inputs.lora_rank else (sizes, [])
+    total, _ = activation_bytes(inputs, c)
+    if inputs.gradient_checkpointing:  # each layer's input kept; one layer recomputed at a time in backward
+        kept = 2.0 * a.hidden * tokens * c.fit_act
+        acts, recompute = [kept] * a.layers, max(0.0, total - kept * a.layers)
+    else:  # each layer's saved tensors, in pieces about the size of its widest activation
+        per_layer = total / a.layers
+        pieces = max(1, min(8, round(per_layer / (2.0 * tokens * max(a.hidden, a.intermediate)))))
+        acts, recompute = [per_layer / pieces] * (pieces * a.layers), 0.0
+    return dict(build=build, frozen=frozen, trainable=trainable, world_size=inputs.world_size, stage=inputs.stage,
+                gpu_optimizer=inputs.offload_optimizer == "none", activations=acts, recompute=recompute,
+                logits_bf16=2.0 * tokens * a.vocab, logits_fp32=4.0 * tokens * a.vocab,
+                output_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden,
+                buckets=[2.0 * inputs.reduce_bucket_size] * (2 if inputs.overlap else 1))
+
+
+def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[int]:
+    """ZeRO-1/2: bytes the caching allocator reserves, replaying the run's large tensors (``memory/segments.py``).
+
+    A floor on training's reserved memory: segments are never given back, and the step's whole fp32 blocks or
+    the logits' fp32 copies need new ones once the cache is split (call 7's allocator traces).
+    """
+    args = zero12_replay(inputs, counts, trainable, c)
+    return None if args is None else zero12_reserved(**args)
 
 
 def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
@@ -411,11 +397,14 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     gap = _gap(inputs, opt, max(backward_bytes, late + step.bytes) - late, step.bytes, counts.largest, c)
     non_torch = _non_torch(inputs, c)
     reserved = allocated + gap.bytes
-    segs = zero12_segments(inputs, counts, trainable, backward_bytes)
-    if segs is not None and segs.total > reserved:
-        gap = Component(gap.name, segs.total - allocated, gap.phase,
-                        f"reserved but unallocated: {segs.reason} ({_gib(segs.total)} in all)")
-        reserved = segs.total
+    segs = zero12_segments(inputs, counts, trainable, c)
+    if segs is not None and segs > reserved:
+        gap = Component(gap.name, segs - allocated, gap.phase,
+                        f"caching-allocator segments: replaying the run's large tensors through the allocator's "
+                        f"best-fit policy reserves {_gib(segs)} (more than the fitted {_gib(reserved)}): "
+                        "initialize's cached blocks are split and the step's whole fp32 blocks or the logits' fp32 "
+                        "copies take new segments (memory/segments.py)")
+        reserved = segs
     params = counts.total + (trainable if inputs.lora_rank else 0)
     comps = resident + backward + [step, gap, non_torch]
     train_peak = reserved + non_torch.bytes
