@@ -1,0 +1,10 @@
+#!/bin/bash
+# Device call 10 (issue 14, third pass): the caching allocator's history of the rows the plan misses most, and of
+# the offload rows calls 8 and 9 under-predicted.
+# Usage, repository root on nvidia-h200-x2, wheels on PYTHONPATH: bash bench/plan/run_trace_call7.sh OUT
+set -u
+OUT=$1; export OUT TRACE_DIR=/tmp/traces NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+mkdir -p $TRACE_DIR
+BUDGET_S=${BUDGET_S:-330} python3 bench/plan/run_x2.py bench/plan/specs/call10_trace.jsonl
+tar czf $OUT/traces.tar.gz -C $TRACE_DIR .
+ls -la $OUT $TRACE_DIR
