@@ -1,7 +1,7 @@
 #!/bin/bash
-# Device call 10 (issue 14, third pass): the caching allocator's history of the rows the plan misses most, and of
-# the offload rows calls 8 and 9 under-predicted.
-# Usage, repository root on nvidia-h200-x2, wheels on PYTHONPATH: bash bench/plan/run_trace_call7.sh OUT
+# Device call 10 (issue 14, fifth pass): the caching allocator's history of the rows calls 8 and 9 missed most
+# (ZeRO-1/2 with offload_optimizer, and two others), for analyze_trace.py.
+# Usage, repository root on nvidia-h200-x2, wheels on PYTHONPATH: bash bench/plan/run_trace_call10.sh OUT
 set -u
 OUT=$1; export OUT TRACE_DIR=/tmp/traces NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 mkdir -p $TRACE_DIR
