@@ -19,8 +19,23 @@ def test_not_tuned_rows_meet_the_accuracy_goal():
 
     summary = compute()["summary"]
     unseen = summary["not tuned (holdout + new-arch + x2-holdout)"]
-    assert unseen["median_abs_error_pct"] <= 10 and unseen["max_abs_error_pct"] <= 25
-    assert summary["new-arch"]["rows"] >= 10 and summary["new-arch"]["max_abs_error_pct"] <= 25
+    assert unseen["rows"] >= 70 and unseen["median_abs_error_pct"] <= 5  # issue 14's median target
+    assert summary["new-arch"]["rows"] >= 10 and summary["new-arch"]["max_abs_error_pct"] <= 12
+
+
+def test_every_never_fitted_row_under_predicted_beyond_8_percent_is_of_a_kind_the_plan_warns_about():
+    """Issue 14: never under-predict by more than 8%. Where the model still does, the plan must say so (its note
+    quotes the measured worst, ``memory.plan.KNOWN_UNDER``)."""
+    sys.path.insert(0, str(BENCH))
+    from accuracy import NOT_TUNED
+    from rows import load_rows
+
+    from zeropilot.memory.gpu import estimate_gpu
+    from zeropilot.memory.plan import known_under
+
+    unwarned = [r.label for r in load_rows() if r.split in NOT_TUNED and r.measured_bytes
+                and estimate_gpu(r.inputs).peak_bytes / r.measured_bytes - 1 < -0.08 and known_under(r.inputs) is None]
+    assert unwarned == []
 
 
 def test_the_plans_known_under_predictions_are_the_measured_ones():
