@@ -15,7 +15,8 @@ A variant of ``../shared/calibration/zero_mem_probe.py`` (same output format) wi
                  defaults when absent)
   trace          record the caching allocator's history from the start (``torch.cuda.memory.
                  _record_memory_history``, no stacks) and write rank 0's events as
-                 ``$TRACE_DIR/<trace>.json.gz``: a list of [action, addr, size, phase] (``analyze_trace.py``)
+                 ``$TRACE_DIR/<trace>.json.gz``: a list of [action, addr, size, phase] (``analyze_trace.py``),
+                 and the CUDA stream with ``trace_streams``
 and, in the output: ``phase`` of an OOM (init or step), ``host_peak_rss_gb``, ``non_torch_nvml_gb``
 (this process's memory by NVML minus PyTorch's reserved, where NVML answers); snapshots ``built`` (after
 the model is built), ``after_init`` (after ``deepspeed.initialize``: its peaks are the init phase's), then
@@ -172,7 +173,7 @@ if spec.get("trace") and int(os.environ["RANK"]) == 0:
     rows, ph = [], "init"
     for i, e in enumerate(events):
         ph = starts.get(i, ph)
-        rows.append([e["action"], e["addr"], e["size"], ph])
+        rows.append([e["action"], e["addr"], e["size"], ph] + ([e.get("stream", 0)] if spec.get("trace_streams") else []))
     with gzip.open(os.path.join(os.environ.get("TRACE_DIR", "/tmp"), spec["trace"] + ".json.gz"), "wt") as f:
         json.dump(rows, f)
     out["trace_events"] = len(rows)
