@@ -61,7 +61,7 @@ def test_the_plans_known_under_predictions_are_the_measured_ones():
 def test_zero12_allocator_replay_against_the_committed_allocator_traces():
     """The ZeRO-1/2 allocator replay (memory/segments.py, fed by memory/gpu.py ``zero12_replay``) against the
     caching allocator's own history of call 7's H200 runs (bench/plan/data/traces7, made by
-    ``run_trace_call7.sh``): the segments after ``deepspeed.initialize`` and at the end of training. The replay
+    ``run_specs.sh specs/call7_trace.jsonl``): the segments after ``deepspeed.initialize`` and at the end of training. The replay
     is a floor: never above the trace; within 2% except two no-checkpointing rows whose activations it groups
     too coarsely."""
     import gzip

@@ -92,26 +92,25 @@ class Allocator:
                 del self._blocks[addr]
                 self.reserved -= block.size
 
+    def _join(self, left: _Block, right: _Block) -> _Block:
+        """Merge ``right`` into its left neighbour ``left`` (neither in the free list)."""
+        left.size += right.size
+        left.next = right.next
+        if right.next is not None:
+            right.next.prev = left
+        del self._blocks[right.key]
+        return left
+
     def free(self, block: Optional[_Block]) -> None:
         if block is None:
             return
         block.free = True
-        nxt, prev = block.next, block.prev
-        if nxt is not None and nxt.free:
-            self._unlist(nxt)
-            block.size += nxt.size
-            block.next = nxt.next
-            if nxt.next is not None:
-                nxt.next.prev = block
-            del self._blocks[nxt.key]
-        if prev is not None and prev.free:
-            self._unlist(prev)
-            prev.size += block.size
-            prev.next = block.next
-            if block.next is not None:
-                block.next.prev = prev
-            del self._blocks[block.key]
-            block = prev
+        if block.next is not None and block.next.free:
+            self._unlist(block.next)
+            block = self._join(block, block.next)
+        if block.prev is not None and block.prev.free:
+            self._unlist(block.prev)
+            block = self._join(block.prev, block)
         bisect.insort(self._free, (block.size, block.key))
 
 
