@@ -146,7 +146,8 @@ def _markdown(recs, summary, host, prereg) -> str:
 #: The calls whose predictions were written into their specs (``pred_gib``) and committed before they ran, after the
 #: model change they test: the cleanest measure of rows the model was not tuned on.
 PREREGISTERED = {"h200x2_call8": "call 8 (after the ZeRO-1/2 segment floor, commit 41d11ba)",
-                 "h200x2_call9": "call 9 (after the ZeRO-1/2 allocator replay, commit 7399e68)"}
+                 "h200x2_call9": "call 9 (after the ZeRO-1/2 allocator replay, commit 7399e68)",
+                 "h200x2_call12": "call 12 (the same replay, commit 45e2c4b)"}
 
 
 def _preregistered(rows) -> list:
