@@ -99,8 +99,8 @@ def _markdown(recs, summary, host, prereg) -> str:
              "`data/h200x2_call*.jsonl`): measured = the larger of the init and the training phase; their split "
              "was fixed in the spec before the run; `python bench/plan/fit.py --x2` fits only on x2-fit. "
              "x2-repeat: four older rows measured again (call 5), never fitted. trace: rows measured again with "
-             "the allocator's history recorded (calls 7 and 10), not scored. Calls 8 and 9 are x2-holdout rows "
-             "whose predictions were committed before they ran (table below).", "",
+             "the allocator's history recorded (calls 7, 10 and 11), not scored. Calls 8, 9 and 12 are x2-holdout "
+             "rows whose predictions were committed before they ran (table below).", "",
              "| split | rows | median abs error | max abs error | worst under-prediction | DeepSpeed median | "
              "DeepSpeed max |", "|---|---|---|---|---|---|---|"]
     for split, s in summary.items():
@@ -113,9 +113,10 @@ def _markdown(recs, summary, host, prereg) -> str:
               "| call | rows | median abs error | max abs error | worst under-prediction | now: median | now: max | "
               "now: worst under |", "|---|---|---|---|---|---|---|---|"]
     for x in prereg:
-        lines.append(f"| {x['call']} | {x['rows']} | {x['median_abs_pct']}% | {x['max_abs_pct']}% | "
-                     f"{x['worst_under_pct']}% | {x['now_median_abs_pct']}% | {x['now_max_abs_pct']}% | "
-                     f"{x['now_worst_under_pct']}% |")
+        p, n = x["predicted"], x["now"]
+        lines.append(f"| {x['call']} | {p['rows']} | {p['median_abs_error_pct']}% | {p['max_abs_error_pct']}% | "
+                     f"{p['worst_under_prediction_pct']}% | {n['median_abs_error_pct']}% | {n['max_abs_error_pct']}% | "
+                     f"{n['worst_under_prediction_pct']}% |")
     c = summary["capped"]
     lines += ["", f"Memory-capped runs (emulated cards): {c['runs']}; verdict right {c['verdict_agrees']}, "
               f"wrong {c['verdict_wrong']}, 'tight' (fits only if the allocator flushes its cache) {c['verdict_tight']}. "
@@ -150,24 +151,16 @@ PREREGISTERED = {"h200x2_call8": "call 8 (after the ZeRO-1/2 segment floor, comm
                  "h200x2_call12": "call 12 (the same replay, commit 45e2c4b)"}
 
 
-def _preregistered(rows) -> list:
+def _preregistered(rows, recs) -> list:
+    """Per pre-registered call: the spec's prediction against the measurement, and today's model (its records)."""
     out = []
     for source, what in PREREGISTERED.items():
-        errs, now = [], []
-        for r in rows:
-            if r.source == source and r.measured_bytes and "pred_gib" in r.raw["spec"]:
-                m = r.measured_bytes / GIB
-                errs.append(r.raw["spec"]["pred_gib"] / m - 1)
-                now.append(estimate_gpu(r.inputs).peak_bytes / GIB / m - 1)
-        if errs:
-            out.append({"call": what, "rows": len(errs), **{f"{k}_pct": v for k, v in _stats(errs).items()},
-                        **{f"now_{k}_pct": v for k, v in _stats(now).items()}})
+        pre = [{"error_pct": round(100 * (r.raw["spec"]["pred_gib"] * GIB / r.measured_bytes - 1), 1)}
+               for r in rows if r.source == source and r.measured_bytes and "pred_gib" in r.raw["spec"]]
+        now = [x for x in recs if x["source"] == source and "error_pct" in x]
+        if pre:
+            out.append({"call": what, "predicted": _block(pre), "now": _block(now)})
     return out
-
-
-def _stats(errs) -> dict:
-    return {"median_abs": round(100 * statistics.median(abs(e) for e in errs), 1),
-            "max_abs": round(100 * max(abs(e) for e in errs), 1), "worst_under": round(100 * min(errs), 1)}
 
 
 def _pct(v) -> str:
@@ -177,7 +170,7 @@ def _pct(v) -> str:
 def compute() -> dict:
     rows = load_rows()
     recs = [_row_record(r) for r in rows]
-    return {"rows": recs, "summary": _summary(recs), "preregistered": _preregistered(rows),
+    return {"rows": recs, "summary": _summary(recs), "preregistered": _preregistered(rows, recs),
             "host": _host_records(rows)}
 
 

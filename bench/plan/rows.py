@@ -16,7 +16,7 @@ Splits:
   x2-fit / x2-holdout  issue 14's runs on 2 x H200 (data/h200x2_call*.jsonl, world size 1 and 2, ZeRO-3
             with and without zero.Init, 7-8B full fine-tuning, offload): the split is in each spec,
             chosen before the run (make_specs_x2.py); only x2-fit rows fit the issue-14 constants.
-  trace     call 7: rows measured before, run again with the caching allocator's history recorded
+  trace     calls 7, 10, 11: rows measured before, run again with the caching allocator's history recorded
             (``analyze_trace.py``); neither fitted nor scored.
 """
 from __future__ import annotations
@@ -105,7 +105,7 @@ def _split(r: dict, source: str) -> str:
     s = r["spec"]
     if s.get("cap_gib"):
         return "capped"
-    if s.get("trace"):  # call 7: older rows measured again with the allocator's history recorded
+    if s.get("trace"):  # calls 7, 10, 11: rows measured again with the allocator's history recorded
         return "trace"
     if "split" in s:  # issue-14 rows: the split was written into the spec before it was measured
         return "x2-" + s["split"]

@@ -383,7 +383,7 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     lg, lg_why = logits_bytes(inputs, c)
     backward = [Component("activations", act, "backward", act_why), Component("logits", lg, "backward", lg_why)]
     step = _step_temporaries(inputs, counts, trainable, c)
-    if inputs.stage < 3:
+    if inputs.stage in (1, 2):
         # ZeRO-1/2 release the gradient partition and the reduce buckets after each step (0.19.8,
         # ``_release_ipg_buffers``) and take them again as gradients arrive: at the loss backward, where logits and
         # activations peak, neither is there (call 7's traces; witness in tests/memory/test_gpu.py).
@@ -394,7 +394,7 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     phase = "backward" if backward_bytes >= late + step.bytes else "step"
     allocated = resident_bytes + max(backward_bytes, late + step.bytes)
     opt = sum(x.bytes for x in resident if x.name.startswith("optimizer_"))
-    gap = _gap(inputs, opt, max(backward_bytes, late + step.bytes) - late, step.bytes, counts.largest, c)
+    gap = _gap(inputs, opt, max(backward_bytes - late, step.bytes), step.bytes, counts.largest, c)
     non_torch = _non_torch(inputs, c)
     reserved = allocated + gap.bytes
     segs = zero12_segments(inputs, counts, trainable, c)
