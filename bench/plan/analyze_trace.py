@@ -5,8 +5,9 @@ Reads the traces ``zero_mem_probe_plan.py`` writes with ``trace`` in the spec (e
 with the phase it happened in, ``init`` or ``step``) and replays them. At the moment training's reserved
 memory peaks it prints: allocated and reserved; the free bytes inside segments split by the phase that
 created the segment (blocks cached from building the model and ``deepspeed.initialize`` against training's
-own); the request that forced the last new segment; and the largest free block (why the cache could not
-serve it).
+own, and by segment size); the request that forced the last new segment; and the largest free block (why the
+cache could not serve it). Also training's new segments over 1 GiB and the 32 MiB blocks it keeps (cuBLAS
+workspaces, one per thread that runs matmuls).
 Usage: python bench/plan/analyze_trace.py TRACE.json.gz [...]
 """
 from __future__ import annotations
@@ -23,7 +24,8 @@ GIB = 1024**3
 def replay(events):
     """Yield (index, event, state) after every event; state: segments {addr: (size, phase)}, blocks {addr: size}."""
     segments, blocks = {}, {}
-    for i, (action, addr, size, phase) in enumerate(events):
+    for i, event in enumerate(events):
+        action, addr, size, phase = event[:4]  # call 11's traces add the stream
         if action == "segment_alloc":
             segments[addr] = (size, phase)
         elif action == "segment_free":
@@ -48,7 +50,7 @@ def free_map(segments, blocks):
     by_phase, largest = Counter(), 0
     for a in starts:
         size, phase = segments[a]
-        by_phase[phase] += size - used[a]
+        by_phase[f"{phase} {_size_class(size)}"] += size - used[a]
         cur = a
         for b, s in sorted(per_seg[a]):
             largest = max(largest, b - cur)
@@ -57,13 +59,17 @@ def free_map(segments, blocks):
     return by_phase, largest
 
 
+def _size_class(size: int) -> str:
+    return "<=20MiB" if size <= 20 * 2**20 else "<=1GiB" if size <= GIB else ">1GiB"
+
+
 def analyze(path):
     with gzip.open(path, "rt") as f:
         events = json.load(f)
     alloc = reserved = 0
     peak_res, peak_alloc_step, at_peak, last_seg, at_alloc_peak = 0, 0, None, None, None
     init_end = None
-    for i, (action, addr, size, phase), segments, blocks in replay(events):
+    for i, (action, addr, size, phase, *_), segments, blocks in replay(events):
         if action == "segment_alloc":
             reserved += size
         elif action == "segment_free":
@@ -93,11 +99,24 @@ def analyze(path):
                 at_alloc_peak = dict(reserved=at_alloc_peak[1], free=dict(by_phase), largest_free=largest)
                 break
     seg_sizes = Counter()
-    for action, _, size, phase in events:
+    for action, _, size, phase, *_ in events:
         if action == "segment_alloc":
-            seg_sizes[(phase, "<=20MiB" if size <= 20 * 2**20 else "<=1GiB" if size <= GIB else ">1GiB")] += size
+            seg_sizes[(phase, _size_class(size))] += size
+    new_large = [e[2] for e in events if e[0] == "segment_alloc" and e[3] == "step" and e[2] > GIB]
+    kept = _kept_from_first_step(events)
     return dict(events=len(events), init_end=init_end, step_peak_alloc=peak_alloc_step, step_peak_reserved=peak_res,
-                at_peak=at_peak, at_alloc_peak=at_alloc_peak, segments={f"{k[0]} {k[1]}": v for k, v in sorted(seg_sizes.items())})
+                at_peak=at_peak, at_alloc_peak=at_alloc_peak, new_large=new_large, kept=kept, segments={f"{k[0]} {k[1]}": v for k, v in sorted(seg_sizes.items())})
+
+
+def _kept_from_first_step(events) -> int:
+    """32 MiB blocks allocated in training and never freed (one cuBLAS workspace per thread's handle)."""
+    live = {}
+    for action, addr, size, phase, *_ in events:
+        if action == "alloc":
+            live[addr] = (size, phase)
+        elif action == "free_completed":
+            live.pop(addr, None)
+    return sum(1 for size, phase in live.values() if size == 32 * 2**20 and phase == "step")
 
 
 def main(paths):
@@ -119,6 +138,8 @@ def main(paths):
             free = ", ".join(f"{k} {g(v)}" for k, v in ap["free"].items())
             print(f"   at training's peak alloc: reserved {g(ap['reserved'])}; free in segments: {free}; "
                   f"largest free block {ap['largest_free'] / 2**20:.1f} MiB")
+        print("   training's new segments over 1 GiB: " + ", ".join(g(x) for x in r["new_large"]))
+        print(f"   blocks of 32 MiB taken in training and never freed (cuBLAS workspaces): {r['kept']}")
         print("   segments: " + ", ".join(f"{k} {g(v)}" for k, v in r["segments"].items()))
 
 
