@@ -149,7 +149,9 @@ def _markdown(recs, summary, host, prereg) -> str:
 PREREGISTERED = {("h200x2_call8", "pred_gib"): "call 8 (after the ZeRO-1/2 segment floor, commit 41d11ba)",
                  ("h200x2_call9", "pred_gib"): "call 9 (after the ZeRO-1/2 allocator replay, commit 7399e68)",
                  ("h200x2_call12", "pred_gib"): "call 12 (the same replay, commit 45e2c4b)",
-                 ("h200x2_call12", "pred_gib_v5"): "call 12, the candidate not adopted (segments_v5_candidate.patch)"}
+                 ("h200x2_call12", "pred_gib_v5"): "call 12, the candidate not adopted (segments_v5_candidate.patch)",
+                 ("h200x2_call14", "pred_gib_prev"): "call 14 (the replay the plan keeps, as at commit 4c17d7d)",
+                 ("h200x2_call14", "pred_gib"): "call 14, the candidate not adopted (segments_v6_candidate.patch)"}
 
 
 def _preregistered(rows, recs) -> list:

@@ -156,9 +156,11 @@ CALL12 = [
 
 # Call 14 (sixth pass): new held-out rows after the replay learnt the traces' request sequence (each layer's tensors at
 # their real shapes, checkpointing's transient ones, the cuBLAS workspaces, the offload buffer, soft-capping, the
-# embedding's gradient, the fp64 norm copies). pred_gib: this plan; pred_gib_prev: the plan at 4c17d7d (call 12's),
-# written in by hand from that commit's memory/gpu.py. Rule fixed before the run: the plan keeps the new replay if,
-# on these rows, neither its max abs error nor its worst under-prediction is worse than pred_gib_prev's.
+# embedding's gradient, the fp64 norm copies). pred_gib: that candidate (commit 4130fff); pred_gib_prev: the plan
+# at 4c17d7d (call 12's), computed with that commit's memory/gpu.py. Rule fixed before the run: the plan keeps the
+# candidate if, on these rows, neither its max abs error nor its worst under-prediction is worse than pred_gib_prev's.
+# It was worse on both (16.5% against 10.8%), so the plan kept 4c17d7d's replay; the candidate is
+# bench/plan/segments_v6_candidate.patch. Rerunning --call14 now writes today's plan into pred_gib.
 CALL14 = [
     spec("gemma-2-2b", 2, 2, 2048, 1, "holdout", gc=True, offload=True),
     spec("qwen2.5-3b", 2, 2, 2048, 1, "holdout", gc=True, offload=True),

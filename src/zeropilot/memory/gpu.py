@@ -338,29 +338,6 @@ def _build_cache(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Con
                         else "nothing is gathered during the optimizer step, which sets the peak: all of it stays"))
 
 
-def layer_tensors(inputs: PlanInputs, c: Constants = DEFAULT) -> List[float]:
-    """Bytes of each tensor one decoder layer saves for its backward, in the order the forward makes them: the same
-    per-token units as :func:`activation_bytes` (``act_h``, ``act_q``, ``act_kv``, ``act_i``), as whole tensors of
-    their real shapes (RMSNorm's fp32 input, the bf16 projections' inputs and outputs, attention's q/k/v/output, the
-    MLP's gate, up, activation and product), so that the replay's blocks have the sizes the allocator sees."""
-    a = inputs.arch
-    t = inputs.micro_batch * inputs.seq_len
-    q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
-    inter = a.intermediate if a.moe is None else a.moe.active * a.moe.expert_intermediate + a.moe.shared_intermediate
-    h2, h4 = 2.0 * t * a.hidden, 4.0 * t * a.hidden
-    out = [h4, h2, 2.0 * t * q, 2.0 * t * kv, 2.0 * t * kv, 2.0 * t * q, h2, h4, h2]
-    out += [2.0 * t * inter] * 4 + [h2]
-    out += [h4, h4] * max(0, a.norms_per_layer - 2)
-    if inputs.attn == "eager":  # the fp32 softmax and its bf16 copy
-        out += [4.0 * t * a.heads * inputs.seq_len, 2.0 * t * a.heads * inputs.seq_len]
-    return out
-
-
-def kept_input(inputs: PlanInputs, c: Constants) -> float:
-    """Bytes of one decoder layer's input, which gradient checkpointing keeps for the backward."""
-    return 2.0 * inputs.arch.hidden * inputs.micro_batch * inputs.seq_len * c.fit_act
-
-
 def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[dict]:
     """ZeRO-1/2: the arguments of :func:`~zeropilot.memory.segments.zero12_reserved` for this launch: its large
     tensors, from the same activation and logits sizes as the estimate. None for ZeRO-3, and with
@@ -371,26 +348,19 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
     tokens = inputs.micro_batch * inputs.seq_len
     sizes = [2.0 * n for n in tensor_sizes(a)]
     build, frozen = ([], sizes) if inputs.lora_rank else (sizes, [])
-    layer = layer_tensors(inputs)
+    total, _ = activation_bytes(inputs, c)
     if inputs.gradient_checkpointing:  # each layer's input kept; one layer recomputed at a time in backward
-        acts, recompute = [kept_input(inputs, c)] * a.layers, layer
-    else:
-        acts, recompute = layer * a.layers, []
-    part = trainable / inputs.world_size
-    owned, start = [], 0.0  # rank 0's partition: the first 1/N of the flattened trainable tensors
-    for n in ([] if inputs.lora_rank else tensor_sizes(a)):
-        if start >= part:
-            break
-        owned.append(min(n, part - start))
-        start += n
+        kept = 2.0 * a.hidden * tokens * c.fit_act
+        acts, recompute = [kept] * a.layers, max(0.0, total - kept * a.layers)
+    else:  # each layer's saved tensors, in pieces about the size of its widest activation
+        per_layer = total / a.layers
+        pieces = max(1, min(8, round(per_layer / (2.0 * tokens * max(a.hidden, a.intermediate)))))
+        acts, recompute = [per_layer / pieces] * (pieces * a.layers), 0.0
     return dict(build=build, frozen=frozen, trainable=trainable, world_size=inputs.world_size, stage=inputs.stage,
                 gpu_optimizer=inputs.offload_optimizer == "none", activations=acts, recompute=recompute,
                 logits_bf16=2.0 * tokens * a.vocab, logits_fp32=4.0 * tokens * a.vocab,
                 output_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden,
-                buckets=[2.0 * inputs.reduce_bucket_size] * (2 if inputs.overlap else 1),
-                embedding_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden, tied=a.tied, softcap=a.logit_softcap,
-                norm_pieces=owned,
-                early_partition=trainable > inputs.reduce_bucket_size)
+                buckets=[2.0 * inputs.reduce_bucket_size] * (2 if inputs.overlap else 1))
 
 
 def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[int]:
