@@ -60,12 +60,13 @@ def test_the_plans_known_under_predictions_are_the_measured_ones():
 
 def test_zero12_allocator_replay_against_the_committed_allocator_traces():
     """The ZeRO-1/2 allocator replay (memory/segments.py, fed by memory/gpu.py ``zero12_replay``) against the
-    caching allocator's own history of call 7's H200 runs (bench/plan/data/traces7, made by
-    ``run_specs.sh specs/call7_trace.jsonl``): the segments after ``deepspeed.initialize`` and at the end of training. The replay
-    is a floor: never above the trace; within 2% except two no-checkpointing rows whose activations it groups
-    too coarsely."""
+    caching allocator's own history of the traced H200 runs (bench/plan/data/traces*, made by ``run_specs.sh
+    specs/callN_trace.jsonl``): the segments after ``deepspeed.initialize`` and at the end of training. At world size
+    1 the replay ends within 1% of the trace on most rows and never under it by more than 2% (two no-checkpointing
+    rows end 6% over); the one world-size-2 trace (ZeRO-2 offload) ends 11% over."""
     import gzip
     import json
+    import statistics
 
     sys.path.insert(0, str(BENCH))
     from rows import spec_inputs
@@ -75,28 +76,33 @@ def test_zero12_allocator_replay_against_the_committed_allocator_traces():
     from zeropilot.memory.segments import zero12_reserved
     from zeropilot.models.params import count_params
 
-    coarse = {"qwen3-1.7b_z2_mb4_s1024_ws1": -0.06, "mistral-1b-shape_z1_mb4_s1024_ws1": -0.11}
-    checked = 0
-    for line in (BENCH / "data" / "h200x2_call7.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        spec = r["spec"]
-        if spec["stage"] not in (1, 2) or r["rank"] != 0:
-            continue
-        inputs = spec_inputs(spec, r["total_gpu_gb"])
-        counts = count_params(inputs.arch)
-        args = zero12_replay(inputs, counts, trainable_params(inputs, counts), DEFAULT)
-        with gzip.open(BENCH / "data" / "traces7" / f"{spec['trace']}.json.gz", "rt") as f:
-            events = json.load(f)
-        grown = [(e[2] if e[0] == "segment_alloc" else -e[2], e[3]) for e in events
-                 if e[0] in ("segment_alloc", "segment_free")]
-        init = sum(g for g, phase in grown if phase == "init")
-        final = sum(g for g, _ in grown)
-        init_replay = zero12_reserved(**dict(args, steps=0))
-        assert abs(init_replay - init) <= 0.03 * init + 0.25 * 2**30, (spec["trace"], init_replay, init)
-        err = zero12_reserved(**args) / final - 1
-        assert coarse.get(spec["trace"], -0.02) <= err <= 0.02, (spec["trace"], err)
-        checked += 1
-    assert checked >= 8
+    errors = []
+    for path in sorted((BENCH / "data").glob("h200x2_call*.jsonl")):
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            spec = r["spec"]
+            traces = list((BENCH / "data").glob(f"traces*/{spec.get('trace')}.json.gz"))
+            if not traces or spec["stage"] not in (1, 2) or r["rank"] != 0:
+                continue
+            inputs = spec_inputs(spec, r["total_gpu_gb"])
+            counts = count_params(inputs.arch)
+            args = zero12_replay(inputs, counts, trainable_params(inputs, counts), DEFAULT)
+            with gzip.open(traces[0], "rt") as f:
+                events = json.load(f)
+            grown = [(e[2] if e[0] == "segment_alloc" else -e[2], e[3]) for e in events
+                     if e[0] in ("segment_alloc", "segment_free")]
+            init = sum(g for g, phase in grown if phase == "init")
+            final = sum(g for g, _ in grown)
+            err = zero12_reserved(**args) / final - 1
+            if inputs.world_size == 1:
+                init_replay = zero12_reserved(**dict(args, steps=0))
+                assert abs(init_replay - init) <= 0.04 * init, (spec["trace"], init_replay, init)
+                assert -0.02 <= err <= 0.07, (spec["trace"], err)
+                errors.append(abs(err))
+            else:
+                assert 0 <= err <= 0.12, (spec["trace"], err)
+    assert len(errors) >= 20
+    assert statistics.median(errors) <= 0.005
 
 
 def test_zero1_and_zero2_and_the_split_of_tokens_reserve_alike_at_world_size_1():

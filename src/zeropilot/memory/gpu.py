@@ -10,6 +10,7 @@ reserved. The larger of the two phases is the peak. Formulas and constants: ``do
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple
 
@@ -338,6 +339,68 @@ def _build_cache(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Con
                         else "nothing is gathered during the optimizer step, which sets the peak: all of it stays"))
 
 
+# One decoder layer's forward as the caching allocator saw it on H200s: every tensor of 1 MiB or more, in order, as
+# UNIT>i (released before the layer's i-th tensor; past the end: the residual stream, released with the layer) or
+# UNITK (saved for the backward). Units are per token: h2 = 2 x hidden bytes, q4 = 4 x heads x head_dim, kv1 =
+# kv_heads x head_dim, i2 = 2 x intermediate, qkv2 / gu2 = Phi-3's fused projections. Read off the allocator traces
+# (bench/plan/analyze_trace.py; bench/plan/data): Qwen2.5-0.5B (traces10, the llama-style layer), Qwen3-1.7B (q/k
+# norms), Gemma-2-2B and Gemma-3-1B (four norms per layer; Gemma 3 with q/k norms) and Phi-3-mini (fused) (traces15).
+LAYER_TEMPLATES = {
+    "llama": "h4K h4>2 h4>5 h2K h2K q2>18 kv2>18 kv2>20 q2>13 q1>11 q2>12 q2>13 q2K kv2>18 kv1>16 kv2>17 kv2>18 "
+             "kv2>20 kv2K kv2K q2K h2>23 h2>34 h4K h4>25 h4>28 h2K h2K i2K i2K i2K i2K h2>34 h2>34",
+    "qwen3": "i2K i2K i2K i2K h2>6 h2>50 h4K h4>8 h4>11 h2K h2K q2>17 q4K q4>14 q4>17 q2K q2>34 kv2>23 kv4K kv4>20 "
+             "kv4>23 kv2K kv2>34 kv2>36 q2>29 q1>27 q2>28 q2>29 q2K kv2>34 kv1>32 kv2>33 kv2>34 kv2>36 kv2K kv2K q2K "
+             "h2>39 h2>50 h4K h4>41 h4>44 h2K h2K",
+    "gemma2": "i2K i2K i2K i2K h2>10 h4K h4>7 h4K h4>10 h2>11 h2>55 h4K h4>13 h4K h4>16 h2K q2>29 kv2>29 kv2>31 q2>24 "
+              "q1>22 q2>23 q2>24 q2K kv2>29 kv1>27 kv2>28 kv2>29 kv2>31 kv2K kv2K q2K h2>38 h4K h4>35 h4K h4>38 h2>39 "
+              "h2>55 h4K h4>41 h4K h4>44 h2K",
+    "gemma3": "i2K i2K i2K i2K h2>10 h4K h4>7 h4K h4>10 h2>11 h2>65 h4K h4>13 h4K h4>16 h2K q2>24 kv2>29 kv2>40 q4K "
+              "q4>21 q4K q4>24 q2>38 kv4K kv4>26 kv4K kv4>29 kv2>38 q2>34 q1>32 q2>33 q2>34 q2K kv2>38 kv2>37 kv2>38 "
+              "kv2>40 kv2K kv2K q4K q2K h2>48 h4K h4>45 h4K h4>48 h2>49 h2>65 h4K h4>51 h4K h4>54 h2K",
+    "fused": "i2K i2K h2>4 h2>38 h4K h4>6 h4>9 h2K h2K qkv2>27 q2>15 q1>13 q2>14 q2>15 q2>16 q2K kv2>21 kv1>19 kv2>20 "
+             "kv2>21 kv2>22 kv2>24 kv2K kv2K q2K h2>28 h2>38 h4K h4>30 h4>33 h2K h2K gu2K",
+}
+
+
+def _template(arch) -> str:
+    if arch.norms_per_layer >= 4:
+        return "gemma3" if arch.qk_norm else "gemma2"
+    if arch.fused:
+        return "fused"
+    return "qwen3" if arch.qk_norm else "llama"
+
+
+def layer_tensors(inputs: PlanInputs) -> Tuple[Tuple[float, Optional[int]], ...]:
+    """One decoder layer's forward for the allocator replay: (bytes, the index of the tensor before which it is
+    released, or None when the backward keeps it), from :data:`LAYER_TEMPLATES`; eager attention adds its fp32
+    softmax and bf16 copy (kept)."""
+    a = inputs.arch
+    t = inputs.micro_batch * inputs.seq_len
+    q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
+    inter = a.intermediate if a.moe is None else a.moe.active * a.moe.expert_intermediate + a.moe.shared_intermediate
+    per_token = {"h": a.hidden, "q": q, "kv": kv, "i": inter, "qkv": q + 2 * kv, "gu": 2 * inter}
+    out = []
+    for op in LAYER_TEMPLATES[_template(a)].split():
+        unit, kept, until = op.rstrip("K").partition(">")[0], op.endswith("K"), op.partition(">")[2]
+        name, width = unit.rstrip("0123456789"), int(unit[len(unit.rstrip("0123456789")):])
+        out.append((float(width * t * per_token[name]), None if kept else int(until)))
+    if inputs.attn == "eager":
+        out += [(4.0 * t * a.heads * inputs.seq_len, None), (2.0 * t * a.heads * inputs.seq_len, None)]
+    return tuple(out)
+
+
+def final_norm(inputs: PlanInputs) -> Tuple[Tuple[float, Optional[int]], ...]:
+    """The final RMSNorm's forward (as in :data:`LAYER_TEMPLATES`): fp32 input and two bf16 tensors kept."""
+    t = inputs.micro_batch * inputs.seq_len
+    h2, h4 = 2.0 * t * inputs.arch.hidden, 4.0 * t * inputs.arch.hidden
+    return ((h4, None), (h4, 2), (h4, 5), (h2, None), (h2, None))
+
+
+def kept_input(inputs: PlanInputs) -> float:
+    """Bytes of one decoder layer's input, which gradient checkpointing keeps for the backward."""
+    return 2.0 * inputs.arch.hidden * inputs.micro_batch * inputs.seq_len
+
+
 def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[dict]:
     """ZeRO-1/2: the arguments of :func:`~zeropilot.memory.segments.zero12_reserved` for this launch: its large
     tensors, from the same activation and logits sizes as the estimate. None for ZeRO-3, and with
@@ -348,29 +411,43 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
     tokens = inputs.micro_batch * inputs.seq_len
     sizes = [2.0 * n for n in tensor_sizes(a)]
     build, frozen = ([], sizes) if inputs.lora_rank else (sizes, [])
-    total, _ = activation_bytes(inputs, c)
-    if inputs.gradient_checkpointing:  # each layer's input kept; one layer recomputed at a time in backward
-        kept = 2.0 * a.hidden * tokens * c.fit_act
-        acts, recompute = [kept] * a.layers, max(0.0, total - kept * a.layers)
-    else:  # each layer's saved tensors, in pieces about the size of its widest activation
-        per_layer = total / a.layers
-        pieces = max(1, min(8, round(per_layer / (2.0 * tokens * max(a.hidden, a.intermediate)))))
-        acts, recompute = [per_layer / pieces] * (pieces * a.layers), 0.0
-    return dict(build=build, frozen=frozen, trainable=trainable, world_size=inputs.world_size, stage=inputs.stage,
-                gpu_optimizer=inputs.offload_optimizer == "none", activations=acts, recompute=recompute,
+    layer = layer_tensors(inputs)
+    h2 = kept_input(inputs)
+    edges = (h2, final_norm(inputs))  # the embedding's output; the final norm
+    part = trainable / inputs.world_size
+    owned, start = [], 0.0  # rank 0's partition: the first 1/N of the flattened trainable tensors
+    for n in ([] if inputs.lora_rank else tensor_sizes(a)):
+        if start >= part:
+            break
+        owned.append(min(n, part - start))
+        start += n
+    return dict(build=build, frozen=frozen, trainable=trainable, world_size=inputs.world_size,
+                gpu_optimizer=inputs.offload_optimizer == "none", layer=layer, layers=a.layers,
+                checkpointed=inputs.gradient_checkpointing, edges=edges,
                 logits_bf16=2.0 * tokens * a.vocab, logits_fp32=4.0 * tokens * a.vocab,
                 output_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden,
-                buckets=[2.0 * inputs.reduce_bucket_size] * (2 if inputs.overlap else 1))
+                buckets=[2.0 * inputs.reduce_bucket_size] * (2 if inputs.overlap else 1),
+                embedding_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden, tied=a.tied, softcap=a.logit_softcap,
+                norm_pieces=owned)
 
 
 def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[int]:
     """ZeRO-1/2: bytes the caching allocator reserves, replaying the run's large tensors (``memory/segments.py``).
 
     A floor on training's reserved memory: segments are never given back, and the step's whole fp32 blocks or
-    the logits' fp32 copies need new ones once the cache is split (call 7's allocator traces).
+    the logits' fp32 copies need new ones once the cache is split (the allocator traces).
     """
     args = zero12_replay(inputs, counts, trainable, c)
-    return None if args is None else zero12_reserved(**args)
+    if args is None:
+        return None
+    return _replay(tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in args.items())))
+
+
+@functools.lru_cache(maxsize=512)
+def _replay(args: tuple) -> int:
+    """Remembered by arguments: ``plan --search`` asks for one replay for ZeRO-1 and ZeRO-2, and for variants that
+    differ only where the replay does not look (about 20 ms each)."""
+    return zero12_reserved(**dict(args))
 
 
 def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
