@@ -150,8 +150,10 @@ PREREGISTERED = {("h200x2_call8", "pred_gib"): "call 8 (after the ZeRO-1/2 segme
                  ("h200x2_call9", "pred_gib"): "call 9 (after the ZeRO-1/2 allocator replay, commit 7399e68)",
                  ("h200x2_call12", "pred_gib"): "call 12 (the same replay, commit 45e2c4b)",
                  ("h200x2_call12", "pred_gib_v5"): "call 12, the candidate not adopted (segments_v5_candidate.patch)",
-                 ("h200x2_call14", "pred_gib_prev"): "call 14 (the replay the plan keeps, as at commit 4c17d7d)",
-                 ("h200x2_call14", "pred_gib"): "call 14, the candidate not adopted (segments_v6_candidate.patch)"}
+                 ("h200x2_call14", "pred_gib_prev"): "call 14 (the replay as at commit 4c17d7d)",
+                 ("h200x2_call14", "pred_gib"): "call 14, a candidate not adopted (segments_v6_candidate.patch)",
+                 ("h200x2_call16", "pred_gib"): "call 16 (the per-layer replay, commit 726fe6e)",
+                 ("h200x2_call16", "pred_gib_prev"): "call 16, the replay it replaced (commit 1d0ae99)"}
 
 
 def _preregistered(rows, recs) -> list:

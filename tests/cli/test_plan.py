@@ -98,8 +98,8 @@ def test_several_nodes_are_not_judged_without_a_measured_outside_torch_figure(ca
 def test_plans_of_a_kind_the_model_under_predicts_say_so(capsys):
     base = ["--model", "qwen2.5-1.5b", "--gpus", "1x80GiB", "--stage", "2", "--micro-batch", "4", "--seq-len", "1024"]
     bare = _json(capsys, *base, "--no-gradient-checkpointing")
-    assert any("up to 15% above the plan" in n for n in bare["notes"])
+    assert any("up to 12% above the plan" in n for n in bare["notes"])
     checkpointed = _json(capsys, *base, "--gradient-checkpointing")
     assert not any("above the plan" in n for n in checkpointed["notes"])
     offloaded = _json(capsys, *base, "--gradient-checkpointing", "--offload-optimizer", "cpu")
-    assert any("offload_optimizer" in n and "up to 26% above the plan" in n for n in offloaded["notes"])
+    assert not any("above the plan" in n for n in offloaded["notes"])  # within 1% on every offload row since call 16
