@@ -6,7 +6,7 @@ fine-tuning of 7-8B models at ZeRO-3 (``sub_group_size`` default and smaller), o
 offload, ``stage3_max_live_parameters``, and 16 GiB-capped pairs. Every spec names its split
 (``fit`` or ``holdout``) BEFORE it is measured: at least a third are held out of any fitting.
 HF ``"auto"`` bucket values (LLaMA-Factory's ds_z3 config) are written out: rbs h², pbs 0.9·h², ppt 10·h.
-Usage: python bench/plan/make_specs_x2.py [--call5 | --call8 | --call9 | --call12 | --call14 | --call16 | --call18]   (later passes' rows, specs/callN_x2.jsonl)
+Usage: python bench/plan/make_specs_x2.py [--call5 | --call8 | --call9 | --call12 | --call14 | --call16 | --call18 | --call19]   (later passes' rows, specs/callN_x2.jsonl)
 """
 from __future__ import annotations
 
@@ -228,14 +228,39 @@ CALL18 = [
     spec("qwen3-1.7b", 2, 2, 2048, 1, "holdout", gc=True, offload=True, cap_gib=16),
 ]
 
+
+# Call 19: new held-out rows after call 18's one miss (Gemma-3-1B LoRA, 22% over) led to LoRA's frozen norms: a
+# tensor a norm keeps only for its weight's gradient is not kept when the weight is frozen (the W ops of
+# LAYER_TEMPLATES). pred_gib: this plan; pred_gib_prev: the plan at f6215c3 (call 18's), computed with that commit's
+# memory/gpu.py and segments.py. Rule fixed before the run: keep the change if, on these rows, neither max abs error
+# nor worst under-prediction is worse than pred_gib_prev's; otherwise go back.
+CALL19 = [
+    spec("gemma-3-1b", 2, 2, 2048, 1, "holdout", lora=16),
+    spec("gemma-3-1b", 1, 1, 2048, 1, "holdout", gc=True, lora=32),
+    spec("gemma-2-2b", 2, 1, 4096, 1, "holdout", lora=16),
+    spec("qwen3-1.7b", 2, 2, 2048, 1, "holdout", lora=32),
+    spec("qwen2.5-3b", 2, 1, 4096, 1, "holdout", gc=True, lora=16),
+    spec("llama-3.2-3b", 1, 2, 2048, 1, "holdout", lora=8),
+    spec("mistral-7b", 2, 2, 1024, 1, "holdout", gc=True, lora=16),
+    spec("phi-3-mini", 2, 1, 4096, 1, "holdout", gc=True, lora=16),
+    spec("qwen2.5-1.5b", 2, 4, 2048, 1, "holdout", lora=16),
+    spec("llama-3.2-1b", 2, 2, 2048, 2, "holdout", lora=16),
+    spec("qwen3-4b", 2, 1, 4096, 1, "holdout", gc=True, lora=16),
+    spec("qwen2.5-0.5b", 2, 8, 1024, 1, "holdout", lora=8),
+    spec("gemma-3-1b", 2, 1, 4096, 1, "holdout"),
+    spec("llama-3.2-3b", 2, 2, 2048, 1, "holdout"),
+    spec("qwen2.5-1.5b", 1, 2, 2048, 2, "holdout"),
+    spec("gemma-2-2b", 2, 1, 1024, 1, "holdout"),
+]
+
 def main() -> None:
     import sys
     sys.path.insert(0, str(HERE.parents[1] / "src"))
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18")), "call3")
-    rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18}[which]
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19")), "call3")
+    rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19}[which]
     out = HERE / "specs" / f"{which}_x2.jsonl"
     with out.open("w") as f:
         for s in rows:

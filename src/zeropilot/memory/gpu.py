@@ -340,25 +340,26 @@ def _build_cache(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Con
 
 
 # One decoder layer's forward as the caching allocator saw it on H200s: every tensor of 1 MiB or more, in order, as
-# UNIT>i (released before the layer's i-th tensor; past the end: the residual stream, released with the layer) or
-# UNITK (saved for the backward). Units are per token: h2 = 2 x hidden bytes, q4 = 4 x heads x head_dim, kv1 =
+# UNIT>i (released before the layer's i-th tensor; past the end: the residual stream, released with the layer),
+# UNITK (saved for the backward) or UNITW (saved only for a norm weight's gradient: with LoRA the norms are frozen
+# and it is released at once, as autograd keeps nothing for a frozen multiplicand's gradient). Units are per token: h2 = 2 x hidden bytes, q4 = 4 x heads x head_dim, kv1 =
 # kv_heads x head_dim, i2 = 2 x intermediate, qkv2 / gu2 = Phi-3's fused projections. Read off the allocator traces
 # (bench/plan/analyze_trace.py; bench/plan/data): Qwen2.5-0.5B (traces10, the llama-style layer), Qwen3-1.7B (q/k
 # norms), Gemma-2-2B and Gemma-3-1B (four norms per layer; Gemma 3 with q/k norms) and Phi-3-mini (fused) (traces15).
 LAYER_TEMPLATES = {
-    "llama": "h4K h4>2 h4>5 h2K h2K q2>18 kv2>18 kv2>20 q2>13 q1>11 q2>12 q2>13 q2K kv2>18 kv1>16 kv2>17 kv2>18 "
-             "kv2>20 kv2K kv2K q2K h2>23 h2>34 h4K h4>25 h4>28 h2K h2K i2K i2K i2K i2K h2>34 h2>34",
-    "qwen3": "i2K i2K i2K i2K h2>6 h2>50 h4K h4>8 h4>11 h2K h2K q2>17 q4K q4>14 q4>17 q2K q2>34 kv2>23 kv4K kv4>20 "
+    "llama": "h4K h4>2 h4>5 h2W h2K q2>18 kv2>18 kv2>20 q2>13 q1>11 q2>12 q2>13 q2K kv2>18 kv1>16 kv2>17 kv2>18 "
+             "kv2>20 kv2K kv2K q2K h2>23 h2>34 h4K h4>25 h4>28 h2W h2K i2K i2K i2K i2K h2>34 h2>34",
+    "qwen3": "i2K i2K i2K i2K h2>6 h2>50 h4K h4>8 h4>11 h2W h2K q2>17 q4K q4>14 q4>17 q2K q2>34 kv2>23 kv4K kv4>20 "
              "kv4>23 kv2K kv2>34 kv2>36 q2>29 q1>27 q2>28 q2>29 q2K kv2>34 kv1>32 kv2>33 kv2>34 kv2>36 kv2K kv2K q2K "
-             "h2>39 h2>50 h4K h4>41 h4>44 h2K h2K",
-    "gemma2": "i2K i2K i2K i2K h2>10 h4K h4>7 h4K h4>10 h2>11 h2>55 h4K h4>13 h4K h4>16 h2K q2>29 kv2>29 kv2>31 q2>24 "
-              "q1>22 q2>23 q2>24 q2K kv2>29 kv1>27 kv2>28 kv2>29 kv2>31 kv2K kv2K q2K h2>38 h4K h4>35 h4K h4>38 h2>39 "
-              "h2>55 h4K h4>41 h4K h4>44 h2K",
-    "gemma3": "i2K i2K i2K i2K h2>10 h4K h4>7 h4K h4>10 h2>11 h2>65 h4K h4>13 h4K h4>16 h2K q2>24 kv2>29 kv2>40 q4K "
-              "q4>21 q4K q4>24 q2>38 kv4K kv4>26 kv4K kv4>29 kv2>38 q2>34 q1>32 q2>33 q2>34 q2K kv2>38 kv2>37 kv2>38 "
-              "kv2>40 kv2K kv2K q4K q2K h2>48 h4K h4>45 h4K h4>48 h2>49 h2>65 h4K h4>51 h4K h4>54 h2K",
-    "fused": "i2K i2K h2>4 h2>38 h4K h4>6 h4>9 h2K h2K qkv2>27 q2>15 q1>13 q2>14 q2>15 q2>16 q2K kv2>21 kv1>19 kv2>20 "
-             "kv2>21 kv2>22 kv2>24 kv2K kv2K q2K h2>28 h2>38 h4K h4>30 h4>33 h2K h2K gu2K",
+             "h2>39 h2>50 h4K h4>41 h4>44 h2W h2K",
+    "gemma2": "i2K i2K i2K i2K h2>10 h4K h4>7 h4W h4>10 h2>11 h2>55 h4K h4>13 h4W h4>16 h2K q2>29 kv2>29 kv2>31 q2>24 "
+              "q1>22 q2>23 q2>24 q2K kv2>29 kv1>27 kv2>28 kv2>29 kv2>31 kv2K kv2K q2K h2>38 h4K h4>35 h4W h4>38 h2>39 "
+              "h2>55 h4K h4>41 h4W h4>44 h2K",
+    "gemma3": "i2K i2K i2K i2K h2>10 h4K h4>7 h4W h4>10 h2>11 h2>65 h4K h4>13 h4W h4>16 h2K q2>24 kv2>29 kv2>40 q4K "
+              "q4>21 q4W q4>24 q2>38 kv4K kv4>26 kv4W kv4>29 kv2>38 q2>34 q1>32 q2>33 q2>34 q2K kv2>38 kv2>37 kv2>38 "
+              "kv2>40 kv2K kv2K q4K q2K h2>48 h4K h4>45 h4W h4>48 h2>49 h2>65 h4K h4>51 h4W h4>54 h2K",
+    "fused": "i2K i2K h2>4 h2>38 h4K h4>6 h4>9 h2W h2K qkv2>27 q2>15 q1>13 q2>14 q2>15 q2>16 q2K kv2>21 kv1>19 kv2>20 "
+             "kv2>21 kv2>22 kv2>24 kv2K kv2K q2K h2>28 h2>38 h4K h4>30 h4>33 h2W h2K gu2K",
 }
 
 
@@ -380,20 +381,23 @@ def layer_tensors(inputs: PlanInputs) -> Tuple[Tuple[float, Optional[int]], ...]
     inter = a.intermediate if a.moe is None else a.moe.active * a.moe.expert_intermediate + a.moe.shared_intermediate
     per_token = {"h": a.hidden, "q": q, "kv": kv, "i": inter, "qkv": q + 2 * kv, "gu": 2 * inter}
     out = []
-    for op in LAYER_TEMPLATES[_template(a)].split():
-        unit, kept, until = op.rstrip("K").partition(">")[0], op.endswith("K"), op.partition(">")[2]
+    for i, op in enumerate(LAYER_TEMPLATES[_template(a)].split()):
+        unit, until = op.rstrip("KW").partition(">")[0], op.partition(">")[2]
         name, width = unit.rstrip("0123456789"), int(unit[len(unit.rstrip("0123456789")):])
-        out.append((float(width * t * per_token[name]), None if kept else int(until)))
+        if op.endswith("W"):
+            until = str(i + 1) if inputs.lora_rank else ""
+        out.append((float(width * t * per_token[name]), int(until) if until else None))
     if inputs.attn == "eager":
         out += [(4.0 * t * a.heads * inputs.seq_len, None), (2.0 * t * a.heads * inputs.seq_len, None)]
     return tuple(out)
 
 
 def final_norm(inputs: PlanInputs) -> Tuple[Tuple[float, Optional[int]], ...]:
-    """The final RMSNorm's forward (as in :data:`LAYER_TEMPLATES`): fp32 input and two bf16 tensors kept."""
+    """The final RMSNorm's forward (as in :data:`LAYER_TEMPLATES`): fp32 input and two bf16 tensors kept (one of
+    them only for the norm's weight, so not with LoRA)."""
     t = inputs.micro_batch * inputs.seq_len
     h2, h4 = 2.0 * t * inputs.arch.hidden, 4.0 * t * inputs.arch.hidden
-    return ((h4, None), (h4, 2), (h4, 5), (h2, None), (h2, None))
+    return ((h4, None), (h4, 2), (h4, 5), (h2, 4 if inputs.lora_rank else None), (h2, None))
 
 
 def kept_input(inputs: PlanInputs) -> float:
