@@ -153,7 +153,10 @@ PREREGISTERED = {("h200x2_call8", "pred_gib"): "call 8 (after the ZeRO-1/2 segme
                  ("h200x2_call14", "pred_gib_prev"): "call 14 (the replay as at commit 4c17d7d)",
                  ("h200x2_call14", "pred_gib"): "call 14, a candidate not adopted (segments_v6_candidate.patch)",
                  ("h200x2_call16", "pred_gib"): "call 16 (the per-layer replay, commit 726fe6e)",
-                 ("h200x2_call16", "pred_gib_prev"): "call 16, the replay it replaced (commit 1d0ae99)"}
+                 ("h200x2_call16", "pred_gib_prev"): "call 16, the replay it replaced (commit 1d0ae99)",
+                 ("h200x2_call18", "pred_gib"): "call 18 (confirmation, commit f6215c3)",
+                 ("h200x2_call19", "pred_gib"): "call 19 (LoRA's frozen norms, commit f254e04)",
+                 ("h200x2_call19", "pred_gib_prev"): "call 19, without that change (commit f6215c3)"}
 
 
 def _preregistered(rows, recs) -> list:
@@ -161,7 +164,7 @@ def _preregistered(rows, recs) -> list:
     out = []
     for (source, field), what in PREREGISTERED.items():
         pre = [{"error_pct": round(100 * (r.raw["spec"][field] * GIB / r.measured_bytes - 1), 1)}
-               for r in rows if r.source == source and r.measured_bytes and field in r.raw["spec"]]
+               for r in rows if r.source == source and r.measured_bytes and field in r.raw["spec"] and not r.cap_gib]
         now = [x for x in recs if x["source"] == source and "error_pct" in x]
         if pre:
             out.append({"call": what, "predicted": _block(pre), "now": _block(now)})

@@ -228,7 +228,7 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         pool.free(gb)
         held = [pool.alloc(size) for size in buckets]  # setup_buckets, at the first gradient hook
         # the flat 16-bit gradient partition, at the first gradient: ZeRO-1 too reduces through the buckets into one
-        # (0.19.8), and at world size 1 the two stages reserve alike (12 measured groups, tests/memory/
+        # (0.19.8), and at world size 1 the two stages reserve alike (11 measured groups, tests/memory/
         # test_accuracy_bench.py)
         grads = [pool.alloc(2 * part)] if gpu_optimizer else []
         final = sum(1 for _, until in edges[1] if until is None)
