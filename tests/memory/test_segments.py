@@ -65,3 +65,37 @@ def test_the_model_allocator_reproduces_the_h200_traces_from_their_own_requests(
             last = action
         # the model leaves out requests under 1 MiB (PyTorch's small pool): at most a few hundred MiB
         assert -0.2 * 2**30 <= pool.reserved - real <= 0.05 * 2**30, (path.name, pool.reserved / 2**30, real / 2**30)
+
+
+def _inputs(**kw):
+    from zeropilot.memory import PlanInputs
+    from zeropilot.models import CATALOGUE, from_config
+
+    base = dict(arch=from_config(CATALOGUE["qwen2.5-1.5b"], "qwen2.5-1.5b"), hardware=None, stage=2, micro_batch=2,
+                seq_len=1024)
+    base.update(kw)
+    return PlanInputs(**base)
+
+
+def test_the_llama_layer_template_keeps_what_the_activation_estimate_counts_per_token():
+    """One fact in two places: the replay's llama-style layer (memory/gpu.py LAYER_TEMPLATES, read off an H200
+    trace) keeps per token exactly the activation estimate's units (act_h, act_q, act_kv, act_i)."""
+    from zeropilot.memory.constants import DEFAULT
+    from zeropilot.memory.gpu import layer_tensors
+
+    inputs = _inputs()
+    a, t = inputs.arch, inputs.micro_batch * inputs.seq_len
+    kept = sum(size for size, until in layer_tensors(inputs) if until is None)
+    units = (DEFAULT.act_h * a.hidden + DEFAULT.act_q * a.heads * a.head_dim + DEFAULT.act_kv * a.kv_heads * a.head_dim
+             + DEFAULT.act_i * a.intermediate)
+    assert kept == units * t
+
+
+def test_lora_releases_what_frozen_norms_would_keep_for_their_weights():
+    from zeropilot.memory.gpu import final_norm, layer_tensors
+
+    full, lora = _inputs(), _inputs(lora_rank=16)
+    kept = lambda ops: sum(size for size, until in ops if until is None)  # noqa: E731
+    t, h = full.micro_batch * full.seq_len, full.arch.hidden
+    assert kept(layer_tensors(full)) - kept(layer_tensors(lora)) == 2 * (2 * t * h)  # one bf16 copy per norm, two norms
+    assert kept(final_norm(full)) - kept(final_norm(lora)) == 2 * t * h
