@@ -342,10 +342,11 @@ def _build_cache(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Con
 # One decoder layer's forward as the caching allocator saw it on H200s: every tensor of 1 MiB or more, in order, as
 # UNIT>i (released before the layer's i-th tensor; past the end: the residual stream, released with the layer),
 # UNITK (saved for the backward) or UNITW (saved only for a norm weight's gradient: with LoRA the norms are frozen
-# and it is released at once, as autograd keeps nothing for a frozen multiplicand's gradient). Units are per token: h2 = 2 x hidden bytes, q4 = 4 x heads x head_dim, kv1 =
-# kv_heads x head_dim, i2 = 2 x intermediate, qkv2 / gu2 = Phi-3's fused projections. Read off the allocator traces
-# (bench/plan/analyze_trace.py; bench/plan/data): Qwen2.5-0.5B (traces10, the llama-style layer), Qwen3-1.7B (q/k
-# norms), Gemma-2-2B and Gemma-3-1B (four norms per layer; Gemma 3 with q/k norms) and Phi-3-mini (fused) (traces15).
+# and it is released at once, as autograd keeps nothing for a frozen multiplicand's gradient). Units are per token:
+# h2 = 2 x hidden bytes, q4 = 4 x heads x head_dim, kv1 = kv_heads x head_dim, i2 = 2 x intermediate, qkv2 / gu2 =
+# Phi-3's fused projections. Read off the allocator traces (bench/plan/analyze_trace.py; bench/plan/data):
+# Qwen2.5-0.5B (traces10, the llama-style layer), Qwen3-1.7B (q/k norms), Gemma-2-2B and Gemma-3-1B (four norms
+# per layer; Gemma 3 with q/k norms) and Phi-3-mini (fused) (traces15).
 LAYER_TEMPLATES = {
     "llama": "h4K h4>2 h4>5 h2W h2K q2>18 kv2>18 kv2>20 q2>13 q1>11 q2>12 q2>13 q2K kv2>18 kv1>16 kv2>17 kv2>18 "
              "kv2>20 kv2K kv2K q2K h2>23 h2>34 h4K h4>25 h4>28 h2W h2K i2K i2K i2K i2K h2>34 h2>34",
@@ -431,8 +432,8 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
                 logits_bf16=2.0 * tokens * a.vocab, logits_fp32=4.0 * tokens * a.vocab,
                 output_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden,
                 buckets=[2.0 * inputs.reduce_bucket_size] * (2 if inputs.overlap else 1),
-                embedding_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden, tied=a.tied, softcap=a.logit_softcap,
-                norm_pieces=owned)
+                embedding_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden, tied=a.tied,
+                softcap=a.logit_softcap, norm_pieces=owned)
 
 
 def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[int]:
