@@ -8,6 +8,7 @@ as with LoRA), torch AdamW (no op build). Reports, per configuration:
                 the loss backward (released after each step?)
   grads_after_backward  the same after that backward, before the step (None-free ``averaged_gradients``;
                 ``grads_in_partition`` is the flat buffer, never allocated with offload_optimizer)
+  norm_dtype    the dtype DeepSpeed takes gradient norms in (``get_norm_dtype``: fp64 where the device has it)
 Usage: python ds_buffers_worker.py PORT -> prints ``RESULT {json}``.
 """
 import json
@@ -75,6 +76,9 @@ def main(port: str) -> None:
         engine.step()
         out[name] = rec
         engine.destroy()
+    from deepspeed.runtime.zero.utils import get_norm_dtype
+
+    out["norm_dtype"] = str(get_norm_dtype())
     print("RESULT " + json.dumps(out), flush=True)
 
 

@@ -166,7 +166,9 @@ def test_zero12_gradients_and_buckets_are_not_held_at_the_loss_backward():
 def test_witness_deepspeed_gradient_buffers(tmp_path):
     """Real DeepSpeed on CPU (one gloo rank, torch AdamW): each contiguous-gradients bucket has
     ``reduce_bucket_size`` elements even with fewer trainable ones (ZeRO-1, 2, 3); ZeRO-1/2 hold no gradient
-    partition at the loss backward (released after each step); with offload_optimizer none after backward either."""
+    partition at the loss backward (released after each step) and ZeRO-1 holds the same as ZeRO-2 after it (the
+    replay gives both one gradient partition); with offload_optimizer none after backward either; gradient norms
+    are taken in fp64 (the replay's 8-byte copies)."""
     import json
     import os
     import sys
@@ -187,3 +189,5 @@ def test_witness_deepspeed_gradient_buffers(tmp_path):
         assert res[name]["grads_after_backward"]["averaged"] == res[name]["trainable"]
     assert res["zero2_offload"]["grads_at_loss"] == res["zero2_offload"]["grads_after_backward"] == \
         {"flat": 0, "averaged": 0}
+    assert res["zero1"] == res["zero2"]
+    assert res["norm_dtype"] == "torch.float64"

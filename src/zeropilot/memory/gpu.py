@@ -414,14 +414,15 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
         return None
     a = inputs.arch
     tokens = inputs.micro_batch * inputs.seq_len
-    sizes = [2.0 * n for n in tensor_sizes(a)]
+    elements = tensor_sizes(a)
+    sizes = [2.0 * n for n in elements]
     build, frozen = ([], sizes) if inputs.lora_rank else (sizes, [])
     layer = layer_tensors(inputs)
     h2 = kept_input(inputs)
     edges = (h2, final_norm(inputs))  # the embedding's output; the final norm
     part = trainable / inputs.world_size
     owned, start = [], 0.0  # rank 0's partition: the first 1/N of the flattened trainable tensors
-    for n in ([] if inputs.lora_rank else tensor_sizes(a)):
+    for n in ([] if inputs.lora_rank else elements):
         if start >= part:
             break
         owned.append(min(n, part - start))
