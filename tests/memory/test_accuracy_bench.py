@@ -66,7 +66,7 @@ def test_zero12_allocator_replay_against_the_committed_allocator_traces():
     rows end 6% over), except Gemma-2-2B without checkpointing at 4096 tokens (call 17), where a cuBLAS workspace
     settles in the cached fp32 gradient block and the step takes one more, and two LoRA rows without checkpointing
     (call 20), where the replay puts that workspace in a cached fp32 logits block and the real allocator did not;
-    the one world-size-2 trace (ZeRO-2 offload) ends 11% over."""
+    of the world-size-2 traces, the ZeRO-2 offload one ends 11% over and call 22's three within 4%."""
     import gzip
     import json
     import statistics
@@ -107,8 +107,8 @@ def test_zero12_allocator_replay_against_the_committed_allocator_traces():
                 low, high = known_misses.get(spec["trace"], (-0.02, 0.07))
                 assert low <= err <= high, (spec["trace"], err)
                 errors.append(abs(err))
-            else:
-                assert 0 <= err <= 0.12, (spec["trace"], err)
+            else:  # the ZeRO-2 offload trace (call 13) ends 11% over, call 22's three within 4%
+                assert -0.04 <= err <= 0.12, (spec["trace"], err)
     assert len(errors) >= 20
     assert statistics.median(errors) <= 0.005
 
