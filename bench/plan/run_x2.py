@@ -25,7 +25,7 @@ PROBE = os.path.join(HERE, "zero_mem_probe_plan.py")
 
 def need(spec):
     if spec.get("need_gib"):
-        return float(spec["need_gib"])
+        return min(float(spec["need_gib"]), POOL_GIB)  # more than the pool would wait forever at the queue's head
     return float(spec["cap_gib"]) if spec.get("cap_gib") else min(spec.get("pred_gib", 40) * 1.3 + 4, POOL_GIB)
 
 
