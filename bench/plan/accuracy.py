@@ -158,7 +158,9 @@ PREREGISTERED = {("h200x2_call8", "pred_gib"): "call 8 (after the ZeRO-1/2 segme
                  ("h200x2_call19", "pred_gib"): "call 19 (LoRA's frozen norms, commit f254e04)",
                  ("h200x2_call19", "pred_gib_prev"): "call 19, without that change (commit f6215c3)",
                  ("h200x2_call21", "pred_gib"): "call 21, a candidate not adopted (layers_v8_candidate.patch)",
-                 ("h200x2_call21", "pred_gib_prev"): "call 21, the plan kept (commit 6a70b38)"}
+                 ("h200x2_call21", "pred_gib_prev"): "call 21, the plan kept (commit 6a70b38)",
+                 ("h200x2_call23", "pred_gib"): "call 23, a candidate not adopted (reserved_v9_candidate.patch)",
+                 ("h200x2_call23", "pred_gib_prev"): "call 23, the plan kept (commit 31c1f40)"}
 
 
 def _preregistered(rows, recs) -> list:
