@@ -320,7 +320,8 @@ CALL23 = [
 # compared worst under-predictions with the kept plan's, which a change that can only lower predictions fails as soon as
 # it is under on any row, however little. This rule takes the issue's own bound instead: adopt the candidate if, on
 # these rows, its worst under-prediction is within -8% and its max abs error is not above the kept plan's; otherwise
-# keep the plan. pred_gib: the kept plan (commit 2da6855); pred_gib_v9: with the patch applied.
+# keep the plan. pred_gib: the kept plan (commit 2da6855); pred_gib_v9: with the patch applied. Adopted: worst
+# under-prediction -2.4%, max 11.3% against the plan's 16.6% (median 1.8% against 5.9%).
 CALL24 = [
     spec("llama-3.2-1b", 2, 8, 4096, 2, "holdout", gc=True),
     spec("qwen2.5-0.5b", 2, 8, 1024, 2, "holdout", gc=True),

@@ -481,13 +481,17 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     non_torch = _non_torch(inputs, c)
     reserved = allocated + gap.bytes
     segs = zero12_segments(inputs, counts, trainable, c)
-    if segs is not None and segs > reserved:
-        gap = Component(gap.name, segs - allocated, gap.phase,
+    if segs is not None:
+        # ZeRO-1/2: the replay, not the fitted gap, says what the allocator reserves (on every committed row where the
+        # two differ the replay is nearer the measurement); never less than the allocated peak
+        gap = Component(gap.name, max(segs - allocated, 0), gap.phase,
                         f"caching-allocator segments: replaying the run's large tensors through the allocator's "
-                        f"best-fit policy reserves {_gib(segs)} (more than the fitted {_gib(reserved)}): "
-                        "initialize's cached blocks are split and the step's whole fp32 blocks or the logits' fp32 "
-                        "copies take new segments (memory/segments.py)")
-        reserved = segs
+                        f"best-fit policy reserves {_gib(segs)}"
+                        + (": initialize's cached blocks are split and the step's whole fp32 blocks or the logits' "
+                           "fp32 copies take new segments" if segs > allocated else
+                           ", no more than the allocated peak: nothing on top")
+                        + " (memory/segments.py)")
+        reserved = allocated + gap.bytes
     params = counts.total + (trainable if inputs.lora_rank else 0)
     comps = resident + backward + [step, gap, non_torch]
     train_peak = reserved + non_torch.bytes
