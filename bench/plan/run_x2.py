@@ -104,7 +104,9 @@ def main():
                 if gpus is None:
                     blocked = True
                 else:
-                    running.append(launch(spec, gpus, n)); n += 1; pending.remove(spec)
+                    running.append(launch(spec, gpus, n))
+                    n += 1
+                    pending.remove(spec)
         elif pending:
             with open(os.path.join(OUT, "fail.log"), "a") as f:
                 f.writelines(f"SKIPPED(budget) {json.dumps(s)}\n" for s in pending)
