@@ -163,8 +163,8 @@ PREREGISTERED = {("h200x2_call8", "pred_gib"): "call 8 (after the ZeRO-1/2 segme
                  ("h200x2_call23", "pred_gib_prev"): "call 23, the plan kept (commit 31c1f40)",
                  ("h200x2_call24", "pred_gib_v9"): "call 24, the same candidate, adopted (reserved_v9_candidate.patch)",
                  ("h200x2_call24", "pred_gib"): "call 24, the plan it replaced (commit 2da6855)",
-                 ("h200x2_call25", "pred_gib_v10"): "call 25, a candidate (replay_v10_candidate.patch)",
-                 ("h200x2_call25", "pred_gib"): "call 25, the plan (commit d748b79)"}
+                 ("h200x2_call25", "pred_gib_v10"): "call 25, a candidate, adopted (replay_v10_candidate.patch)",
+                 ("h200x2_call25", "pred_gib"): "call 25, the plan it replaced (commit d748b79)"}
 
 
 def _preregistered(rows, recs) -> list:

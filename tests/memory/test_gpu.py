@@ -193,10 +193,11 @@ def test_witness_deepspeed_gradient_buffers(tmp_path):
     assert res["norm_dtype"] == "torch.float64"
 
 
-def test_zero12_reserved_memory_is_the_allocator_replays_never_below_the_allocated_peak():
+def test_zero12_reserved_memory_is_the_allocator_replays():
     """ZeRO-1/2: what the allocator reserves comes from the replay (memory/segments.py), not the fitted gap, which
-    ZeRO-3 keeps. Adopted after pre-registered call 24 (bench/plan/results/accuracy.md): max 11.3% against 16.6%
-    with the larger of the two. Where the replay ends below the fitted allocated peak, nothing is added on top."""
+    ZeRO-3 keeps (pre-registered call 24: max 11.3% against 16.6%). Where the replay peaks below the fitted
+    components (Gemma 2's soft-capped logits at large token counts), the plan takes the replay's and says by how much
+    in ``replay_adjustment`` (call 25: max 3.7% against 14.0%); the components still add up to the peak."""
     from zeropilot.memory.constants import DEFAULT
     from zeropilot.memory.gpu import trainable_params, zero12_segments
 
@@ -205,9 +206,13 @@ def test_zero12_reserved_memory_is_the_allocator_replays_never_below_the_allocat
                dict(arch=GEMMA, lora_rank=16, gradient_checkpointing=True, micro_batch=8, seq_len=2048)):
         inputs = _inputs(**kw)
         gpu = estimate_gpu(inputs)
+        parts = gpu.by_name()
         counts = count_params(inputs.arch)
         segs = zero12_segments(inputs, counts, trainable_params(inputs, counts), DEFAULT)
-        assert gpu.reserved_peak_bytes == max(segs, gpu.allocated_peak_bytes)
-        assert gpu.by_name()["allocator_overhead"] == gpu.reserved_peak_bytes - gpu.allocated_peak_bytes >= 0
-        seen.add(segs > gpu.allocated_peak_bytes)
-    assert seen == {True, False}  # both branches: the replay above the allocated peak, and at or below it
+        assert gpu.reserved_peak_bytes == segs
+        assert parts["allocator_overhead"] == gpu.reserved_peak_bytes - gpu.allocated_peak_bytes >= 0
+        assert gpu.peak_bytes == sum(c.bytes for c in gpu.components if c.phase in ("resident", "overhead")) + max(
+            parts["activations"] + parts["logits"],
+            parts["gradients"] + parts["zero_buffers"] + parts["step_temporaries"])
+        seen.add(parts.get("replay_adjustment", 0) < 0)
+    assert seen == {True, False}  # the replay above the fitted allocated peak, and below it (Gemma 2)

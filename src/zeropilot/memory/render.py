@@ -12,7 +12,7 @@ _LABELS = {"weights_trainable": "weights (trainable)", "weights_frozen": "weight
            "gradients": "gradients", "optimizer_master": "fp32 master weights", "optimizer_states": "AdamW states",
            "zero_buffers": "ZeRO buffers", "activations": "activations", "logits": "logits + loss buffers",
            "step_temporaries": "optimizer step temporaries", "allocator_overhead": "allocator overhead",
-           "build_cache": "build's cached blocks",
+           "build_cache": "build's cached blocks", "replay_adjustment": "replay below the fit",
            "non_torch": "outside PyTorch", "init_peak": "init phase (allocated)"}
 _FIELDS = ("stage", "micro_batch", "seq_len", "grad_accum", "gradient_checkpointing", "lora_rank",
            "offload_optimizer", "offload_param", "overlap_comm", "reduce_bucket_size", "prefetch_bucket_size",
