@@ -440,8 +440,8 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
 def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[int]:
     """ZeRO-1/2: bytes the caching allocator reserves, replaying the run's large tensors (``memory/segments.py``).
 
-    A floor on training's reserved memory: segments are never given back, and the step's whole fp32 blocks or
-    the logits' fp32 copies need new ones once the cache is split (the allocator traces).
+    What training reserves (the plan's figure for ZeRO-1/2): segments are never given back, and the step's whole fp32
+    blocks or the logits' fp32 copies need new ones once the cache is split (the allocator traces).
     """
     args = zero12_replay(inputs, counts, trainable, c)
     if args is None:
@@ -483,22 +483,18 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     segs = zero12_segments(inputs, counts, trainable, c)
     adjust: List[Component] = []
     if segs is not None:
-        # ZeRO-1/2: the replay, not the fitted gap, says what the allocator reserves (on every committed row where the
-        # two differ the replay is nearer the measurement); never less than the allocated peak
-        gap = Component(gap.name, max(segs - allocated, 0), gap.phase,
-                        f"caching-allocator segments: replaying the run's large tensors through the allocator's "
-                        f"best-fit policy reserves {_gib(segs)}"
-                        + (": initialize's cached blocks are split and the step's whole fp32 blocks or the logits' "
-                           "fp32 copies take new segments" if segs > allocated else
-                           ", no more than the allocated peak: nothing on top")
-                        + " (memory/segments.py)")
-        if segs < allocated:  # the replay, tensor by tensor, peaks below the fitted transients: they over-count here
+        # ZeRO-1/2: the replay, not the fitted gap, says what the allocator reserves (pre-registered calls 24 and 25:
+        # nearer the measurement on every committed row where the two differ)
+        if segs < allocated:  # the fitted transients over-count here (Gemma 2's soft-capped logits at large token counts)
             adjust = [Component("replay_adjustment", segs - allocated, "overhead",
                                 f"the allocator replay, tensor by tensor, peaks at {_gib(segs)}, below the fitted "
-                                f"components above ({_gib(allocated)}; at large token counts Gemma 2's soft-capped "
-                                "logits): the plan takes the replay's (memory/segments.py)")]
+                                f"components above ({_gib(allocated)}): the plan takes the replay's (memory/segments.py)")]
             allocated = segs
-        reserved = allocated + gap.bytes
+        gap = Component(gap.name, segs - allocated, gap.phase,
+                        f"caching-allocator segments: replaying the run's large tensors through the allocator's "
+                        f"best-fit policy reserves {_gib(segs)}: initialize's cached blocks are split and the step's "
+                        "whole fp32 blocks or the logits' fp32 copies take new segments (memory/segments.py)")
+        reserved = segs
     params = counts.total + (trainable if inputs.lora_rank else 0)
     comps = resident + backward + [step] + adjust + [gap, non_torch]
     train_peak = reserved + non_torch.bytes
