@@ -369,7 +369,7 @@ CALL25 = [
 # size 2, -14.2%) came from it. On the committed allocator traces the candidate ends within 2% of 26 of the 29 at world
 # size 1 (the plan: 23), and at world size 2 at -0.0%, -0.0%, +1.0% and -14.4% (the plan: +10.7%, -3.6%, +0.8%, -0.7%).
 # Rows: every ZeRO-1/2 configuration never measured whose two predictions stay under 90 GiB (5,482), drawn by
-# bench/plan/select_call26.py: four strata where the two differ by 2% or more, largest difference first, one row per
+# bench/plan/select_call.py 26: four strata where the two differ by 2% or more, largest difference first, one row per
 # model per stratum and at most two per model (world size 2 full fine-tuning with checkpointing; world size 2 with
 # offload_optimizer; world size 1 LoRA without checkpointing; full fine-tuning without checkpointing), and three rows
 # where they differ by under 2%; ties broken by a shuffle seeded 26. Rule, stated before the run (calls 24 and 25's):
@@ -399,16 +399,54 @@ CALL26_TRACE = spec("qwen2.5-0.5b", 2, 4, 1024, 2, "trace", gc=True, trace="qwen
                     need_gib=40)
 
 
+# Call 28 (ninth pass): a candidate (bench/plan/reduction_v12_candidate.patch): call 26's (v11) and where ZeRO-1/2 takes
+# its 16-bit gradient partition: at the first reduction of a bucket holding one of rank 0's gradients, after the
+# bucket has been flattened for the reduction across ranks (stage_1_and_2.py copy_grads_in_partition and
+# allreduce_bucket), which is backward's end when rank 0's gradients arrive last or all fit in one bucket; the
+# partition holds every tensor reaching into it whole (call 26's trace of Qwen2.5-0.5B at world size 2: +16.5% with
+# v11, -0.0% with v12; call 27's of Gemma-3-1B: the same 379 MiB flatten and 955 MiB partition). Its known misses on
+# committed rows: Gemma-3-1B at world size 2 with checkpointing and 8192 tokens (-17.4%: a cuBLAS workspace lands in a
+# 36 MiB hole the real allocator did not have, so an AdamW state does not split an fp32 logits block) and Qwen2.5-0.5B
+# LoRA at world size 2 (-13.0%, the same workspace). Rows drawn as call 26's (bench/plan/select_call.py 28, seed 28,
+# calls 26 and 27's rows left out of the pool); the first is a Gemma-3-1B row with the same 8192 tokens, whose replay
+# is that miss's. Rule, stated before the run and set after call 26: call 26's rule turned a candidate down for one
+# under-prediction (-17.3%) although it was nearer the measurement on 13 of 16 rows and the kept plan broke the same
+# bound on another row (-11.2%) and the +12% bound on six. The issue's targets hold row by row (beyond -8% under is an
+# OOM the user was told would not happen; beyond +12% over, a card wrongly called too small), so this rule counts, for
+# each model, the rows outside [-8%, +12%]: adopt the candidate if it has fewer of them than the kept plan and a median
+# abs error no higher; otherwise keep the plan. pred_gib: the kept plan (commit c499297's memory code); pred_gib_v12:
+# with the patch applied.
+CALL28 = [
+    spec("gemma-3-1b", 2, 2, 4096, 2, "holdout", gc=True),
+    spec("qwen3-1.7b", 1, 2, 4096, 2, "holdout", gc=True),
+    spec("mistral-1b-shape", 1, 4, 2048, 2, "holdout", gc=True),
+    spec("qwen3-4b", 2, 8, 2048, 2, "holdout", gc=True),
+    spec("phi-3-mini", 2, 2, 1024, 2, "holdout", gc=True, offload=True),
+    spec("gemma-2-2b", 1, 1, 1024, 2, "holdout", gc=True, offload=True),
+    spec("qwen2.5-0.5b", 2, 2, 4096, 2, "holdout", lora=16, offload=True),
+    spec("qwen2.5-0.5b", 2, 2, 4096, 1, "holdout", lora=16),
+    spec("gemma-3-1b", 1, 4, 1024, 1, "holdout", lora=8),
+    spec("gemma-2-2b", 2, 2, 4096, 1, "holdout", lora=8),
+    spec("qwen2.5-1.5b", 1, 2, 1024, 2, "holdout"),
+    spec("qwen3-4b", 2, 1, 2048, 2, "holdout"),
+    spec("qwen2.5-3b", 1, 2, 1024, 2, "holdout"),
+    spec("qwen2.5-3b", 2, 8, 2048, 2, "holdout", gc=True, lora=16, offload=True),
+    spec("mistral-1b-shape", 1, 2, 2048, 1, "holdout", lora=8, offload=True),
+    spec("phi-3-mini", 1, 4, 2048, 2, "holdout", gc=True, lora=16, offload=True),
+]
+
+
 def main() -> None:
     import sys
     sys.path.insert(0, str(HERE.parents[1] / "src"))
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26")), "call3")
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28")), "call3")
     rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19,
             "call21": CALL21, "call23": CALL23,
-            "call24": CALL24, "call25": CALL25, "call26": CALL26}[which]
+            "call24": CALL24, "call25": CALL25, "call26": CALL26,
+            "call28": CALL28}[which]
     out = HERE / "specs" / f"{which}_x2.jsonl"
     with out.open("w") as f:
         for s in rows + ([CALL26_TRACE] if which == "call26" else []):

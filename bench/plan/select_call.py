@@ -1,18 +1,21 @@
-"""Draw call 26's rows and write the candidate's predictions into its specs (issue 14, ninth pass).
+"""Draw a pre-registered call's rows and write the candidate's predictions into its specs (issue 14, ninth pass).
 
 Usage:
-    python bench/plan/select_call26.py CANDIDATE_ROOT            print the draw (the rows of CALL26 in make_specs_x2.py)
-    python bench/plan/select_call26.py CANDIDATE_ROOT --write    add pred_gib_v11 to specs/call26_x2.jsonl
+    python bench/plan/select_call.py CALL CANDIDATE_ROOT            print the draw (the rows of CALLn in make_specs_x2.py)
+    python bench/plan/select_call.py CALL CANDIDATE_ROOT --write    add the candidate's prediction to specs/callN_x2.jsonl
 
-CANDIDATE_ROOT is a checkout with ``bench/plan/layers_init_v11_candidate.patch`` applied (``git worktree add /tmp/v11
-c499297 && git -C /tmp/v11 apply bench/plan/layers_init_v11_candidate.patch``). Each checkout predicts in its own
-process, as both are the package ``zeropilot``.
+CALL is 26 (candidate ``layers_init_v11_candidate.patch``, field ``pred_gib_v11``) or 28 (``reduction_v12_candidate
+.patch``, ``pred_gib_v12``). CANDIDATE_ROOT is a checkout of the commit the call names with the patch applied (``git
+worktree add /tmp/cand c499297 && git -C /tmp/cand apply bench/plan/layers_init_v11_candidate.patch``); the plan's
+predictions come from this checkout at that call's commit. Each checkout predicts in its own process, as both are
+the package ``zeropilot``.
 
 The draw: every ZeRO-1/2 configuration of the catalogued small models (micro batch 1-8, 1024-4096 tokens, world size
 1-2, with and without checkpointing, full or LoRA r8/r16, with and without offload_optimizer) never measured in
 ``bench/plan/data`` whose two predictions stay under 90 GiB; shuffled with seed 26; four strata where the predictions
 differ by 2% or more, largest difference first, one row per model per stratum and at most two per model in all, and
-three rows where they differ by under 2%.
+three rows where they differ by under 2%. Call 28 draws the same way with seed 28, also leaving out call 26 and 27's
+rows.
 """
 from __future__ import annotations
 
@@ -51,13 +54,17 @@ def _predict(root: str, specs: list) -> list:
     return [float(x) for x in out.stdout.split()]
 
 
-def pool() -> list:
+FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12"}
+
+
+def pool(call: int) -> list:
     sys.path.insert(0, str(HERE))
     from make_specs_x2 import spec
 
     done = set()
-    for path in (HERE / "data").glob("*.jsonl"):  # call 26 itself left out, so the draw stays reproducible
-        if path.name.startswith("h200x2_call26"):
+    for path in (HERE / "data").glob("*.jsonl"):  # this call and later ones left out: the draw stays reproducible
+        number = path.stem.partition("_call")[2].partition("_")[0]
+        if path.name.startswith("h200x2_call") and number.isdigit() and int(number) >= call:
             continue
         for line in path.read_text().splitlines():
             s = json.loads(line).get("spec", {})
@@ -74,12 +81,12 @@ def pool() -> list:
     return out
 
 
-def draw(candidate: str) -> list:
-    rows = pool()
+def draw(call: int, candidate: str) -> list:
+    rows = pool(call)
     plan = _predict(str(HERE.parents[1]), [s for _, s in rows])
     cand = _predict(candidate, [s for _, s in rows])
     table = [(k, s, a, b) for (k, s), a, b in zip(rows, plan, cand) if max(a, b) <= 90]
-    random.Random(26).shuffle(table)
+    random.Random(call).shuffle(table)
     chosen: list = []
     for label, n, keep in STRATA:
         if keep is None:
@@ -101,19 +108,20 @@ def draw(candidate: str) -> list:
 
 
 def main(argv: list) -> int:
-    if not argv:
+    if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) not in FIELD:
         print(__doc__)
         return 2
+    call, candidate = int(argv[0]), argv[1]
     if "--write" not in argv:
-        draw(argv[0])
+        draw(call, candidate)
         return 0
-    path = HERE / "specs" / "call26_x2.jsonl"
+    path, field = HERE / "specs" / f"call{call}_x2.jsonl", FIELD[call]
     specs = [json.loads(line) for line in path.read_text().splitlines()]
-    for s, p in zip(specs, _predict(argv[0], specs)):
+    for s, p in zip(specs, _predict(candidate, specs)):
         if s.get("split") == "holdout":
-            s["pred_gib_v11"] = round(p, 1)
+            s[field] = round(p, 1)
     path.write_text("".join(json.dumps(s) + "\n" for s in specs))
-    print(f"{path}: pred_gib_v11 for {sum('pred_gib_v11' in s for s in specs)} rows")
+    print(f"{path}: {field} for {sum(field in s for s in specs)} rows")
     return 0
 
 
