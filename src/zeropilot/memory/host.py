@@ -4,6 +4,15 @@ Pinned buffers cost more than their size: PyTorch's caching host allocator round
 to a power of two, and parameter offload pins one block per parameter partition (measured peak RSS,
 ``bench/plan/data/h200x2_call3.jsonl``: Qwen2.5-7B held ~2x its 16-bit size on the host, Llama-3.1-8B
 ~1.1x, as the rounding of their matrix shapes predicts).
+
+Parameter offload with the optimizer on the GPU holds more (call 29, ``bench/plan/host_rss_probe.py``: DeepSpeed's
+host-side steps logged with the pinned allocator's statistics, ``bench/plan/data/host_call29``): ZeRO-3 copies the
+per-parameter partitions into one flat pinned 16-bit buffer per parameter group (``stage3.py``
+``_create_param_groups_fp16_flat_cpu_memory``, rounded up to a power of two as well; the per-parameter blocks stay
+cached), and each sub-group's fp32 master is made on the GPU from that CPU buffer with ``.to(device, dtype=float32)``,
+which converts on the CPU first: a transient fp32 copy of one sub-group on the host (``_create_fp32_partitions``), and
+the same again where the step copies the fp32 master back. With offload_optimizer the fp32 master lives on the CPU
+and is counted per element.
 """
 
 from __future__ import annotations
@@ -61,6 +70,13 @@ def estimate_host(inputs: PlanInputs, params: int, trainable: int, c: Constants 
         proc += pinned
         why += (f" + {pinned / GIB:.1f} GiB pinned 16-bit parameter partitions ({params / n / 1e6:.0f} M "
                 "elements, each block rounded up to a power of two by the pinned-memory allocator)")
+        if inputs.offload_optimizer == "none":
+            part = -(-params // n)
+            flat, convert = _pow2(2 * part), 4 * min(inputs.sub_group_size, part)
+            proc += flat + convert
+            why += (f" + {flat / GIB:.1f} GiB flat pinned 16-bit partition (rounded to a power of two) + "
+                    f"{convert / GIB:.1f} GiB transient fp32 copy of one sub-group, made on the CPU on its way to "
+                    "the GPU's fp32 master (call 29's host logs)")
     one_copy = inputs.stage == 3 and inputs.zero_init
     load = 2 * params if one_copy else 2 * params * per_node
     why += ("; loading: ZeRO-3 in zero.Init reads the 16-bit weights once per node" if one_copy else
