@@ -4,7 +4,8 @@ Issue 14's host table under-predicts ZeRO-3 raw builds with ``offload_param`` an
 half (``results/accuracy.md``, last table). This wrapper runs the same probe on the same spec, and prints one JSON
 line per event to stderr: the resident set (``VmRSS``) and its peak (``VmHWM``) before and after each DeepSpeed step
 that can hold host memory (the conversion of a raw-built model to ZeRO parameters, the flat 16-bit CPU buffer, the
-fp32 partitions, ``deepspeed.initialize``, each optimizer step), every ``pin_memory`` request with its size, and
+fp32 partitions, ZeRO-1/2's optimizer states, ``deepspeed.initialize``, each backward and optimizer step, torch's AdamW
+step), every ``pin_memory`` request of 256 MiB or more with its size, and
 PyTorch's pinned-memory statistics where this build has them (``torch.cuda.host_memory_stats``).
 
 Usage (one GPU): python bench/plan/host_rss_probe.py '<json spec>' 2> events.jsonl
@@ -60,7 +61,8 @@ def main() -> None:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.engine import DeepSpeedEngine
-    from deepspeed.runtime.zero import partition_parameters, stage3
+    import torch
+    from deepspeed.runtime.zero import partition_parameters, stage3, stage_1_and_2
 
     _log("start")
     acc = get_accelerator()
@@ -79,6 +81,11 @@ def main() -> None:
                         (stage3.DeepSpeedZeroOptimizer_Stage3, "_create_fp16_partitions_with_defragmentation"),
                         (stage3.DeepSpeedZeroOptimizer_Stage3, "_setup_for_real_optimizer"),
                         (stage3.DeepSpeedZeroOptimizer_Stage3, "_create_fp32_partitions"),
+                        (stage_1_and_2.DeepSpeedZeroOptimizer, "initialize_optimizer_states"),
+                        (stage_1_and_2.DeepSpeedZeroOptimizer, "step"),
+                        (stage3.DeepSpeedZeroOptimizer_Stage3, "step"),
+                        (torch.optim.AdamW, "step"),
+                        (DeepSpeedEngine, "backward"),
                         (DeepSpeedEngine, "step")):
         if hasattr(owner, name):
             _wrap(owner, name)
