@@ -46,8 +46,6 @@ class Constants:
             NCCL transport; a plan for more nodes than this is not judged, see ``plan.verdict_of``).
         fit_live: share of ``stage3_max_live_parameters`` that stays gathered at the peak (fitted).
         host_base: host memory of one training process without offload (measured RSS, ~2.2 GiB).
-        host_offload_per_param: host bytes per offloaded trainable element (measured RSS, torch AdamW).
-        host_offload_per_param_z3: the same for ZeRO-3 (measured RSS of the 2 x H200 offload rows).
     """
 
     act_h: float = 16.0
@@ -75,8 +73,6 @@ class Constants:
     source: str = "measured on H200, bench/plan and bench/multigpu"
     outside_nodes: int = 1
     host_base: float = 2.2 * GIB
-    host_offload_per_param: float = 30.0
-    host_offload_per_param_z3: float = 24.5
 
 
 DEFAULT = Constants()

@@ -18,10 +18,11 @@ and is counted per element.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Tuple
 
 from zeropilot.memory.constants import DEFAULT, GIB, Constants
 from zeropilot.memory.inputs import PlanInputs
-from zeropilot.models.params import tensor_sizes
+from zeropilot.models.params import count_params, tensor_sizes
 
 
 def _pow2(n: float) -> int:
@@ -53,29 +54,54 @@ class HostMemory:
     reason: str
 
 
+def _optimizer_offload(inputs: PlanInputs, part: int) -> Tuple[int, str]:
+    """Host bytes of offload_optimizer for one rank's ``part`` trainable elements, and what they are.
+
+    As call 30's host logs show them (``bench/plan/host_rss_probe.py``, ``bench/plan/data/host_call30``), each pinned
+    block rounded up to a power of two. ZeRO-1/2 (``stage_1_and_2.py``): the fp32 master partition, a 16-bit copy and
+    the fp32 gradient partition, pinned, and a pinned 16-bit buffer of the largest gradient; AdamW's two fp32 states;
+    and at the step torch's AdamW makes two fp32 temporaries of the partition. ZeRO-3 (``stage3.py``): the fp32 master
+    (pageable), the pinned 16-bit gradient partition and one pinned fp32 gradient buffer per sub-group; the step runs
+    sub-group by sub-group, each adding its AdamW states and, while it runs, two fp32 temporaries of its size.
+    """
+    if inputs.stage in (1, 2):
+        largest = 0 if inputs.lora_rank else count_params(inputs.arch).largest
+        pinned = 2 * _pow2(4 * part) + _pow2(2 * part) + _pow2(2 * largest)
+        return pinned + 16 * part, (f"pinned fp32 master and gradients, 16-bit copy and gradient buffer "
+                                    f"{pinned / GIB:.1f} GiB; AdamW states and step temporaries {16 * part / GIB:.1f} GiB")
+    sizes = [min(inputs.sub_group_size, part - k) for k in range(0, part, inputs.sub_group_size)] or [0]
+    pinned = _pow2(2 * part) + sum(_pow2(4 * s) for s in sizes)
+    step, done = 0, 0
+    for s in sizes:
+        done += s
+        step = max(step, 8 * done + 8 * s)
+    return 4 * part + pinned + step, (f"fp32 master {4 * part / GIB:.1f} GiB, pinned gradient buffers "
+                                      f"{pinned / GIB:.1f} GiB, AdamW states and the step's temporaries "
+                                      f"{step / GIB:.1f} GiB over {len(sizes)} sub-group(s)")
+
+
 def estimate_host(inputs: PlanInputs, params: int, trainable: int, c: Constants = DEFAULT) -> HostMemory:
     """Host memory for ``inputs`` (``params``/``trainable`` from the GPU estimate)."""
     n = inputs.world_size
     per_node = inputs.hardware.gpus_per_node if inputs.hardware else 1
     proc = c.host_base
     why = f"{c.host_base / GIB:.1f} GiB per process (Python, CUDA, libraries; measured)"
+    part = -(-trainable // n)  # this rank's partition of the trainable elements
     if inputs.offload_optimizer == "cpu":
-        part = trainable / n if inputs.stage >= 1 else trainable
-        per = c.host_offload_per_param_z3 if inputs.stage == 3 else c.host_offload_per_param
-        proc += per * part
-        why += (f" + {per:.1f} B × {part / 1e6:.0f} M offloaded trainable elements (fp32 "
-                f"master, AdamW states, fp32 and pinned 16-bit gradients; measured on H200 with torch AdamW)")
+        opt, what = _optimizer_offload(inputs, part)
+        proc += opt
+        why += f" + {opt / GIB:.1f} GiB offloaded optimizer ({what}; torch AdamW, as measured)"
     if inputs.offload_param == "cpu":
         pinned = pinned_param_bytes(inputs)
-        proc += pinned
+        flat = _pow2(2 * part)
+        proc += pinned + flat
         why += (f" + {pinned / GIB:.1f} GiB pinned 16-bit parameter partitions ({params / n / 1e6:.0f} M "
-                "elements, each block rounded up to a power of two by the pinned-memory allocator)")
+                "elements, each block rounded up to a power of two by the pinned-memory allocator) + "
+                f"{flat / GIB:.1f} GiB flat pinned 16-bit partition of the trainable ones")
         if inputs.offload_optimizer == "none":
-            part = -(-params // n)
-            flat, convert = _pow2(2 * part), 4 * min(inputs.sub_group_size, part)
-            proc += flat + convert
-            why += (f" + {flat / GIB:.1f} GiB flat pinned 16-bit partition (rounded to a power of two) + "
-                    f"{convert / GIB:.1f} GiB transient fp32 copy of one sub-group, made on the CPU on its way to "
+            convert = 4 * min(inputs.sub_group_size, part)
+            proc += convert
+            why += (f" + {convert / GIB:.1f} GiB transient fp32 copy of one sub-group, made on the CPU on its way to "
                     "the GPU's fp32 master (call 29's host logs)")
     one_copy = inputs.stage == 3 and inputs.zero_init
     load = 2 * params if one_copy else 2 * params * per_node
