@@ -8,6 +8,7 @@ A variant of ``../shared/calibration/zero_mem_probe.py`` (same output format) wi
   alloc_conf     PYTORCH_CUDA_ALLOC_CONF for the run (e.g. "expandable_segments:True")
   offload_param  ZeRO-3 parameter offload to CPU
   exclude_frozen pass exclude_frozen_parameters=True to save_checkpoint (runs with save: true)
+  cpu_adam       with offload: DeepSpeed's CPUAdam instead of torch's AdamW (the op is built on first use)
   zero_init      ZeRO-3: build the model inside ``deepspeed.zero.Init`` the way the HF Trainer does
                  (``HfDeepSpeedConfig`` before ``from_config``); otherwise the whole bf16 model is built
                  on the GPU first, as a raw script does before ``deepspeed.initialize``
@@ -83,7 +84,10 @@ for key, name in (("sgs", "sub_group_size"), ("mlp", "stage3_max_live_parameters
         ds["zero_optimization"][name] = int(spec[key])
 if spec.get("offload"):
     ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    ds["zero_force_ds_cpu_optimizer"] = False
+    if spec.get("cpu_adam"):  # DeepSpeed's CPUAdam, the default for an offloaded optimizer (built on first use)
+        ds["optimizer"]["params"]["torch_adam"] = False
+    else:
+        ds["zero_force_ds_cpu_optimizer"] = False
 if spec.get("offload_param"):
     ds["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
 t0 = time.time()
