@@ -79,6 +79,7 @@ def spec_inputs(spec: dict, total_gb: float) -> PlanInputs:
         micro_batch=spec["mb"], seq_len=spec["seq"], gradient_checkpointing=bool(spec.get("gc")),
         lora_rank=spec.get("lora") or None, offload_optimizer="cpu" if spec.get("offload") else "none",
         offload_param="cpu" if spec.get("offload_param") else "none", overlap_comm=bool(spec.get("overlap", False)),
+        torch_adam=not spec.get("cpu_adam"),  # the probe's optimizer: torch's AdamW unless the spec asks for CPUAdam
         reduce_bucket_size=int(spec.get("rbs", 5e8)), prefetch_bucket_size=int(spec.get("pbs", 5e8)),
         param_persistence_threshold=int(spec.get("ppt", 1e6)), attn=spec.get("attn", "sdpa"),
         expandable_segments="expandable_segments:true" in str(spec.get("alloc_conf", "")).lower(),

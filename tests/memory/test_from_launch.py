@@ -82,3 +82,33 @@ def test_plan_reads_offload_devices_through_the_launch_facts(tmp_path):
                                       ' "offload_param": {"device": "none"}}}')
     v = values_from_launch(load_launch([tmp_path / "ds.json"], use_installed=False)).values
     assert (v["offload_optimizer"], v["offload_param"]) == ("cpu", "none")
+
+
+def test_which_optimizer_an_offloaded_launch_gets(tmp_path):
+    """DeepSpeed 0.19.8 picks torch's AdamW for an offloaded optimizer only when the config's optimizer says
+    ``torch_adam`` (``DeepSpeedEngine.get_optimizer_configuration``, run here as installed), or when a client
+    optimizer is allowed by ``zero_force_ds_cpu_optimizer: false``; otherwise its CPUAdam. The plan reads which one
+    a launch gets (the host memory of the step differs: ``memory/host.py``)."""
+    import types
+
+    import torch
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    stand_in = types.SimpleNamespace(zero_use_cpu_optimizer=lambda: True, bf16_optimizer_states=lambda: False,
+                                     zenflow=False)
+    chosen = DeepSpeedEngine.get_optimizer_configuration(stand_in, {"lr": 1e-5, "torch_adam": True}, True)[0]
+    assert chosen is torch.optim.AdamW
+    chosen = DeepSpeedEngine.get_optimizer_configuration(stand_in, {"lr": 1e-5}, True)[0]
+    assert chosen.__name__ == "DeepSpeedCPUAdam"
+
+    def read(ds: str) -> dict:
+        (tmp_path / "ds.json").write_text(ds)
+        (tmp_path / "train.yaml").write_text("model_name_or_path: Qwen/Qwen2-7B\nfinetuning_type: full\n"
+                                             "deepspeed: ds.json\n")
+        return values_from_launch(load_launch([tmp_path], use_installed=False)).values
+
+    offload = '"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}'
+    assert "torch_adam" not in read("{" + offload + ', "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}}')
+    assert read("{" + offload + ', "optimizer": {"type": "AdamW", "params": {"torch_adam": true}}}')["torch_adam"]
+    assert read("{" + offload + ', "zero_force_ds_cpu_optimizer": false}')["torch_adam"] is True
+    assert "torch_adam" not in read("{" + offload + "}")

@@ -20,7 +20,8 @@ _FLAG_FIELDS = {"stage": "--stage", "micro_batch": "--micro-batch", "seq_len": "
                 "overlap_comm": "--overlap-comm", "attn": "--attn", "expandable_segments": "--expandable-segments",
                 "save_total_limit": "--save-total-limit", "reduce_bucket_size": "--reduce-bucket-size",
                 "prefetch_bucket_size": "--prefetch-bucket-size", "zero_init": "--zero-init",
-                "sub_group_size": "--sub-group-size", "max_live_parameters": "--max-live-parameters"}
+                "sub_group_size": "--sub-group-size", "max_live_parameters": "--max-live-parameters",
+                "torch_adam": "--torch-adam"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--offload-optimizer", choices=["none", "cpu", "nvme"])
     p.add_argument("--offload-param", choices=["none", "cpu", "nvme"])
     p.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--torch-adam", action=argparse.BooleanOptionalAction, default=None,
+                   help="an offloaded optimizer is torch's AdamW, not DeepSpeed's CPUAdam (default: follows the "
+                        "launch's DeepSpeed config)")
     p.add_argument("--reduce-bucket-size", type=int, help="elements")
     p.add_argument("--prefetch-bucket-size", type=int, help="elements (ZeRO-3)")
     p.add_argument("--attn", choices=["sdpa", "eager", "flash"])

@@ -57,27 +57,33 @@ class HostMemory:
 def _optimizer_offload(inputs: PlanInputs, part: int) -> Tuple[int, str]:
     """Host bytes of offload_optimizer for one rank's ``part`` trainable elements, and what they are.
 
-    As call 30's host logs show them (``bench/plan/host_rss_probe.py``, ``bench/plan/data/host_call30``), each pinned
-    block rounded up to a power of two. ZeRO-1/2 (``stage_1_and_2.py``): the fp32 master partition, a 16-bit copy and
-    the fp32 gradient partition, pinned, and a pinned 16-bit buffer of the largest gradient; AdamW's two fp32 states;
-    and at the step torch's AdamW makes two fp32 temporaries of the partition. ZeRO-3 (``stage3.py``): the fp32 master
-    (pageable), the pinned 16-bit gradient partition and one pinned fp32 gradient buffer per sub-group; the step runs
-    sub-group by sub-group, each adding its AdamW states and, while it runs, two fp32 temporaries of its size.
+    As calls 30 and 31's host logs show them (``bench/plan/host_rss_probe.py``, ``bench/plan/data/host_call30``,
+    ``host_call31``), each pinned block rounded up to a power of two. ZeRO-1/2 (``stage_1_and_2.py``): the fp32 master
+    partition, a 16-bit copy and the fp32 gradient partition, pinned, and a pinned 16-bit buffer of the largest
+    gradient; AdamW's two fp32 states. ZeRO-3 (``stage3.py``): the fp32 master (pageable), the pinned 16-bit gradient
+    partition and one pinned fp32 gradient buffer per sub-group; the step runs sub-group by sub-group, each adding its
+    AdamW states. DeepSpeed's CPUAdam updates in place; torch's AdamW (``torch_adam``) also makes two fp32 temporaries
+    of what it updates (the partition, or one sub-group) while it runs.
     """
+    temps = 8 if inputs.torch_adam else 0
+    optimizer = "torch's AdamW" if inputs.torch_adam else "DeepSpeed's CPUAdam"
     if inputs.stage in (1, 2):
         largest = 0 if inputs.lora_rank else count_params(inputs.arch).largest
         pinned = 2 * _pow2(4 * part) + _pow2(2 * part) + _pow2(2 * largest)
-        return pinned + 16 * part, (f"pinned fp32 master and gradients, 16-bit copy and gradient buffer "
-                                    f"{pinned / GIB:.1f} GiB; AdamW states and step temporaries {16 * part / GIB:.1f} GiB")
+        step = (8 + temps) * part
+        return pinned + step, (f"pinned fp32 master and gradients, 16-bit copy and gradient buffer "
+                               f"{pinned / GIB:.1f} GiB; {optimizer}'s states"
+                               + (" and step temporaries" if temps else "") + f" {step / GIB:.1f} GiB")
     sizes = [min(inputs.sub_group_size, part - k) for k in range(0, part, inputs.sub_group_size)] or [0]
     pinned = _pow2(2 * part) + sum(_pow2(4 * s) for s in sizes)
     step, done = 0, 0
     for s in sizes:
         done += s
-        step = max(step, 8 * done + 8 * s)
+        step = max(step, 8 * done + temps * s)
     return 4 * part + pinned + step, (f"fp32 master {4 * part / GIB:.1f} GiB, pinned gradient buffers "
-                                      f"{pinned / GIB:.1f} GiB, AdamW states and the step's temporaries "
-                                      f"{step / GIB:.1f} GiB over {len(sizes)} sub-group(s)")
+                                      f"{pinned / GIB:.1f} GiB, {optimizer}'s states"
+                                      + (" and the step's temporaries" if temps else "")
+                                      + f" {step / GIB:.1f} GiB over {len(sizes)} sub-group(s)")
 
 
 def estimate_host(inputs: PlanInputs, params: int, trainable: int, c: Constants = DEFAULT) -> HostMemory:
@@ -90,7 +96,7 @@ def estimate_host(inputs: PlanInputs, params: int, trainable: int, c: Constants 
     if inputs.offload_optimizer == "cpu":
         opt, what = _optimizer_offload(inputs, part)
         proc += opt
-        why += f" + {opt / GIB:.1f} GiB offloaded optimizer ({what}; torch AdamW, as measured)"
+        why += f" + {opt / GIB:.1f} GiB offloaded optimizer ({what})"
     if inputs.offload_param == "cpu":
         pinned = pinned_param_bytes(inputs)
         flat = _pow2(2 * part)

@@ -70,6 +70,9 @@ class PlanInputs:
         gradient_checkpointing: activation recomputation on (non-reentrant, per decoder layer).
         lora_rank: LoRA rank on all linear layers, None for full fine-tuning.
         offload_optimizer / offload_param: ``none``, ``cpu`` or ``nvme``.
+        torch_adam: an offloaded optimizer is torch's AdamW (the config's ``optimizer.params.torch_adam``, or a
+            client optimizer allowed by ``zero_force_ds_cpu_optimizer: false``) rather than DeepSpeed's CPUAdam,
+            the default: torch's step makes two fp32 temporaries of the partition on the host.
         overlap_comm: DeepSpeed ``overlap_comm`` (default True for stage 3, False otherwise).
         reduce_bucket_size / prefetch_bucket_size / param_persistence_threshold / max_live_parameters:
             ZeRO bucket settings in elements (DeepSpeed defaults; HF "auto" resolves to h², 0.9h², 10h).
@@ -109,6 +112,7 @@ class PlanInputs:
     lora_rank: Optional[int] = None
     offload_optimizer: str = "none"
     offload_param: str = "none"
+    torch_adam: bool = False
     overlap_comm: Optional[bool] = None
     reduce_bucket_size: int = 500_000_000
     prefetch_bucket_size: int = 50_000_000
