@@ -164,7 +164,11 @@ PREREGISTERED = {("h200x2_call8", "pred_gib"): "call 8 (after the ZeRO-1/2 segme
                  ("h200x2_call24", "pred_gib_v9"): "call 24, the same candidate, adopted (reserved_v9_candidate.patch)",
                  ("h200x2_call24", "pred_gib"): "call 24, the plan it replaced (commit 2da6855)",
                  ("h200x2_call25", "pred_gib_v10"): "call 25, a candidate, adopted (replay_v10_candidate.patch)",
-                 ("h200x2_call25", "pred_gib"): "call 25, the plan it replaced (commit d748b79)"}
+                 ("h200x2_call25", "pred_gib"): "call 25, the plan it replaced (commit d748b79)",
+                 ("h200x2_call26", "pred_gib_v11"): "call 26, a candidate not adopted (layers_init_v11_candidate.patch)",
+                 ("h200x2_call26", "pred_gib"): "call 26, the plan kept (commit c499297)",
+                 ("h200x2_call28", "pred_gib_v12"): "call 28, a candidate (reduction_v12_candidate.patch)",
+                 ("h200x2_call28", "pred_gib"): "call 28, the plan (commit c499297's memory code)"}
 
 
 def _preregistered(rows, recs) -> list:
