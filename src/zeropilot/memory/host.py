@@ -61,9 +61,10 @@ def _optimizer_offload(inputs: PlanInputs, part: int) -> Tuple[int, str]:
     ``host_call31``), each pinned block rounded up to a power of two. ZeRO-1/2 (``stage_1_and_2.py``): the fp32 master
     partition, a 16-bit copy and the fp32 gradient partition, pinned, and a pinned 16-bit buffer of the largest
     gradient; AdamW's two fp32 states. ZeRO-3 (``stage3.py``): the fp32 master (pageable), the pinned 16-bit gradient
-    partition and one pinned fp32 gradient buffer per sub-group; the step runs sub-group by sub-group, each adding its
-    AdamW states. DeepSpeed's CPUAdam updates in place; torch's AdamW (``torch_adam``) also makes two fp32 temporaries
-    of what it updates (the partition, or one sub-group) while it runs.
+    partition and one pinned fp32 gradient buffer per sub-group; the step runs sub-group by sub-group, the first one
+    creating each sub-group's AdamW states. DeepSpeed's CPUAdam updates in place; torch's AdamW (``torch_adam``) also
+    makes two fp32 temporaries of what it updates (the partition, or one sub-group) while it runs, which from the
+    second step on sit beside all the states.
     """
     temps = 8 if inputs.torch_adam else 0
     optimizer = "torch's AdamW" if inputs.torch_adam else "DeepSpeed's CPUAdam"
@@ -76,10 +77,7 @@ def _optimizer_offload(inputs: PlanInputs, part: int) -> Tuple[int, str]:
                                + (" and step temporaries" if temps else "") + f" {step / GIB:.1f} GiB")
     sizes = [min(inputs.sub_group_size, part - k) for k in range(0, part, inputs.sub_group_size)] or [0]
     pinned = _pow2(2 * part) + sum(_pow2(4 * s) for s in sizes)
-    step, done = 0, 0
-    for s in sizes:
-        done += s
-        step = max(step, 8 * done + temps * s)
+    step = 8 * part + temps * max(sizes)  # from the second step on every sub-group's states exist
     return 4 * part + pinned + step, (f"fp32 master {4 * part / GIB:.1f} GiB, pinned gradient buffers "
                                       f"{pinned / GIB:.1f} GiB, {optimizer}'s states"
                                       + (" and the step's temporaries" if temps else "")
