@@ -12,7 +12,7 @@ per-parameter partitions into one flat pinned 16-bit buffer per parameter group 
 cached), and each sub-group's fp32 master is made on the GPU from that CPU buffer with ``.to(device, dtype=float32)``,
 which converts on the CPU first: a transient fp32 copy of one sub-group on the host (``_create_fp32_partitions``), and
 the same again where the step copies the fp32 master back. With offload_optimizer the fp32 master lives on the CPU
-and is counted per element.
+with the rest of the optimizer (:func:`_optimizer_offload`, calls 30 and 31).
 """
 
 from __future__ import annotations
