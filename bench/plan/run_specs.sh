@@ -1,5 +1,6 @@
 #!/bin/bash
-# One device call on nvidia-h200-x2 (issue 14, fourth and fifth passes): run a spec file through run_x2.py.
+# One device call on nvidia-h200-x2 (issue 14, fourth and fifth passes): run a spec file through run_x2.py
+# (on one GPU, its world-size-1 rows only).
 #   specs/call7_trace.jsonl, call10_trace.jsonl, call11_trace.jsonl  rows measured again with the caching allocator's
 #       history recorded (spec key ``trace``); the traces come back as OUT/traces.tar.gz (analyze_trace.py)
 #   specs/call8_x2.jsonl, call9_x2.jsonl  held-out rows whose predictions (pred_gib) were committed before the run

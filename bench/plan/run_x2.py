@@ -7,6 +7,8 @@ starts when its GPUs
 and fewer than MAX_JOBS probes run there. Memory outside PyTorch is read per process through NVML
 (``non_torch_nvml_gb``; rows carry ``"concurrent": true``). Results are appended to $OUT/probe.jsonl as
 each run ends (a timeout still returns what finished); failures to $OUT/fail.log.
+On a machine with one GPU (``NGPU=1``, or one found by ``nvidia-smi -L``) only the world-size-1 specs run; the others
+are listed in fail.log as SKIPPED(ws), so one call's rows can be measured in two parts.
 Usage (repo root on the GPU machine): BUDGET_S=400 python3 bench/plan/run_x2.py SPECS.jsonl
 """
 import json
@@ -21,6 +23,9 @@ OUT = os.environ["OUT"]
 START = time.time()
 DEADLINE = START + float(os.environ.get("BUDGET_S", "400"))
 PROBE = os.path.join(HERE, "zero_mem_probe_plan.py")
+NGPU = os.environ.get("NGPU") or subprocess.run(["nvidia-smi", "-L"], capture_output=True,
+                                                text=True).stdout.count("GPU ")
+GPUS = tuple(range(min(int(NGPU), 2)))
 
 
 def need(spec):
@@ -64,13 +69,13 @@ def collect(job):
 
 
 def place(spec, running):
-    used = {0: 0.0, 1: 0.0}
-    count = {0: 0, 1: 0}
+    used = dict.fromkeys(GPUS, 0.0)
+    count = dict.fromkeys(GPUS, 0)
     for job in running:
         for g in job["gpus"]:
             used[g] += need(job["spec"])
             count[g] += 1
-    ok = [g for g in (0, 1) if used[g] + need(spec) <= POOL_GIB and count[g] < MAX_JOBS]
+    ok = [g for g in GPUS if used[g] + need(spec) <= POOL_GIB and count[g] < MAX_JOBS]
     if spec.get("ws", 1) == 2:
         return [0, 1] if len(ok) == 2 else None
     return [min(ok, key=lambda g: used[g])] if ok else None
@@ -86,6 +91,10 @@ def kill(job):
 
 def main():
     pending = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
+    if len(GPUS) < 2:
+        with open(os.path.join(OUT, "fail.log"), "a") as f:
+            f.writelines(f"SKIPPED(ws) {json.dumps(s)}\n" for s in pending if s.get("ws", 1) > 1)
+        pending = [s for s in pending if s.get("ws", 1) == 1]
     running, n = [], 0
     while pending or running:
         for job in list(running):
