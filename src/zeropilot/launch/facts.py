@@ -104,6 +104,9 @@ class DsFacts:
         optimizer: the config's ``optimizer.type``, None without an optimizer section.
         force_ds_cpu_optimizer: ``zero_force_ds_cpu_optimizer`` (DeepSpeed's default: true).
         allow_untested_optimizer: ``zero_allow_untested_optimizer`` (default: false).
+        torch_adam: an offloaded optimizer is torch's AdamW rather than DeepSpeed's CPUAdam: the config's
+            ``optimizer.params.torch_adam``, or no optimizer section with ``zero_force_ds_cpu_optimizer: false`` (the
+            client's torch optimizer is allowed); None when the config does not say. ``torch_adam_key`` names the key.
         hf: whether the HF Trainer or accelerate read it (``Launch.uses_hf_integration``).
     """
 
@@ -119,6 +122,8 @@ class DsFacts:
     force_ds_cpu_optimizer: bool
     allow_untested_optimizer: bool
     hf: Optional[bool]
+    torch_adam: Optional[bool] = None
+    torch_adam_key: str = ""
 
 
 def zero_stage(doc: Document) -> Tuple[Optional[int], str, Optional[Node]]:
@@ -175,10 +180,15 @@ def ds_facts(doc: Document, hf: Optional[bool] = None) -> DsFacts:
     stage, reason, node = zero_stage(doc)
     opt = doc.get("optimizer.type")
     force = doc.get("zero_force_ds_cpu_optimizer")
+    forced = truthy(force.value) is not False if force is not None else True
+    torch_adam, torch_adam_key = None, ""
+    if doc.get("optimizer.params.torch_adam") is not None:
+        torch_adam, torch_adam_key = truthy(doc.value("optimizer.params.torch_adam")), "optimizer.params.torch_adam"
+    elif doc.get("optimizer") is None and not forced:
+        torch_adam, torch_adam_key = True, "zero_force_ds_cpu_optimizer"
     return DsFacts(doc, stage, reason, node, precision(doc), batch(doc), _offload(doc, "offload_optimizer"),
                    _offload(doc, "offload_param"), opt.value if opt is not None and isinstance(opt.value, str) else
-                   None, truthy(force.value) is not False if force is not None else True,
-                   is_on(doc.get("zero_allow_untested_optimizer")), hf)
+                   None, forced, is_on(doc.get("zero_allow_untested_optimizer")), hf, torch_adam, torch_adam_key)
 
 
 def uses_peft(train: Document, scripts_text: str = "") -> bool:

@@ -129,12 +129,8 @@ def _ds_config(out: LaunchValues, doc: Document, hf: Optional[bool]) -> None:
             _set(out, name, device, doc, f"{z}{name}.device")
         elif doc.get(f"{z}{name}") is not None:
             _set(out, name, "none", doc, f"{z}{name}")
-    optimizer = doc.value("optimizer")
-    params = optimizer.get("params") if isinstance(optimizer, dict) else None
-    if isinstance(params, dict) and "torch_adam" in params:
-        _set(out, "torch_adam", truthy(params.get("torch_adam")), doc, "optimizer.params.torch_adam")
-    elif optimizer is None and ds.force_ds_cpu_optimizer is False:  # the client's torch optimizer is allowed
-        _set(out, "torch_adam", True, doc, "zero_force_ds_cpu_optimizer")
+    if ds.torch_adam_key:
+        _set(out, "torch_adam", ds.torch_adam, doc, ds.torch_adam_key)
     zero = doc.value("zero_optimization")
     if not isinstance(zero, dict):
         return
