@@ -4,9 +4,10 @@ Usage:
     python bench/plan/select_call.py CALL CANDIDATE_ROOT            print the draw (the rows of CALLn in make_specs_x2.py)
     python bench/plan/select_call.py CALL CANDIDATE_ROOT --write    add the candidate's prediction to specs/callN_x2.jsonl
 
-CALL is 26 (candidate ``layers_init_v11_candidate.patch``, field ``pred_gib_v11``) or 28 (``reduction_v12_candidate
-.patch``, ``pred_gib_v12``). CANDIDATE_ROOT is a checkout of the commit the call names with the patch applied (``git
-worktree add /tmp/cand c499297 && git -C /tmp/cand apply bench/plan/layers_init_v11_candidate.patch``); the plan's
+CALL is 26 (candidate ``layers_init_v11_candidate.patch``, field ``pred_gib_v11``), 28 (``reduction_v12_candidate
+.patch``, ``pred_gib_v12``) or 32 (branch ``z3-v13``, ``pred_gib_v13``). CANDIDATE_ROOT is a checkout of the commit
+the call names with the patch applied (``git worktree add /tmp/cand c499297 && git -C /tmp/cand apply
+bench/plan/layers_init_v11_candidate.patch``; for call 32, ``git worktree add /tmp/z3cand z3-v13``); the plan's
 predictions come from this checkout at that call's commit. Each checkout predicts in its own process, as both are
 the package ``zeropilot``.
 
@@ -16,6 +17,11 @@ The draw: every ZeRO-1/2 configuration of the catalogued small models (micro bat
 differ by 2% or more, largest difference first, one row per model per stratum and at most two per model in all, and
 three rows where they differ by under 2%. Call 28 draws the same way with seed 28, also leaving out call 26 and 27's
 rows.
+
+Call 32 (tenth pass, one GPU) tests a ZeRO-3 candidate instead: every configuration of ZeRO-3 with offload_param, the
+optimizer on the GPU and full fine-tuning at world size 1 (micro batch 1-4, 1024-4096 tokens up to 8192 a step, with
+and without checkpointing, built whole on the GPU or in zero.Init, sub_group_size 1e9 or 5e8), none ever measured,
+whose two predictions stay under 90 GiB; shuffled with seed 32; six rows of each build, one per model and build.
 """
 from __future__ import annotations
 
@@ -54,7 +60,7 @@ def _predict(root: str, specs: list) -> list:
     return [float(x) for x in out.stdout.split()]
 
 
-FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12"}
+FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13"}
 
 
 def pool(call: int) -> list:
@@ -107,19 +113,48 @@ def draw(call: int, candidate: str) -> list:
     return chosen
 
 
+def draw_zero3(call: int, candidate: str) -> list:
+    """Call 32's draw (see the module docstring)."""
+    sys.path.insert(0, str(HERE))
+    from make_specs_x2 import spec
+
+    rows = []
+    for name, mb, seq, gc, zero_init, sgs in itertools.product(NAMES, (1, 2, 4), (1024, 2048, 4096), (False, True),
+                                                               (False, True), (int(1e9), int(5e8))):
+        if mb * seq <= 8192:
+            kw = {"gc": True} if gc else {}
+            rows.append(spec(name, 3, mb, seq, 1, "holdout", offload_param=True, zero_init=zero_init, sgs=sgs, **kw))
+    plan = _predict(str(HERE.parents[1]), rows)
+    cand = _predict(candidate, rows)
+    table = [(s, a, b) for s, a, b in zip(rows, plan, cand) if max(a, b) <= 90]
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    for build in (False, True):
+        here: set = set()
+        for s, a, b in table:
+            if s["zero_init"] == build and s["name"] not in here and len(here) < 6:
+                here.add(s["name"])
+                chosen.append(s)
+                print(f"{'zero.Init' if build else 'raw build':10s} {s['name']:17s} mb{s['mb']} s{s['seq']} "
+                      f"gc={bool(s.get('gc'))} sgs={s['sgs']:.0e}  plan {a:6.2f}  candidate {b:6.2f}")
+    return chosen
+
+
 def main(argv: list) -> int:
     if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) not in FIELD:
         print(__doc__)
         return 2
     call, candidate = int(argv[0]), argv[1]
     if "--write" not in argv:
-        draw(call, candidate)
+        (draw_zero3 if call == 32 else draw)(call, candidate)
         return 0
     path, field = HERE / "specs" / f"call{call}_x2.jsonl", FIELD[call]
     specs = [json.loads(line) for line in path.read_text().splitlines()]
     for s, p in zip(specs, _predict(candidate, specs)):
         if s.get("split") == "holdout":
             s[field] = round(p, 1)
+            if call == 32:  # packing twelve runs on one GPU (make_specs_x2.py, above CALL32)
+                s["need_gib"] = round(1.1 * max(p, s["pred_gib"]) + 3)
     path.write_text("".join(json.dumps(s) + "\n" for s in specs))
     print(f"{path}: {field} for {sum(field in s for s in specs)} rows")
     return 0
