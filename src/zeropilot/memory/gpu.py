@@ -16,7 +16,7 @@ from typing import List, Optional, Tuple
 
 from zeropilot.memory.constants import DEFAULT, GIB, Constants
 from zeropilot.memory.inputs import PlanInputs
-from zeropilot.memory.segments import zero12_reserved
+from zeropilot.memory.segments import zero3_offload_param_reserved, zero12_reserved
 from zeropilot.models.params import ParamCounts, count_params, lora_trainable, tensor_sizes
 
 
@@ -446,13 +446,56 @@ def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: 
     args = zero12_replay(inputs, counts, trainable, c)
     if args is None:
         return None
-    return _replay(tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in args.items())))
+    return _replay(tuple(sorted((k, _frozen(v)) for k, v in args.items())))
+
+
+def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
+    """ZeRO-3 with ``offload_param`` and the optimizer on the GPU, full fine-tuning: the arguments of
+    :func:`~zeropilot.memory.segments.zero3_offload_param_reserved`. None elsewhere (the fitted gap holds there)."""
+    if (inputs.stage != 3 or inputs.offload_param == "none" or inputs.offload_optimizer != "none"
+            or inputs.lora_rank is not None or inputs.expandable_segments):
+        return None
+    a, n = inputs.arch, inputs.world_size
+    elements = tensor_sizes(a)  # the embedding (and an untied output layer) first, then the layers'
+    edge = 1 if a.tied else 2
+    per_layer = (len(elements) - edge) // a.layers
+    layers = [[2.0 * x for x in elements[edge + i * per_layer:edge + (i + 1) * per_layer]] for i in range(a.layers)]
+    sub_groups, current = [], 0
+    for x in elements[:1] + elements[edge:] + elements[1:edge]:  # the model's order: embedding, layers, output
+        current += -(-x // n)
+        if current >= inputs.sub_group_size:  # _create_fp16_sub_groups closes a group once it reaches the size
+            sub_groups.append(4.0 * current)
+            current = 0
+    if current:
+        sub_groups.append(4.0 * current)
+    tokens = inputs.micro_batch * inputs.seq_len
+    return dict(build=[] if inputs.zero_init else [2.0 * x for x in elements], sub_groups=sub_groups,
+                bucket=2.0 * inputs.reduce_bucket_size, grad_partition=2.0 * -(-sum(elements) // n),
+                layer=layer_tensors(inputs), layers=a.layers, gathered=layers, embedding=2.0 * a.vocab * a.hidden,
+                checkpointed=inputs.gradient_checkpointing, edges=(kept_input(inputs), final_norm(inputs)),
+                logits_bf16=2.0 * tokens * a.vocab, logits_fp32=4.0 * tokens * a.vocab,
+                output_grad=2.0 * a.vocab * a.hidden, softcap=a.logit_softcap)
+
+
+def zero3_segments(inputs: PlanInputs) -> Optional[int]:
+    """ZeRO-3 with ``offload_param`` and the optimizer on the GPU: bytes the caching allocator reserves, replaying
+    the run's large tensors (``memory/segments.py``); None where :func:`zero3_replay` is."""
+    args = zero3_replay(inputs)
+    if args is None:
+        return None
+    return _replay(("zero3",) + tuple(sorted((k, _frozen(v)) for k, v in args.items())))
+
+
+def _frozen(value):
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 @functools.lru_cache(maxsize=512)
 def _replay(args: tuple) -> int:
     """Remembered by arguments: ``plan --search`` asks for one replay for ZeRO-1 and ZeRO-2, and for variants that
     differ only where the replay does not look (about 20 ms each)."""
+    if args[:1] == ("zero3",):
+        return zero3_offload_param_reserved(**dict(args[1:]))
     return zero12_reserved(**dict(args))
 
 
@@ -480,20 +523,24 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     gap = _gap(inputs, opt, max(backward_bytes - late, step.bytes), step.bytes, counts.largest, c)
     non_torch = _non_torch(inputs, c)
     reserved = allocated + gap.bytes
-    segs = zero12_segments(inputs, counts, trainable, c)
+    segs = zero12_segments(inputs, counts, trainable, c) if inputs.stage in (1, 2) else zero3_segments(inputs)
     adjust: List[Component] = []
     if segs is not None:
         # ZeRO-1/2: the replay, not the fitted gap, says what the allocator reserves (pre-registered calls 24 and 25:
-        # nearer the measurement on every committed row where the two differ)
+        # nearer the measurement on every committed row where the two differ); ZeRO-3 with offload_param and the
+        # optimizer on the GPU likewise (calls 7 and 21's traces)
         if segs < allocated:  # the fitted transients over-count here (Gemma 2's soft-capped logits at large token counts)
             adjust = [Component("replay_adjustment", segs - allocated, "overhead",
                                 f"the allocator replay, tensor by tensor, peaks at {_gib(segs)}, below the fitted "
                                 f"components above ({_gib(allocated)}): the plan takes the replay's (memory/segments.py)")]
             allocated = segs
+        what = ("initialize's cached blocks are split and the step's whole fp32 blocks or the logits' fp32 copies "
+                "take new segments" if inputs.stage in (1, 2) else
+                "the whole-model build's blocks stay cached (no zero.Init), and the optimizer step's fp32 blocks, one "
+                "sub-group at a time, take new segments once smaller sub-groups' states have split the cached ones")
         gap = Component(gap.name, segs - allocated, gap.phase,
                         f"caching-allocator segments: replaying the run's large tensors through the allocator's "
-                        f"best-fit policy reserves {_gib(segs)}: initialize's cached blocks are split and the step's "
-                        "whole fp32 blocks or the logits' fp32 copies take new segments (memory/segments.py)")
+                        f"best-fit policy reserves {_gib(segs)}: {what} (memory/segments.py)")
         reserved = segs
     params = counts.total + (trainable if inputs.lora_rank else 0)
     comps = resident + backward + [step] + adjust + [gap, non_torch]
@@ -503,7 +550,7 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
         init = _init_phase(inputs, params, trainable)
         comps.append(init)
         init_peak = int(init.bytes * c.init_reserved) + non_torch.bytes
-        cache = _build_cache(inputs, counts, trainable, c, phase)
+        cache = _build_cache(inputs, counts, trainable, c, phase) if segs is None else None  # the replay has it
         if cache is not None:
             comps.insert(comps.index(gap) + 1, cache)
             reserved += cache.bytes

@@ -139,6 +139,74 @@ def _forward(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]]) ->
     return kept
 
 
+def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]], layers: int, checkpointed: bool,
+                  edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]],
+                  gathered: Sequence[Sequence[float]] = ()) -> List[Optional[_Block]]:
+    """The decoder's forward (arguments as :func:`zero12_reserved`'s); the tensors kept for the backward.
+    ``gathered``: per layer, the 16-bit parameters ZeRO-3 gathers before it and releases after it."""
+    acts = [pool.alloc(edges[0])]  # the embedding's output
+    for index in range(layers):
+        params = [pool.alloc(size) for size in (gathered[index] if gathered else ())]
+        if checkpointed:  # the layer's input kept; its tensors released once the layer is done
+            acts.append(pool.alloc(edges[0]))
+            for b in _forward(pool, layer):
+                pool.free(b)
+        else:
+            acts += _forward(pool, layer)
+        for b in params:
+            pool.free(b)
+    return acts + _forward(pool, edges[1])  # the final norm's
+
+
+def _causal_lm_loss(pool: "Allocator", logits_bf16: float, logits_fp32: float, softcap: bool) -> Optional[_Block]:
+    """transformers' causal-LM loss, as call 7's traces show it: bf16 logits, fp32 upcast, log-softmax, then in
+    backward two fp32 gradients and the bf16 one, which is returned (held until the output layer's gradient)."""
+    lb = pool.alloc(logits_bf16)
+    capped = []
+    if softcap:  # Gemma 2: logits / cap, tanh (kept for its backward), * cap: each a new bf16 tensor
+        d = pool.alloc(logits_bf16)
+        pool.free(lb)
+        capped = [pool.alloc(logits_bf16)]
+        pool.free(d)
+        lb = pool.alloc(logits_bf16)
+    f1, f2 = pool.alloc(logits_fp32), pool.alloc(logits_fp32)
+    pool.free(f1)
+    pool.free(lb)
+    f3, f4 = pool.alloc(logits_fp32), pool.alloc(logits_fp32)
+    pool.free(f3)
+    pool.free(f2)
+    gb = pool.alloc(logits_bf16)
+    pool.free(f4)
+    for t in capped:  # the gradient through * cap, tanh and / cap
+        for _ in range(2):
+            g = pool.alloc(logits_bf16)
+            pool.free(gb)
+            gb = g
+        pool.free(t)
+        g = pool.alloc(logits_bf16)
+        pool.free(gb)
+        gb = g
+    return gb
+
+
+def _backward_pass(pool: "Allocator", acts: List[Optional[_Block]], layer: Sequence[Tuple[float, Optional[int]]],
+                   checkpointed: bool, edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]],
+                   gathered: Sequence[Sequence[float]] = ()) -> None:
+    """The decoder's backward: the forward's kept tensors released last to first; under checkpointing each layer's
+    forward runs again (with its gathered parameters, ZeRO-3) before its gradient."""
+    final = sum(1 for _, until in edges[1] if until is None)
+    index = len(acts) - final - 1  # the last layer's
+    for k, b in enumerate(reversed(acts)):
+        if checkpointed and final <= k < len(acts) - 1:  # the layer's forward again, then its gradient
+            index -= 1
+            params = [pool.alloc(size) for size in (gathered[index] if gathered else ())]
+            for r in _forward(pool, layer):
+                pool.free(r)
+            for p in params:
+                pool.free(p)
+        pool.free(b)
+
+
 def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainable: float, world_size: int,
                     gpu_optimizer: bool, layer: Sequence[Tuple[float, Optional[int]]], layers: int, checkpointed: bool,
                     edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]], logits_bf16: float,
@@ -188,42 +256,8 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
             if not gpu_optimizer:  # temp_grad_buffer_for_gpu_offload: 16-bit, the largest parameter's size, kept
                 pool.alloc(max(list(build) + list(frozen), default=0))
             pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
-        acts = [pool.alloc(edges[0])]  # the embedding's output
-        for _ in range(layers):
-            if checkpointed:  # the layer's input kept; its tensors released once the layer is done
-                acts.append(pool.alloc(edges[0]))
-                for b in _forward(pool, layer):
-                    pool.free(b)
-            else:
-                acts += _forward(pool, layer)
-        acts += _forward(pool, edges[1])  # the final norm's
-        # transformers' causal-LM loss, as call 7's traces show it: bf16 logits, fp32 upcast, log-softmax,
-        # then in backward two fp32 gradients and the bf16 one
-        lb = pool.alloc(logits_bf16)
-        capped = []
-        if softcap:  # Gemma 2: logits / cap, tanh (kept for its backward), * cap: each a new bf16 tensor
-            d = pool.alloc(logits_bf16)
-            pool.free(lb)
-            capped = [pool.alloc(logits_bf16)]
-            pool.free(d)
-            lb = pool.alloc(logits_bf16)
-        f1, f2 = pool.alloc(logits_fp32), pool.alloc(logits_fp32)
-        pool.free(f1)
-        pool.free(lb)
-        f3, f4 = pool.alloc(logits_fp32), pool.alloc(logits_fp32)
-        pool.free(f3)
-        pool.free(f2)
-        gb = pool.alloc(logits_bf16)
-        pool.free(f4)
-        for t in capped:  # the gradient through * cap, tanh and / cap
-            for _ in range(2):
-                g = pool.alloc(logits_bf16)
-                pool.free(gb)
-                gb = g
-            pool.free(t)
-            g = pool.alloc(logits_bf16)
-            pool.free(gb)
-            gb = g
+        acts = _forward_pass(pool, layer, layers, checkpointed, edges)
+        gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap)
         og = pool.alloc(output_grad)  # the output layer's weight gradient
         if step == 0:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
             pool.alloc(_CUBLAS_WORKSPACE)
@@ -233,12 +267,7 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         # (0.19.8), and at world size 1 the two stages reserve alike (11 measured groups, tests/memory/
         # test_accuracy_bench.py)
         grads = [pool.alloc(2 * part)] if gpu_optimizer else []
-        final = sum(1 for _, until in edges[1] if until is None)
-        for k, b in enumerate(reversed(acts)):
-            if checkpointed and final <= k < len(acts) - 1:  # the layer's forward again, then its gradient
-                for r in _forward(pool, layer):
-                    pool.free(r)
-            pool.free(b)
+        _backward_pass(pool, acts, layer, checkpointed, edges)
         kept = None
         if embedding_grad:  # the embedding's gradient comes last; tied, it is summed with the output layer's
             parts = [pool.alloc(embedding_grad) for _ in range(2 if tied else 1)]
@@ -270,4 +299,73 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
             pool.free(g32)
         for b in grads:
             pool.free(b)
+    return pool.reserved
+
+
+def zero3_offload_param_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucket: float,
+                                 grad_partition: float, layer: Sequence[Tuple[float, Optional[int]]], layers: int,
+                                 gathered: Sequence[Sequence[float]], embedding: float, checkpointed: bool,
+                                 edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]], logits_bf16: float,
+                                 logits_fp32: float, output_grad: float, softcap: bool = False,
+                                 steps: int = 2) -> int:
+    """Bytes the caching allocator reserves for ZeRO-3 with ``offload_param`` and the optimizer on the GPU.
+
+    The sequence is DeepSpeed 0.19.8's (``runtime/zero/stage3.py``), as call 7's and call 21's allocator traces show
+    it. Without ``zero.Init`` the whole 16-bit model is built on the GPU, one tensor each (``build``), and moved to the
+    CPU by ``deepspeed.initialize``; nothing empties the cache, so those blocks stay (in ``zero.Init``, ``build`` is
+    empty). ``_create_fp32_partitions`` makes each sub-group's fp32 master from its 16-bit partition, now on the CPU:
+    a converted fp32 copy on the GPU (released when the next one is made) and its clone (kept).
+    ``initialize_optimizer_states`` zeroes an fp32 gradient of the largest sub-group, released. The reduce bucket and
+    the 16-bit gradient partition stay for the whole run. Each step gathers every layer's parameters (``gathered``; the
+    embedding's and the output layer's, ``embedding``), runs the forward and the loss (as ZeRO-1/2's replay), and
+    then the optimizer works one sub-group at a time (``_prepare_sub_group``, ``_optimizer_step``,
+    ``_release_sub_group``): the sub-group's gradients flattened in 16 bits, cast to fp32 (the flat 16-bit copy
+    released), AdamW's two states on the first step, one foreach temporary, and the fp32 gradient released. With
+    more than one sub-group the smaller ones' states land in the largest one's released blocks, so the second step
+    needs new segments for its fp32 gradient and temporary (call 7's trace of Qwen2.5-3B at world size 2).
+
+    Args:
+        build: bytes of each 16-bit tensor built on the GPU before ``deepspeed.initialize`` (none in zero.Init).
+        sub_groups: fp32 bytes of each of this rank's sub-groups, in order.
+        bucket: the reduce bucket's bytes; ``grad_partition``: the 16-bit gradient partition's.
+        gathered: per decoder layer, bytes of each gathered 16-bit parameter; ``embedding``: the embedding's.
+        output_grad: the output layer's weight gradient (0 when it is frozen). Others: as :func:`zero12_reserved`.
+    """
+    pool = Allocator()
+    for b in [pool.alloc(size) for size in build]:
+        pool.free(b)
+    converted = None
+    for size in sub_groups:
+        made = pool.alloc(size)  # fp16_partitioned_groups_flat[i].to(device, fp32)
+        pool.free(converted)  # the previous one, released when ``converted`` is rebound
+        converted = made
+        pool.alloc(size)  # its clone: the fp32 master
+    pool.free(converted)
+    pool.free(pool.alloc(max(sub_groups, default=0)))  # initialize_optimizer_states' zeroed gradient buffer
+    pool.alloc(bucket)
+    pool.alloc(grad_partition)
+    for step in range(steps):
+        if step == 0:
+            pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
+        emb = pool.alloc(embedding)
+        acts = _forward_pass(pool, layer, layers, checkpointed, edges, gathered)
+        pool.free(emb)
+        head = pool.alloc(embedding)  # the output layer's weight, gathered again (tied or not, the same size)
+        gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap)
+        if step == 0:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
+            pool.alloc(_CUBLAS_WORKSPACE)
+        og = pool.alloc(output_grad)  # the output layer's weight gradient, before it is reduce-scattered
+        pool.free(gb)
+        pool.free(head)
+        pool.free(og)
+        _backward_pass(pool, acts, layer, checkpointed, edges, gathered)
+        for size in sub_groups:
+            flat = pool.alloc(size / 2)  # flatten(averaged_gradients[i]), 16-bit
+            fp32_grad = pool.alloc(size)
+            pool.free(flat)
+            if step == 0:  # AdamW's exp_avg and exp_avg_sq, kept
+                pool.alloc(size)
+                pool.alloc(size)
+            pool.free(pool.alloc(size))  # foreach temporary (sqrt of exp_avg_sq)
+            pool.free(fp32_grad)
     return pool.reserved
