@@ -168,7 +168,9 @@ PREREGISTERED = {("h200x2_call8", "pred_gib"): "call 8 (after the ZeRO-1/2 segme
                  ("h200x2_call26", "pred_gib_v11"): "call 26, a candidate not adopted (layers_init_v11_candidate.patch)",
                  ("h200x2_call26", "pred_gib"): "call 26, the plan kept (commit c499297)",
                  ("h200x2_call28", "pred_gib_v12"): "call 28, a candidate (reduction_v12_candidate.patch)",
-                 ("h200x2_call28", "pred_gib"): "call 28, the plan (commit c499297's memory code)"}
+                 ("h200x2_call28", "pred_gib"): "call 28, the plan (commit c499297's memory code)",
+                 ("h200x2_call32", "pred_gib_v13"): "call 32, a candidate, adopted (zero3_v13_candidate.patch)",
+                 ("h200x2_call32", "pred_gib"): "call 32, the plan it replaced (commit 3d80e3c)"}
 
 
 def _preregistered(rows, recs) -> list:

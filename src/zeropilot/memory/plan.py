@@ -104,8 +104,6 @@ def _after_save(inputs: PlanInputs, gpu: GpuMemory) -> Tuple[int, str]:
 KNOWN_UNDER = {
     "zero12_no_gc": (-12.3, "ZeRO-1/2 without gradient checkpointing", "Gemma-2-2B at 4096 tokens: a cuBLAS workspace "
                      "settled in the cached fp32 gradient block, and the optimizer step needed one more"),
-    "zero3_raw_offload_param_gpu_optimizer": (-11.2, "ZeRO-3 built whole with offload_param and the optimizer on "
-                                                     "the GPU", "Qwen2.5-3B at world size 2"),
 }
 
 
@@ -113,9 +111,6 @@ def known_under(inputs: PlanInputs) -> Optional[str]:
     """The :data:`KNOWN_UNDER` kind this launch belongs to, if any."""
     if inputs.stage in (1, 2) and not inputs.gradient_checkpointing:
         return "zero12_no_gc"
-    if (inputs.stage == 3 and not inputs.zero_init and inputs.offload_param != "none"
-            and inputs.offload_optimizer == "none"):
-        return "zero3_raw_offload_param_gpu_optimizer"
     return None
 
 
