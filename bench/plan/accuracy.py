@@ -135,8 +135,8 @@ def _markdown(recs, summary, host, prereg) -> str:
             agree = {True: "yes", False: "NO", None: "tight"}[x["agrees"]]
             lines.append(f"| {x['config']} | {x['cap_gib']} | {x['predicted_gib']} | {x['verdict']} | "
                          f"{x['outcome']} | {agree} |")
-    lines += ["", "Host memory of the offload runs (per process; measured = peak RSS of the probe; the per-element "
-              "constant was read off the first two call-1 runs):", "",
+    lines += ["", "Host memory of the offload runs (per process; measured = peak RSS of the probe; predicted buffer by "
+              "buffer, memory/host.py, as calls 29-31's host logs show them):", "",
               "| configuration | source | measured GiB | predicted GiB | error |", "|---|---|---|---|---|"]
     for x in host:
         lines.append(f"| {x['config']} | {x['source']} | {x['measured_rss_gib']} | {x['predicted_gib']} | "
