@@ -7,6 +7,24 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "plan"
 
 
+def _traced_runs():
+    """Rank 0's row of every run whose allocator history was recorded (bench/plan/data/traces*): the row, and the
+    bytes of segments its allocator held at the end of the init phase and at the end of training."""
+    import gzip
+    import json
+
+    for path in sorted((BENCH / "data").glob("h200x2_call*.jsonl")):
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            traces = list((BENCH / "data").glob(f"traces*/{r['spec'].get('trace')}.json.gz"))
+            if not traces or r["rank"] != 0:
+                continue
+            with gzip.open(traces[0], "rt") as f:
+                grown = [(e[2] if e[0] == "segment_alloc" else -e[2], e[3]) for e in json.load(f)
+                         if e[0] in ("segment_alloc", "segment_free")]
+            yield r, sum(g for g, phase in grown if phase == "init"), sum(g for g, _ in grown)
+
+
 def test_committed_accuracy_results_match_a_fresh_computation():
     proc = subprocess.run([sys.executable, str(BENCH / "accuracy.py"), "--check"], capture_output=True, text=True,
                           timeout=120, cwd=BENCH)
@@ -68,8 +86,6 @@ def test_zero12_allocator_replay_against_the_committed_allocator_traces():
     (call 20), and Gemma-2-2B LoRA without it at 8192 tokens (call 27, 11% over), where the replay puts that workspace
     in a cached fp32 logits block and the real allocator did not; of the world-size-2 traces, the ZeRO-2 offload one
     ends 11% over and the others (calls 22, 26, 27) within 4%."""
-    import gzip
-    import json
     import statistics
 
     sys.path.insert(0, str(BENCH))
@@ -86,31 +102,22 @@ def test_zero12_allocator_replay_against_the_committed_allocator_traces():
                     "qwen2.5-0.5b_z2_mb8_s1024_lora8_ws1": (0, 0.2), "gemma-3-1b_z2_mb2_s2048_lora16_ws1": (0, 0.2),
                     "gemma-2-2b_z2_mb8_s1024_lora16_ws1": (0, 0.12)}
     errors = []
-    for path in sorted((BENCH / "data").glob("h200x2_call*.jsonl")):
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            spec = r["spec"]
-            traces = list((BENCH / "data").glob(f"traces*/{spec.get('trace')}.json.gz"))
-            if not traces or spec["stage"] not in (1, 2) or r["rank"] != 0:
-                continue
-            inputs = spec_inputs(spec, r["total_gpu_gb"])
-            counts = count_params(inputs.arch)
-            args = zero12_replay(inputs, counts, trainable_params(inputs, counts), DEFAULT)
-            with gzip.open(traces[0], "rt") as f:
-                events = json.load(f)
-            grown = [(e[2] if e[0] == "segment_alloc" else -e[2], e[3]) for e in events
-                     if e[0] in ("segment_alloc", "segment_free")]
-            init = sum(g for g, phase in grown if phase == "init")
-            final = sum(g for g, _ in grown)
-            err = zero12_reserved(**args) / final - 1
-            if inputs.world_size == 1:
-                init_replay = zero12_reserved(**dict(args, steps=0))
-                assert abs(init_replay - init) <= 0.04 * init, (spec["trace"], init_replay, init)
-                low, high = known_misses.get(spec["trace"], (-0.02, 0.07))
-                assert low <= err <= high, (spec["trace"], err)
-                errors.append(abs(err))
-            else:  # the ZeRO-2 offload trace (call 13) ends 11% over, call 22's three within 4%
-                assert -0.04 <= err <= 0.12, (spec["trace"], err)
+    for r, init, final in _traced_runs():
+        spec = r["spec"]
+        if spec["stage"] not in (1, 2):
+            continue
+        inputs = spec_inputs(spec, r["total_gpu_gb"])
+        counts = count_params(inputs.arch)
+        args = zero12_replay(inputs, counts, trainable_params(inputs, counts), DEFAULT)
+        err = zero12_reserved(**args) / final - 1
+        if inputs.world_size == 1:
+            init_replay = zero12_reserved(**dict(args, steps=0))
+            assert abs(init_replay - init) <= 0.04 * init, (spec["trace"], init_replay, init)
+            low, high = known_misses.get(spec["trace"], (-0.02, 0.07))
+            assert low <= err <= high, (spec["trace"], err)
+            errors.append(abs(err))
+        else:  # the ZeRO-2 offload trace (call 13) ends 11% over, call 22's three within 4%
+            assert -0.04 <= err <= 0.12, (spec["trace"], err)
     assert len(errors) >= 20
     assert statistics.median(errors) <= 0.005
 
@@ -122,8 +129,6 @@ def test_zero3_offload_param_allocator_replay_against_the_allocator_traces():
     world size 2, built whole): the segments after ``deepspeed.initialize`` within 6% under (the small pool's 2 MiB
     segments and the build's one extra embedding-sized block are not replayed) and at the end of training within 2%
     under. Before it the plan's fitted gap was 11.2% under on the Qwen2.5-3B row."""
-    import gzip
-    import json
 
     sys.path.insert(0, str(BENCH))
     from rows import spec_inputs
@@ -132,23 +137,14 @@ def test_zero3_offload_param_allocator_replay_against_the_allocator_traces():
     from zeropilot.memory.segments import zero3_offload_param_reserved
 
     seen = []
-    for path in sorted((BENCH / "data").glob("h200x2_call*.jsonl")):
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            spec = r["spec"]
-            traces = list((BENCH / "data").glob(f"traces*/{spec.get('trace')}.json.gz"))
-            args = zero3_replay(spec_inputs(spec, r["total_gpu_gb"]))
-            if not traces or args is None or r["rank"] != 0:
-                continue
-            with gzip.open(traces[0], "rt") as f:
-                grown = [(e[2] if e[0] == "segment_alloc" else -e[2], e[3]) for e in json.load(f)
-                         if e[0] in ("segment_alloc", "segment_free")]
-            init = sum(g for g, phase in grown if phase == "init")
-            final = sum(g for g, _ in grown)
-            init_err = zero3_offload_param_reserved(**dict(args, steps=0)) / init - 1
-            err = zero3_offload_param_reserved(**args) / final - 1
-            assert -0.06 <= init_err <= 0.0 and -0.02 <= err <= 0.0, (spec["trace"], init_err, err)
-            seen.append(spec["trace"])
+    for r, init, final in _traced_runs():
+        args = zero3_replay(spec_inputs(r["spec"], r["total_gpu_gb"]))
+        if args is None:
+            continue
+        init_err = zero3_offload_param_reserved(**dict(args, steps=0)) / init - 1
+        err = zero3_offload_param_reserved(**args) / final - 1
+        assert -0.06 <= init_err <= 0.0 and -0.02 <= err <= 0.0, (r["spec"]["trace"], init_err, err)
+        seen.append(r["spec"]["trace"])
     assert len(seen) == 3
 
 
