@@ -22,6 +22,13 @@ Call 32 (tenth pass, one GPU) tests a ZeRO-3 candidate instead: every configurat
 optimizer on the GPU and full fine-tuning at world size 1 (micro batch 1-4, 1024-4096 tokens up to 8192 a step, with
 and without checkpointing, built whole on the GPU or in zero.Init, sub_group_size 1e9 or 5e8), none ever measured,
 whose two predictions stay under 90 GiB; shuffled with seed 32; six rows of each build, one per model and build.
+
+Call 33 (one GPU) is no candidate's test but the plan's on ZeRO-3 at world size 1, where few rows were measured:
+every configuration of ZeRO-3 (the small models and, with LoRA r16, Qwen2.5-7B, Llama-3.1-8B and Mistral-7B), built
+whole or in zero.Init, full or LoRA r16, optimizer on the GPU, offloaded, or both offloaded, micro batch 1-4 and
+1024-4096 tokens up to 8192 a step, with and without checkpointing, never measured at world size 1, whose predicted
+GPU peak is under 80 GiB and host memory under 28 GiB a process; shuffled with seed 33; six rows of each build, one
+per model and build. Usage: ``python bench/plan/select_call.py 33 .``
 """
 from __future__ import annotations
 
@@ -60,7 +67,7 @@ def _predict(root: str, specs: list) -> list:
     return [float(x) for x in out.stdout.split()]
 
 
-FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13"}
+FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib"}
 
 
 def pool(call: int) -> list:
@@ -140,13 +147,58 @@ def draw_zero3(call: int, candidate: str) -> list:
     return chosen
 
 
+def draw_zero3_plan(call: int) -> list:
+    """Call 33's draw (see the module docstring): the plan's predictions only."""
+    sys.path[:0] = [str(HERE), str(HERE.parents[1] / "src")]
+    from make_specs_x2 import spec
+    from rows import spec_inputs
+
+    from zeropilot.memory.plan import make_plan
+
+    done = set()
+    for path in (HERE / "data").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            s = json.loads(line).get("spec", {})
+            if s.get("stage") == 3 and s.get("ws", 1) == 1:
+                done.add((s["name"], s["mb"], s["seq"], bool(s.get("gc")), s.get("lora") or 0, bool(s.get("offload")),
+                          bool(s.get("offload_param")), bool(s.get("zero_init"))))
+    table = []
+    for name, zero_init, lora, mode, gc, mb, seq in itertools.product(
+            NAMES + ["qwen2.5-7b", "llama-3.1-8b", "mistral-7b"], (False, True), (0, 16), ("gpu", "opt", "both"),
+            (False, True), (1, 2, 4), (1024, 2048, 4096)):
+        key = (name, mb, seq, gc, lora, mode != "gpu", mode == "both", zero_init)
+        if mb * seq > 8192 or key in done or (name.endswith(("7b", "8b")) and not lora):
+            continue
+        kw = {k: v for k, v in (("gc", gc), ("lora", lora), ("offload", mode != "gpu"), ("offload_param", mode == "both"))
+              if v}
+        s = spec(name, 3, mb, seq, 1, "holdout", zero_init=zero_init, **kw)
+        plan = make_plan(spec_inputs(s, 139.8))
+        if plan.gpu_peak_bytes < 80 * 2**30 and plan.host.per_process_bytes < 28 * 2**30:
+            table.append((s, plan.gpu_peak_bytes / 2**30))
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    for build in (False, True):
+        here: set = set()
+        for s, gib in table:
+            if s["zero_init"] == build and s["name"] not in here and len(here) < 6:
+                here.add(s["name"])
+                chosen.append(s)
+                print(f"{'zero.Init' if build else 'raw build':10s} {s['name']:17s} mb{s['mb']} s{s['seq']} "
+                      f"gc={bool(s.get('gc'))} lora={s.get('lora', 0)} offload={bool(s.get('offload'))} "
+                      f"offload_param={bool(s.get('offload_param'))}  plan {gib:6.2f}")
+    return chosen
+
+
 def main(argv: list) -> int:
     if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) not in FIELD:
         print(__doc__)
         return 2
     call, candidate = int(argv[0]), argv[1]
     if "--write" not in argv:
-        (draw_zero3 if call == 32 else draw)(call, candidate)
+        if call == 33:
+            draw_zero3_plan(call)
+        else:
+            (draw_zero3 if call == 32 else draw)(call, candidate)
         return 0
     path, field = HERE / "specs" / f"call{call}_x2.jsonl", FIELD[call]
     specs = [json.loads(line) for line in path.read_text().splitlines()]
