@@ -104,19 +104,26 @@ def _after_save(inputs: PlanInputs, gpu: GpuMemory) -> Tuple[int, str]:
 KNOWN_UNDER = {
     "zero12_no_gc": (-12.3, "ZeRO-1/2 without gradient checkpointing", "Gemma-2-2B at 4096 tokens: a cuBLAS workspace "
                      "settled in the cached fp32 gradient block, and the optimizer step needed one more"),
+    "zero3_large_logits": (-12.3, "ZeRO-3 where one fp32 copy of the logits is a tenth of the peak or more",
+                           "Qwen2.5-0.5B in zero.Init with the optimizer offloaded, 8192 tokens a step without "
+                           "checkpointing: the logits' fp32 copies split the cache beyond the fitted gap"),
 }
 
 
-def known_under(inputs: PlanInputs) -> Optional[str]:
-    """The :data:`KNOWN_UNDER` kind this launch belongs to, if any."""
+def known_under(inputs: PlanInputs, peak: Optional[int] = None) -> Optional[str]:
+    """The :data:`KNOWN_UNDER` kind this launch belongs to, if any (``peak``: the plan's GPU peak, if known)."""
     if inputs.stage in (1, 2) and not inputs.gradient_checkpointing:
         return "zero12_no_gc"
+    if inputs.stage == 3 and not inputs.expandable_segments:
+        logits = 4 * inputs.micro_batch * inputs.seq_len * inputs.arch.vocab
+        if logits >= 0.1 * (peak if peak is not None else estimate_gpu(inputs).peak_bytes):
+            return "zero3_large_logits"
     return None
 
 
-def _notes(inputs: PlanInputs, ckpt: Checkpoint, c: Constants) -> List[str]:
+def _notes(inputs: PlanInputs, ckpt: Checkpoint, c: Constants, peak: int) -> List[str]:
     notes = []
-    kind = known_under(inputs)
+    kind = known_under(inputs, peak)
     if kind is not None:
         pct, what, where = KNOWN_UNDER[kind]
         notes.append(f"{what}: measured peaks ran up to {-pct:.0f}% above the plan on H200 runs not used for "
@@ -162,7 +169,7 @@ def make_plan(inputs: PlanInputs, c: Constants = DEFAULT) -> Plan:
     hw = inputs.hardware
     verdict = verdict_of(gpu, hw.gpu_bytes if hw else None, hw.nodes if hw else 1, c.outside_nodes)
     extra, _ = _after_save(inputs, gpu)
-    notes = _notes(inputs, ckpt, c)
+    notes = _notes(inputs, ckpt, c, gpu.peak_bytes)
     if gpu.peak_phase == "init":
         notes.insert(0, f"the init phase sets the peak ({gpu.init_peak_bytes / GIB:.1f} GiB against training's "
                         f"{gpu.train_peak_bytes / GIB:.1f} GiB): the model is built whole on every GPU before "
