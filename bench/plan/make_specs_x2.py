@@ -483,6 +483,20 @@ CALL33 = [
     spec("qwen3-1.7b", 3, 1, 1024, 1, "holdout", zero_init=True, lora=16, offload=True),
 ]
 
+# Call 34 (one GPU): allocator histories of call 33's three misses, and of the older ZeRO-3 LoRA row with both offloads
+# in zero.Init whose allocated memory the plan also over-counts (x2-fit, call 3), for bench/plan/analyze_trace.py.
+CALL34_TRACE = [
+    spec("phi-3-mini", 3, 1, 4096, 1, "trace", zero_init=False, lora=16, offload=True, offload_param=True, steps=2,
+         trace="phi-3-mini_z3_mb1_s4096_lora16_offload_offload_param_ws1", need_gib=32),
+    spec("gemma-2-2b", 3, 1, 1024, 1, "trace", zero_init=True, lora=16, offload=True, offload_param=True, steps=2,
+         trace="gemma-2-2b_z3_mb1_s1024_lora16_offload_offload_param_zinit_ws1", need_gib=22),
+    spec("qwen2.5-0.5b", 3, 2, 4096, 1, "trace", zero_init=True, offload=True, steps=2,
+         trace="qwen2.5-0.5b_z3_mb2_s4096_offload_zinit_ws1", need_gib=42),
+    spec("qwen2.5-7b", 3, 1, 1024, 1, "trace", gc=True, lora=16, zero_init=True, auto=True, offload=True,
+         offload_param=True, steps=2, trace="qwen2.5-7b_z3_mb1_s1024_gc_lora16_offload_offload_param_zinit_ws1",
+         need_gib=14),
+]
+
 
 def main() -> None:
     import sys
@@ -490,12 +504,12 @@ def main() -> None:
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33")), "call3")
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34")), "call3")
     rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19,
             "call21": CALL21, "call23": CALL23,
             "call24": CALL24, "call25": CALL25, "call26": CALL26,
-            "call28": CALL28, "call32": CALL32, "call33": CALL33}[which]
-    out = HERE / "specs" / f"{which}_x2.jsonl"
+            "call28": CALL28, "call32": CALL32, "call33": CALL33, "call34": CALL34_TRACE}[which]
+    out = HERE / "specs" / (f"{which}_trace.jsonl" if which == "call34" else f"{which}_x2.jsonl")
     with out.open("w") as f:
         for s in rows + ([CALL26_TRACE] if which == "call26" else []):
             if s["split"] == "trace":
