@@ -497,6 +497,11 @@ CALL34_TRACE = [
          need_gib=14),
 ]
 
+# Call 35 (one GPU): the same LoRA runs with both offloads again, each large allocation with its DeepSpeed /
+# transformers frames (``trace_frames``), to tell what ZeRO-3 holds at their peaks.
+CALL35_TRACE = [dict(s, trace=s["trace"] + "_frames", trace_frames=True)
+                for s in (CALL34_TRACE[0], CALL34_TRACE[1], CALL34_TRACE[3])]
+
 
 def main() -> None:
     import sys
@@ -504,12 +509,13 @@ def main() -> None:
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34")), "call3")
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35")), "call3")
     rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19,
             "call21": CALL21, "call23": CALL23,
             "call24": CALL24, "call25": CALL25, "call26": CALL26,
-            "call28": CALL28, "call32": CALL32, "call33": CALL33, "call34": CALL34_TRACE}[which]
-    out = HERE / "specs" / (f"{which}_trace.jsonl" if which == "call34" else f"{which}_x2.jsonl")
+            "call28": CALL28, "call32": CALL32, "call33": CALL33, "call34": CALL34_TRACE,
+            "call35": CALL35_TRACE}[which]
+    out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35") else f"{which}_x2.jsonl")
     with out.open("w") as f:
         for s in rows + ([CALL26_TRACE] if which == "call26" else []):
             if s["split"] == "trace":

@@ -14,6 +14,8 @@ A variant of ``../shared/calibration/zero_mem_probe.py`` (same output format) wi
                  on the GPU first, as a raw script does before ``deepspeed.initialize``
   sgs / mlp / mrd  sub_group_size, stage3_max_live_parameters, stage3_max_reuse_distance (DeepSpeed
                  defaults when absent)
+  trace_frames   with ``trace``: each allocation of 32 MiB or more carries its innermost DeepSpeed /
+                 transformers / PEFT / probe frames (a fifth or sixth field)
   trace          record the caching allocator's history from the start (``torch.cuda.memory.
                  _record_memory_history``, no stacks) and write rank 0's events as
                  ``$TRACE_DIR/<trace>.json.gz``: a list of [action, addr, size, phase] (``analyze_trace.py``),
@@ -94,7 +96,8 @@ t0 = time.time()
 snaps = []
 phase = "init"
 if spec.get("trace"):
-    torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=2_000_000)
+    torch.cuda.memory._record_memory_history(enabled="all", context="alloc" if spec.get("trace_frames") else None,
+                                             stacks="python", max_entries=2_000_000)
 marks = []  # (trace index, phase) where each phase starts
 
 
@@ -170,6 +173,15 @@ try:
 except torch.OutOfMemoryError as e:
     out["status"] = "oom"; out["phase"] = phase; out["error"] = str(e)[:400]; snaps.append(snap("at_oom"))
 out["snaps"] = snaps
+
+
+def where(frames):
+    """The innermost frames of a large allocation in DeepSpeed, transformers, PEFT or this probe (trace_frames)."""
+    keep = [f"{f['filename'].rsplit('site-packages/', 1)[-1]}:{f['line']}:{f['name']}" for f in frames
+            if any(k in f["filename"] for k in ("deepspeed", "transformers", "peft", "zero_mem_probe"))]
+    return " < ".join(keep[:4])
+
+
 if spec.get("trace") and int(os.environ["RANK"]) == 0:
     import gzip
     events = torch.cuda.memory._snapshot()["device_traces"][LOCAL_RANK]
@@ -177,7 +189,10 @@ if spec.get("trace") and int(os.environ["RANK"]) == 0:
     rows, ph = [], "init"
     for i, e in enumerate(events):
         ph = starts.get(i, ph)
-        rows.append([e["action"], e["addr"], e["size"], ph] + ([e.get("stream", 0)] if spec.get("trace_streams") else []))
+        row = [e["action"], e["addr"], e["size"], ph] + ([e.get("stream", 0)] if spec.get("trace_streams") else [])
+        if spec.get("trace_frames") and e["action"] == "alloc" and e["size"] >= 32 * 2**20:
+            row.append(where(e.get("frames") or []))
+        rows.append(row)
     with gzip.open(os.path.join(os.environ.get("TRACE_DIR", "/tmp"), spec["trace"] + ".json.gz"), "wt") as f:
         json.dump(rows, f)
     out["trace_events"] = len(rows)
