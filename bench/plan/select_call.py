@@ -29,6 +29,12 @@ whole or in zero.Init, full or LoRA r16, optimizer on the GPU, offloaded, or bot
 1024-4096 tokens up to 8192 a step, with and without checkpointing, never measured at world size 1, whose predicted
 GPU peak is under 80 GiB and host memory under 28 GiB a process; shuffled with seed 33; six rows of each build, one
 per model and build. Usage: ``python bench/plan/select_call.py 33 .``
+
+Call 36 (one GPU) tests candidate v14 (branch ``v14``): ZeRO-3 built whole with offload_param, without
+checkpointing, LoRA r16 or full fine-tuning with the optimizer offloaded (where the plan counts the cached build
+blocks), micro batch 1-4 and 1024-4096 tokens up to 8192 a step, world size 1, never measured, whose two predictions
+stay under 80 GiB, host memory under 28 GiB a process, and differ by 2% or more; shuffled with seed 36; one row per
+model, six rows.
 """
 from __future__ import annotations
 
@@ -67,7 +73,7 @@ def _predict(root: str, specs: list) -> list:
     return [float(x) for x in out.stdout.split()]
 
 
-FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib"}
+FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14"}
 
 
 def pool(call: int) -> list:
@@ -189,6 +195,44 @@ def draw_zero3_plan(call: int) -> list:
     return chosen
 
 
+def draw_build_cache(call: int, candidate: str) -> list:
+    """Call 36's draw (see the module docstring)."""
+    sys.path[:0] = [str(HERE), str(HERE.parents[1] / "src")]
+    from make_specs_x2 import spec
+    from rows import spec_inputs
+
+    from zeropilot.memory.plan import make_plan
+
+    done = set()
+    for path in (HERE / "data").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            s = json.loads(line).get("spec", {})
+            done.add((s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
+                      s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")),
+                      bool(s.get("zero_init"))))
+    rows = []
+    for name, lora, mb, seq in itertools.product(NAMES + ["qwen2.5-7b", "llama-3.1-8b", "mistral-7b"], (0, 16),
+                                                 (1, 2, 4), (1024, 2048, 4096)):
+        if mb * seq > 8192 or (name.endswith(("7b", "8b")) and not lora):
+            continue
+        if (name, 3, mb, seq, 1, False, lora, True, True, False) in done:
+            continue
+        kw = {"lora": lora} if lora else {}
+        s = spec(name, 3, mb, seq, 1, "holdout", zero_init=False, offload=True, offload_param=True, **kw)
+        if make_plan(spec_inputs(s, 139.8)).host.per_process_bytes < 28 * 2**30:
+            rows.append(s)
+    plan = _predict(str(HERE.parents[1]), rows)
+    cand = _predict(candidate, rows)
+    table = [(s, a, b) for s, a, b in zip(rows, plan, cand) if max(a, b) < 80 and abs(b - a) / a >= 0.02]
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    for s, a, b in table:
+        if s["name"] not in {c["name"] for c in chosen} and len(chosen) < 6:
+            chosen.append(s)
+            print(f"{s['name']:17s} mb{s['mb']} s{s['seq']} lora={s.get('lora', 0)}  plan {a:6.2f}  candidate {b:6.2f}")
+    return chosen
+
+
 def main(argv: list) -> int:
     if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) not in FIELD:
         print(__doc__)
@@ -197,6 +241,8 @@ def main(argv: list) -> int:
     if "--write" not in argv:
         if call == 33:
             draw_zero3_plan(call)
+        elif call == 36:
+            draw_build_cache(call, candidate)
         else:
             (draw_zero3 if call == 32 else draw)(call, candidate)
         return 0
@@ -205,7 +251,7 @@ def main(argv: list) -> int:
     for s, p in zip(specs, _predict(candidate, specs)):
         if s.get("split") == "holdout":
             s[field] = round(p, 1)
-            if call == 32:  # packing twelve runs on one GPU (make_specs_x2.py, above CALL32)
+            if call in (32, 36):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
                 s["need_gib"] = round(1.1 * max(p, s["pred_gib"]) + 3)
     path.write_text("".join(json.dumps(s) + "\n" for s in specs))
     print(f"{path}: {field} for {sum(field in s for s in specs)} rows")
