@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple
 from zeropilot.memory.constants import DEFAULT, GIB, Constants
 from zeropilot.memory.inputs import PlanInputs
 from zeropilot.memory.segments import zero3_offload_param_reserved, zero12_reserved
-from zeropilot.models.params import ParamCounts, count_params, lora_trainable, tensor_sizes
+from zeropilot.models.params import ParamCounts, count_params, layer_tensor_sizes, lora_trainable, tensor_sizes
 
 
 @dataclass(frozen=True)
@@ -460,12 +460,12 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
             or inputs.lora_rank is not None or inputs.expandable_segments):
         return None
     a, n = inputs.arch, inputs.world_size
-    elements = tensor_sizes(a)  # the embedding (and an untied output layer) first, then the layers'
-    edge = 1 if a.tied else 2
-    per_layer = (len(elements) - edge) // a.layers
-    layers = [[2.0 * x for x in elements[edge + i * per_layer:edge + (i + 1) * per_layer]] for i in range(a.layers)]
+    per_layer = [layer_tensor_sizes(a, i) for i in range(a.layers)]
+    edge = [a.vocab * a.hidden] * (1 if a.tied else 2)  # the embedding, and an untied output layer
+    elements = edge[:1] + [x for layer in per_layer for x in layer] + edge[1:]  # the model's order
+    layers = [[2.0 * x for x in layer] for layer in per_layer]
     sub_groups, current = [], 0
-    for x in elements[:1] + elements[edge:] + elements[1:edge]:  # the model's order: embedding, layers, output
+    for x in elements:
         current += -(-x // n)
         if current >= inputs.sub_group_size:  # _create_fp16_sub_groups closes a group once it reaches the size
             sub_groups.append(4.0 * current)
@@ -491,6 +491,7 @@ def zero3_segments(inputs: PlanInputs) -> Optional[int]:
 
 
 def _frozen(value):
+    """``value`` with its lists made tuples, to key :func:`_replay`'s cache."""
     return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
@@ -532,11 +533,12 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     if segs is not None:
         # ZeRO-1/2: the replay, not the fitted gap, says what the allocator reserves (pre-registered calls 24 and 25:
         # nearer the measurement on every committed row where the two differ); ZeRO-3 with offload_param and the
-        # optimizer on the GPU likewise (calls 7 and 21's traces)
-        if segs < allocated:  # the fitted transients over-count here (Gemma 2's soft-capped logits at large token counts)
+        # optimizer on the GPU likewise (calls 7 and 21's traces; pre-registered call 32)
+        if segs < allocated:  # the fitted transients over-count (Gemma 2's soft-capped logits at large token counts)
             adjust = [Component("replay_adjustment", segs - allocated, "overhead",
                                 f"the allocator replay, tensor by tensor, peaks at {_gib(segs)}, below the fitted "
-                                f"components above ({_gib(allocated)}): the plan takes the replay's (memory/segments.py)")]
+                                f"components above ({_gib(allocated)}): the plan takes the replay's "
+                                "(memory/segments.py)")]
             allocated = segs
         what = ("initialize's cached blocks are split and the step's whole fp32 blocks or the logits' fp32 copies "
                 "take new segments" if inputs.stage in (1, 2) else

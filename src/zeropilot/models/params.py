@@ -156,15 +156,21 @@ def lora_trainable(arch: Architecture, rank: int) -> int:
     return sum(rank * (i + o) for i, o in linear_layers(arch)) + _moe_lora(arch, rank)
 
 
+def layer_tensor_sizes(arch: Architecture, index: int) -> List[int]:
+    """Element counts of decoder layer ``index``'s matrices: its linears, then its routed experts (stored as 3-D
+    tensors)."""
+    out = [i * o for i, o in attention_linears(arch)]
+    total, _, lins = _mlp_params(arch, index)
+    out += [i * o for i, o in lins]
+    if total - sum(i * o for i, o in lins) > 0:
+        out.append(total - sum(i * o for i, o in lins))
+    return out
+
+
 def tensor_sizes(arch: Architecture) -> List[int]:
     """Element counts of the model's matrices (embedding, output, every decoder layer's linears and
     expert tensors); norms and biases are left out (under 0.1% of any catalogued model)."""
     out = [arch.vocab * arch.hidden] * (1 if arch.tied else 2)
     for index in range(arch.layers):
-        out += [i * o for i, o in attention_linears(arch)]
-        total, _, lins = _mlp_params(arch, index)
-        listed = sum(i * o for i, o in lins)
-        out += [i * o for i, o in lins]
-        if total - listed > 0:
-            out.append(total - listed)  # routed experts (stored as 3-D tensors)
+        out += layer_tensor_sizes(arch, index)
     return out
