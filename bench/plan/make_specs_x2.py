@@ -519,6 +519,25 @@ CALL36 = [
     spec("gemma-2-2b", 3, 2, 2048, 1, "holdout", zero_init=False, offload=True, offload_param=True, lora=16),
 ]
 
+# Call 37 (one GPU): evidence on candidate v12 (branch adopt-v12, bench/plan/reduction_v12_adopt.patch) at world size 1,
+# deciding nothing (call 28 decides v12). Rows drawn by ``bench/plan/select_call.py 37 /tmp/adopt`` (seed 37: eight where
+# the predictions differ by 2% or more, four where they differ by less). pred_gib: the plan (main at the commit that
+# adds these rows); pred_gib_v12: the candidate; need_gib as call 32's. Reported as they come.
+CALL37 = [
+    spec("qwen2.5-0.5b", 2, 4, 2048, 1, "holdout", lora=8, offload=True),
+    spec("mistral-1b-shape", 1, 2, 4096, 1, "holdout", lora=8, offload=True),
+    spec("gemma-2-2b", 1, 2, 4096, 1, "holdout", lora=8),
+    spec("phi-3-mini", 2, 1, 4096, 1, "holdout", lora=16, offload=True),
+    spec("mistral-1b-shape", 1, 8, 4096, 1, "holdout", lora=16, offload=True),
+    spec("qwen2.5-1.5b", 2, 1, 4096, 1, "holdout", lora=8, offload=True),
+    spec("qwen2.5-0.5b", 1, 8, 1024, 1, "holdout", lora=16),
+    spec("phi-3-mini", 2, 1, 4096, 1, "holdout", lora=8, offload=True),
+    spec("llama-3.2-3b", 2, 4, 1024, 1, "holdout", gc=True, lora=16),
+    spec("llama-3.2-3b", 1, 4, 4096, 1, "holdout", gc=True, lora=8),
+    spec("llama-3.2-1b", 2, 1, 1024, 1, "holdout", lora=8),
+    spec("qwen2.5-1.5b", 2, 4, 4096, 1, "holdout", lora=8),
+]
+
 
 def main() -> None:
     import sys
@@ -526,12 +545,12 @@ def main() -> None:
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36")), "call3")
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37")), "call3")
     rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19,
             "call21": CALL21, "call23": CALL23,
             "call24": CALL24, "call25": CALL25, "call26": CALL26,
             "call28": CALL28, "call32": CALL32, "call33": CALL33, "call34": CALL34_TRACE,
-            "call35": CALL35_TRACE, "call36": CALL36}[which]
+            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37}[which]
     out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35") else f"{which}_x2.jsonl")
     with out.open("w") as f:
         for s in rows + ([CALL26_TRACE] if which == "call26" else []):

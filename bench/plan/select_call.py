@@ -35,6 +35,11 @@ checkpointing, LoRA r16 or full fine-tuning with the optimizer offloaded (where 
 blocks), micro batch 1-4 and 1024-4096 tokens up to 8192 a step, world size 1, never measured, whose two predictions
 stay under 80 GiB, host memory under 28 GiB a process, and differ by 2% or more; shuffled with seed 36; one row per
 model, six rows.
+
+Call 37 (one GPU) adds evidence on candidate v12 (branch ``adopt-v12``) where one GPU can give it, and decides
+nothing: call 28 still decides v12. Its pool is call 28's at world size 1 (leaving out every row measured so far),
+shuffled with seed 37: eight rows where the two predictions differ by 2% or more and four where they differ by less,
+at most two per model.
 """
 from __future__ import annotations
 
@@ -73,7 +78,8 @@ def _predict(root: str, specs: list) -> list:
     return [float(x) for x in out.stdout.split()]
 
 
-FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14"}
+FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14",
+         37: "pred_gib_v12"}
 
 
 def pool(call: int) -> list:
@@ -233,6 +239,25 @@ def draw_build_cache(call: int, candidate: str) -> list:
     return chosen
 
 
+def draw_world_size_1(call: int, candidate: str) -> list:
+    """Call 37's draw (see the module docstring)."""
+    rows = [(k, s) for k, s in pool(call) if k[4] == 1]
+    plan = _predict(str(HERE.parents[1]), [s for _, s in rows])
+    cand = _predict(candidate, [s for _, s in rows])
+    table = [(k, s, a, b) for (k, s), a, b in zip(rows, plan, cand) if max(a, b) <= 90]
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    for wanted, differ in ((8, True), (4, False)):
+        here = 0
+        for k, s, a, b in table:
+            used = collections.Counter(c[0][0] for c in chosen)
+            if here < wanted and (abs(b - a) / a >= 0.02) == differ and used[k[0]] < 2:
+                chosen.append((k, s, a, b))
+                here += 1
+                print(f"{'|'.join(map(str, k)):48s} plan {a:6.2f}  candidate {b:6.2f}")
+    return chosen
+
+
 def main(argv: list) -> int:
     if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) not in FIELD:
         print(__doc__)
@@ -243,6 +268,8 @@ def main(argv: list) -> int:
             draw_zero3_plan(call)
         elif call == 36:
             draw_build_cache(call, candidate)
+        elif call == 37:
+            draw_world_size_1(call, candidate)
         else:
             (draw_zero3 if call == 32 else draw)(call, candidate)
         return 0
@@ -251,7 +278,7 @@ def main(argv: list) -> int:
     for s, p in zip(specs, _predict(candidate, specs)):
         if s.get("split") == "holdout":
             s[field] = round(p, 1)
-            if call in (32, 36):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
+            if call in (32, 36, 37):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
                 s["need_gib"] = round(1.1 * max(p, s["pred_gib"]) + 3)
     path.write_text("".join(json.dumps(s) + "\n" for s in specs))
     print(f"{path}: {field} for {sum(field in s for s in specs)} rows")
