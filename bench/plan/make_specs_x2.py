@@ -519,10 +519,10 @@ CALL36 = [
     spec("gemma-2-2b", 3, 2, 2048, 1, "holdout", zero_init=False, offload=True, offload_param=True, lora=16),
 ]
 
-# Call 37 (one GPU): evidence on candidate v12 (branch adopt-v12, bench/plan/reduction_v12_adopt.patch) at world size 1,
-# deciding nothing (call 28 decides v12). Rows drawn by ``bench/plan/select_call.py 37 /tmp/adopt`` (seed 37: eight where
-# the predictions differ by 2% or more, four where they differ by less). pred_gib: the plan (main at the commit that
-# adds these rows); pred_gib_v12: the candidate; need_gib as call 32's. Reported as they come.
+# Call 37 (one GPU): evidence on candidate v12 (branch adopt-v12, bench/plan/reduction_v12_adopt.patch) at world
+# size 1, deciding nothing (call 28 decides v12). Rows drawn by ``bench/plan/select_call.py 37 /tmp/adopt`` (seed 37:
+# eight where the predictions differ by 2% or more, four where they differ by less). pred_gib: the plan (main at the
+# commit that adds these rows); pred_gib_v12: the candidate; need_gib as call 32's. Reported as they come.
 CALL37 = [
     spec("qwen2.5-0.5b", 2, 4, 2048, 1, "holdout", lora=8, offload=True),
     spec("mistral-1b-shape", 1, 2, 4096, 1, "holdout", lora=8, offload=True),
