@@ -90,6 +90,6 @@ def test_stale_build_lock_before_the_first_step():
     hang = _hang(job)
     assert hang["verdict"]["ranks"] == [0, 1]
     assert "lock" in hang["verdict"]["cause"]
-    assert [l["path"].endswith("deepspeed_shm_comm/lock") for l in hang["locks"]] == [True]
+    assert [lock["path"].endswith("deepspeed_shm_comm/lock") for lock in hang["locks"]] == [True]
     assert all(r["phase"] == "startup" for r in hang["ranks"])
     assert "file_baton" in (job.run_dir / "stacks-rank-0.txt").read_text()

@@ -71,7 +71,7 @@ def _py(code: str, env: dict, args=()) -> dict:
         result["result"] = last[0] if last else None
     if out.returncode != 0:
         result["stderr_tail"] = out.stderr[-600:]
-    warnings = [l for l in out.stderr.splitlines() if "Warning" in l or "warn" in l.lower()]
+    warnings = [line for line in out.stderr.splitlines() if "Warning" in line or "warn" in line.lower()]
     result["warnings"] = warnings[-3:]
     return result
 

@@ -108,8 +108,9 @@ def hang_verdict(states: List[RankState], world_size: Optional[int], timeout_s: 
         fixes = ["look at the launcher's output; a rank may wait for its peers to join (MASTER_ADDR/PORT, nnodes)"]
         if locks:
             cause = ("an op build waits on a lock left by a killed build: "
-                     + ", ".join(f"{l['path']} (age {l.get('age_s')} s)" for l in locks[:3]))
-            fixes = [f"if no build is running, delete {locks[0]['path']}", "or set TORCH_EXTENSIONS_DIR to a fresh folder"]
+                     + ", ".join(f"{lock['path']} (age {lock.get('age_s')} s)" for lock in locks[:3]))
+            fixes = [f"if no build is running, delete {locks[0]['path']}",
+                     "or set TORCH_EXTENSIONS_DIR to a fresh folder"]
         return {"ranks": list(range(world_size or 0)), "where": [], "reason": base, "cause": cause, "fixes": fixes,
                 "ranks_detail": lines}
     lock_waiters = [s for s in states if (collective(s.frames) or "").startswith("build lock")]
@@ -120,7 +121,7 @@ def hang_verdict(states: List[RankState], world_size: Optional[int], timeout_s: 
     if lock_waiters:
         odd = lock_waiters
         cause = ("an op build waits on a lock left by a killed build"
-                 + (": " + ", ".join(str(l["path"]) for l in locks[:3]) if locks else ""))
+                 + (": " + ", ".join(str(lock["path"]) for lock in locks[:3]) if locks else ""))
         fixes = ["if no build is running, delete the lock file", "or set TORCH_EXTENSIONS_DIR to a fresh folder"]
     elif dead or missing:
         odd = dead
