@@ -173,7 +173,9 @@ PREREGISTERED = {("h200x2_call8", "pred_gib"): "call 8 (after the ZeRO-1/2 segme
                  ("h200x2_call32", "pred_gib"): "call 32, the plan it replaced (commit 3d80e3c)",
                  ("h200x2_call33", "pred_gib"): "call 33, the plan on ZeRO-3 at world size 1 (commit ccbf582)",
                  ("h200x2_call36", "pred_gib_v14"): "call 36, a candidate, adopted (build_cache_v14_candidate.patch)",
-                 ("h200x2_call36", "pred_gib"): "call 36, the plan it replaced (commit 3f727c0)"}
+                 ("h200x2_call36", "pred_gib"): "call 36, the plan it replaced (commit 3f727c0)",
+                 ("h200x2_call37", "pred_gib_v12"): "call 37, candidate v12 at world size 1 (evidence only)",
+                 ("h200x2_call37", "pred_gib"): "call 37, the plan (commit 3b20d63)"}
 
 
 def _preregistered(rows, recs) -> list:
