@@ -82,19 +82,23 @@ FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_g
          37: "pred_gib_v12"}
 
 
-def pool(call: int) -> list:
-    sys.path.insert(0, str(HERE))
-    from make_specs_x2 import spec
-
-    done = set()
-    for path in (HERE / "data").glob("*.jsonl"):  # this call and later ones left out: the draw stays reproducible
+def measured_specs(call: int):
+    """The spec of every committed measurement made before call ``call`` (this call's and later calls' rows left out,
+    so that a draw stays reproducible once its own rows are measured)."""
+    for path in (HERE / "data").glob("*.jsonl"):
         number = path.stem.partition("_call")[2].partition("_")[0]
         if path.name.startswith("h200x2_call") and number.isdigit() and int(number) >= call:
             continue
         for line in path.read_text().splitlines():
-            s = json.loads(line).get("spec", {})
-            done.add((s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
-                      s.get("lora") or 0, bool(s.get("offload"))))
+            yield json.loads(line).get("spec", {})
+
+
+def pool(call: int) -> list:
+    sys.path.insert(0, str(HERE))
+    from make_specs_x2 import spec
+
+    done = {(s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
+             s.get("lora") or 0, bool(s.get("offload"))) for s in measured_specs(call)}
     out = []
     for key in itertools.product(NAMES, (1, 2), (1, 2, 4, 8), (1024, 2048, 4096), (1, 2), (False, True), (0, 8, 16),
                                  (False, True)):
@@ -167,13 +171,9 @@ def draw_zero3_plan(call: int) -> list:
 
     from zeropilot.memory.plan import make_plan
 
-    done = set()
-    for path in (HERE / "data").glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            s = json.loads(line).get("spec", {})
-            if s.get("stage") == 3 and s.get("ws", 1) == 1:
-                done.add((s["name"], s["mb"], s["seq"], bool(s.get("gc")), s.get("lora") or 0, bool(s.get("offload")),
-                          bool(s.get("offload_param")), bool(s.get("zero_init"))))
+    done = {(s["name"], s["mb"], s["seq"], bool(s.get("gc")), s.get("lora") or 0, bool(s.get("offload")),
+             bool(s.get("offload_param")), bool(s.get("zero_init")))
+            for s in measured_specs(call) if s.get("stage") == 3 and s.get("ws", 1) == 1}
     table = []
     for name, zero_init, lora, mode, gc, mb, seq in itertools.product(
             NAMES + ["qwen2.5-7b", "llama-3.1-8b", "mistral-7b"], (False, True), (0, 16), ("gpu", "opt", "both"),
@@ -209,13 +209,9 @@ def draw_build_cache(call: int, candidate: str) -> list:
 
     from zeropilot.memory.plan import make_plan
 
-    done = set()
-    for path in (HERE / "data").glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            s = json.loads(line).get("spec", {})
-            done.add((s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
-                      s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")),
-                      bool(s.get("zero_init"))))
+    done = {(s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
+             s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")), bool(s.get("zero_init")))
+            for s in measured_specs(call)}
     rows = []
     for name, lora, mb, seq in itertools.product(NAMES + ["qwen2.5-7b", "llama-3.1-8b", "mistral-7b"], (0, 16),
                                                  (1, 2, 4), (1024, 2048, 4096)):
