@@ -159,12 +159,10 @@ def lora_trainable(arch: Architecture, rank: int) -> int:
 def layer_tensor_sizes(arch: Architecture, index: int) -> List[int]:
     """Element counts of decoder layer ``index``'s matrices: its linears, then its routed experts (stored as 3-D
     tensors)."""
-    out = [i * o for i, o in attention_linears(arch)]
     total, _, lins = _mlp_params(arch, index)
-    out += [i * o for i, o in lins]
-    if total - sum(i * o for i, o in lins) > 0:
-        out.append(total - sum(i * o for i, o in lins))
-    return out
+    listed = [i * o for i, o in lins]
+    experts = total - sum(listed)
+    return [i * o for i, o in attention_linears(arch)] + listed + ([experts] if experts > 0 else [])
 
 
 def tensor_sizes(arch: Architecture) -> List[int]:
