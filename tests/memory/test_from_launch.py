@@ -100,6 +100,11 @@ def test_which_optimizer_an_offloaded_launch_gets(tmp_path):
     assert chosen is torch.optim.AdamW
     chosen = DeepSpeedEngine.get_optimizer_configuration(stand_in, {"lr": 1e-5}, True)[0]
     assert chosen.__name__ == "DeepSpeedCPUAdam"
+    # DeepSpeed tests the value as Python does: the string "false" picks torch's AdamW, the boolean false CPUAdam
+    chosen = DeepSpeedEngine.get_optimizer_configuration(stand_in, {"lr": 1e-5, "torch_adam": "false"}, True)[0]
+    assert chosen is torch.optim.AdamW
+    chosen = DeepSpeedEngine.get_optimizer_configuration(stand_in, {"lr": 1e-5, "torch_adam": False}, True)[0]
+    assert chosen.__name__ == "DeepSpeedCPUAdam"
 
     def read(ds: str) -> dict:
         (tmp_path / "ds.json").write_text(ds)
@@ -110,5 +115,8 @@ def test_which_optimizer_an_offloaded_launch_gets(tmp_path):
     offload = '"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}'
     assert "torch_adam" not in read("{" + offload + ', "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}}')
     assert read("{" + offload + ', "optimizer": {"type": "AdamW", "params": {"torch_adam": true}}}')["torch_adam"]
+    assert read("{" + offload + ', "optimizer": {"type": "AdamW", "params": {"torch_adam": "false"}}}')["torch_adam"]
+    assert read("{" + offload + ', "optimizer": {"type": "AdamW", "params": {"torch_adam": false}}}')[
+        "torch_adam"] is False
     assert read("{" + offload + ', "zero_force_ds_cpu_optimizer": false}')["torch_adam"] is True
     assert "torch_adam" not in read("{" + offload + "}")

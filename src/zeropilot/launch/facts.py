@@ -105,8 +105,9 @@ class DsFacts:
         force_ds_cpu_optimizer: ``zero_force_ds_cpu_optimizer`` (DeepSpeed's default: true).
         allow_untested_optimizer: ``zero_allow_untested_optimizer`` (default: false).
         torch_adam: an offloaded optimizer is torch's AdamW rather than DeepSpeed's CPUAdam: the config's
-            ``optimizer.params.torch_adam``, or no optimizer section with ``zero_force_ds_cpu_optimizer: false`` (the
-            client's torch optimizer is allowed); None when the config does not say. ``torch_adam_key`` names the key.
+            ``optimizer.params.torch_adam`` (any value Python takes as true, as DeepSpeed does), or no optimizer section
+            with ``zero_force_ds_cpu_optimizer: false`` (the client's torch optimizer is allowed); None when the config
+            does not say. ``torch_adam_key`` names the key.
         hf: whether the HF Trainer or accelerate read it (``Launch.uses_hf_integration``).
     """
 
@@ -183,7 +184,8 @@ def ds_facts(doc: Document, hf: Optional[bool] = None) -> DsFacts:
     forced = truthy(force.value) is not False if force is not None else True
     torch_adam, torch_adam_key = None, ""
     if doc.get("optimizer.params.torch_adam") is not None:
-        torch_adam, torch_adam_key = truthy(doc.value("optimizer.params.torch_adam")), "optimizer.params.torch_adam"
+        # DeepSpeed tests the value as Python does (``if torch_adam:`` in get_optimizer_configuration): "false" is on
+        torch_adam, torch_adam_key = bool(doc.value("optimizer.params.torch_adam")), "optimizer.params.torch_adam"
     elif doc.get("optimizer") is None and not forced:
         torch_adam, torch_adam_key = True, "zero_force_ds_cpu_optimizer"
     return DsFacts(doc, stage, reason, node, precision(doc), batch(doc), _offload(doc, "offload_optimizer"),
