@@ -539,18 +539,40 @@ CALL37 = [
 ]
 
 
+# Call 38 (one GPU, eleventh pass): no candidate; the plan (main at the commit that adds these rows) on twelve more
+# never-measured ZeRO-3 runs at world size 1, drawn as call 33's by ``bench/plan/select_call.py 38 .`` (seed 38; every
+# row measured before this call left out of the pool). Stated before the run, call 33's: the figures are reported as
+# they come; a row outside [-8%, +12%] is a miss of the plan, and one under -8% gets its kind a KNOWN_UNDER note
+# (tests/memory/test_accuracy_bench.py requires it); no row of this call is used to fit or choose anything before its
+# figures are committed. need_gib: 1.1 x pred_gib + 3 GiB, to pack twelve runs on one GPU.
+CALL38 = [
+    spec("gemma-2-2b", 3, 1, 2048, 1, "holdout", zero_init=False, gc=True, lora=16, offload=True),
+    spec("gemma-3-1b", 3, 1, 2048, 1, "holdout", zero_init=False, lora=16),
+    spec("mistral-1b-shape", 3, 4, 1024, 1, "holdout", zero_init=False, lora=16),
+    spec("llama-3.2-3b", 3, 1, 2048, 1, "holdout", zero_init=False),
+    spec("qwen2.5-0.5b", 3, 1, 2048, 1, "holdout", zero_init=False, gc=True, lora=16, offload=True, offload_param=True),
+    spec("qwen2.5-7b", 3, 4, 1024, 1, "holdout", zero_init=False, lora=16, offload=True),
+    spec("gemma-3-1b", 3, 2, 2048, 1, "holdout", zero_init=True),
+    spec("mistral-1b-shape", 3, 2, 1024, 1, "holdout", zero_init=True),
+    spec("llama-3.2-3b", 3, 2, 1024, 1, "holdout", zero_init=True, gc=True, lora=16),
+    spec("gemma-2-2b", 3, 2, 2048, 1, "holdout", zero_init=True, gc=True, lora=16),
+    spec("qwen2.5-3b", 3, 1, 4096, 1, "holdout", zero_init=True, gc=True, lora=16, offload=True),
+    spec("llama-3.2-1b", 3, 1, 4096, 1, "holdout", zero_init=True, gc=True, lora=16),
+]
+
+
 def main() -> None:
     import sys
     sys.path.insert(0, str(HERE.parents[1] / "src"))
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37")), "call3")
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38")), "call3")
     rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19,
             "call21": CALL21, "call23": CALL23,
             "call24": CALL24, "call25": CALL25, "call26": CALL26,
             "call28": CALL28, "call32": CALL32, "call33": CALL33, "call34": CALL34_TRACE,
-            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37}[which]
+            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38}[which]
     out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35") else f"{which}_x2.jsonl")
     with out.open("w") as f:
         for s in rows + ([CALL26_TRACE] if which == "call26" else []):
@@ -559,7 +581,7 @@ def main() -> None:
                 continue
             p = make_plan(spec_inputs(s, 139.8)).gpu_peak_bytes / 2**30
             s["pred_gib"] = round(p, 1)
-            if which == "call33":
+            if which in ("call33", "call38"):
                 s["need_gib"] = round(1.1 * p + 3)
             if s.get("lora") is None and s["name"] in ("qwen2.5-7b", "llama-3.1-8b", "mistral-7b") \
                     and not s.get("offload"):

@@ -28,7 +28,7 @@ every configuration of ZeRO-3 (the small models and, with LoRA r16, Qwen2.5-7B, 
 whole or in zero.Init, full or LoRA r16, optimizer on the GPU, offloaded, or both offloaded, micro batch 1-4 and
 1024-4096 tokens up to 8192 a step, with and without checkpointing, never measured at world size 1, whose predicted
 GPU peak is under 80 GiB and host memory under 28 GiB a process; shuffled with seed 33; six rows of each build, one
-per model and build. Usage: ``python bench/plan/select_call.py 33 .``
+per model and build. Usage: ``python bench/plan/select_call.py 33 .``; call 38 draws the same way with seed 38.
 
 Call 36 (one GPU) tests candidate v14 (branch ``v14``): ZeRO-3 built whole with offload_param, without
 checkpointing, LoRA r16 or full fine-tuning with the optimizer offloaded (where the plan counts the cached build
@@ -79,7 +79,7 @@ def _predict(root: str, specs: list) -> list:
 
 
 FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14",
-         37: "pred_gib_v12"}
+         37: "pred_gib_v12", 38: "pred_gib"}
 
 
 def measured_specs(call: int):
@@ -260,7 +260,7 @@ def main(argv: list) -> int:
         return 2
     call, candidate = int(argv[0]), argv[1]
     if "--write" not in argv:
-        if call == 33:
+        if call in (33, 38):
             draw_zero3_plan(call)
         elif call == 36:
             draw_build_cache(call, candidate)
