@@ -561,19 +561,38 @@ CALL38 = [
 ]
 
 
+# Call 39 (one GPU): allocator histories, with each large block's frames, of ZeRO-3 runs at world size 1 with the
+# parameters and the optimizer on the GPU, for a replay of that kind (nothing is gathered there): two rows it matches
+# on allocated and reserved memory (Mistral-1B-shape full fine-tuning in zero.Init; Llama-3.2-1B with overlap_comm,
+# whose reduction stream keeps its own blocks) and three where the allocated peak matches and reserved does not
+# (Gemma-3-1B LoRA with overlap_comm, Gemma-2-2B checkpointed, Qwen2.5-1.5B LoRA). Already measured; not scored.
+CALL39_TRACE = [
+    spec("gemma-2-2b", 3, 4, 1024, 1, "trace", gc=True, zero_init=False, steps=2, trace_frames=True,
+         trace="gemma-2-2b_z3_mb4_s1024_gc_ws1_frames", need_gib=75),
+    spec("llama-3.2-1b", 3, 2, 2048, 1, "trace", overlap=True, zero_init=False, steps=2, trace_frames=True,
+         trace="llama-3.2-1b_z3_mb2_s2048_overlap_ws1_frames", need_gib=47),
+    spec("mistral-1b-shape", 3, 2, 1024, 1, "trace", zero_init=True, steps=2, trace_frames=True,
+         trace="mistral-1b-shape_z3_mb2_s1024_zinit_ws1_frames", need_gib=35),
+    spec("gemma-3-1b", 3, 2, 2048, 1, "trace", lora=16, overlap=True, zero_init=False, steps=2, trace_frames=True,
+         trace="gemma-3-1b_z3_mb2_s2048_lora16_overlap_ws1_frames", need_gib=31),
+    spec("qwen2.5-1.5b", 3, 2, 1024, 1, "trace", lora=16, zero_init=False, steps=2, trace_frames=True,
+         trace="qwen2.5-1.5b_z3_mb2_s1024_lora16_ws1_frames", need_gib=18),
+]
+
+
 def main() -> None:
     import sys
     sys.path.insert(0, str(HERE.parents[1] / "src"))
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38")), "call3")
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39")), "call3")
     rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19,
             "call21": CALL21, "call23": CALL23,
             "call24": CALL24, "call25": CALL25, "call26": CALL26,
             "call28": CALL28, "call32": CALL32, "call33": CALL33, "call34": CALL34_TRACE,
-            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38}[which]
-    out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35") else f"{which}_x2.jsonl")
+            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE}[which]
+    out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35", "call39") else f"{which}_x2.jsonl")
     with out.open("w") as f:
         for s in rows + ([CALL26_TRACE] if which == "call26" else []):
             if s["split"] == "trace":
