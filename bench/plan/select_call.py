@@ -40,6 +40,13 @@ Call 37 (one GPU) adds evidence on candidate v12 (branch ``adopt-v12``) where on
 nothing: call 28 still decides v12. Its pool is call 28's at world size 1 (leaving out every row measured so far),
 shuffled with seed 37: eight rows where the two predictions differ by 2% or more and four where they differ by less,
 at most two per model.
+
+Call 40 (one GPU) tests candidate v15 (branch ``v15``, ``zero3_gpu_v15_candidate.patch``): every configuration of
+ZeRO-3 at world size 1 with the parameters and the optimizer on the GPU (the small models full or LoRA r16, and
+Qwen2.5-7B, Llama-3.1-8B and Mistral-7B with LoRA r16), built whole or in zero.Init, with and without checkpointing
+and overlap_comm, micro batch 1-4 and 1024-4096 tokens up to 8192 a step, never measured, whose two predictions stay
+under 80 GiB; shuffled with seed 40; per build six rows where the predictions differ by 2% or more and two where they
+differ by less, one per model in each. Usage: ``python bench/plan/select_call.py 40 /tmp/v15wt``.
 """
 from __future__ import annotations
 
@@ -79,7 +86,7 @@ def _predict(root: str, specs: list) -> list:
 
 
 FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14",
-         37: "pred_gib_v12", 38: "pred_gib"}
+         37: "pred_gib_v12", 38: "pred_gib", 40: "pred_gib_v15"}
 
 
 def measured_specs(call: int):
@@ -254,6 +261,43 @@ def draw_world_size_1(call: int, candidate: str) -> list:
     return chosen
 
 
+def draw_zero3_gpu(call: int, candidate: str) -> list:
+    """Call 40's draw (see the module docstring)."""
+    sys.path[:0] = [str(HERE)]
+    from make_specs_x2 import spec
+
+    done = {(s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
+             s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")), bool(s.get("zero_init")),
+             bool(s.get("overlap"))) for s in measured_specs(call)}
+    rows = []
+    for name, zero_init, lora, gc, overlap, mb, seq in itertools.product(
+            NAMES + ["qwen2.5-7b", "llama-3.1-8b", "mistral-7b"], (False, True), (0, 16), (False, True),
+            (False, True), (1, 2, 4), (1024, 2048, 4096)):
+        if mb * seq > 8192 or (name.endswith(("7b", "8b")) and not lora):
+            continue
+        if (name, 3, mb, seq, 1, gc, lora, False, False, zero_init, overlap) in done:
+            continue
+        kw = {k: v for k, v in (("gc", gc), ("lora", lora), ("overlap", overlap)) if v}
+        rows.append(spec(name, 3, mb, seq, 1, "holdout", zero_init=zero_init, **kw))
+    plan = _predict(str(HERE.parents[1]), rows)
+    cand = _predict(candidate, rows)
+    table = [(s, a, b) for s, a, b in zip(rows, plan, cand) if max(a, b) < 80]
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    for differ, per_build in ((True, 6), (False, 2)):
+        for build in (False, True):
+            here: set = set()
+            for s, a, b in table:
+                if (s["zero_init"] == build and (abs(b - a) / a >= 0.02) == differ and s["name"] not in here
+                        and len(here) < per_build and s not in chosen):
+                    here.add(s["name"])
+                    chosen.append(s)
+                    print(f"{'zero.Init' if build else 'raw build':10s} {s['name']:17s} mb{s['mb']} s{s['seq']} "
+                          f"gc={bool(s.get('gc'))} lora={s.get('lora', 0)} overlap={bool(s.get('overlap'))}  "
+                          f"plan {a:6.2f}  candidate {b:6.2f}")
+    return chosen
+
+
 def main(argv: list) -> int:
     if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) not in FIELD:
         print(__doc__)
@@ -266,6 +310,8 @@ def main(argv: list) -> int:
             draw_build_cache(call, candidate)
         elif call == 37:
             draw_world_size_1(call, candidate)
+        elif call == 40:
+            draw_zero3_gpu(call, candidate)
         else:
             (draw_zero3 if call == 32 else draw)(call, candidate)
         return 0
@@ -274,7 +320,7 @@ def main(argv: list) -> int:
     for s, p in zip(specs, _predict(candidate, specs)):
         if s.get("split") == "holdout":
             s[field] = round(p, 1)
-            if call in (32, 36, 37):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
+            if call in (32, 36, 37, 40):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
                 s["need_gib"] = round(1.1 * max(p, s["pred_gib"]) + 3)
     path.write_text("".join(json.dumps(s) + "\n" for s in specs))
     print(f"{path}: {field} for {sum(field in s for s in specs)} rows")
