@@ -53,14 +53,21 @@ def launch(spec, gpus, n):
 def collect(job):
     job["log"].seek(0)
     text = job["log"].read()
-    lines = [x[7:] for x in text.splitlines() if x.startswith("RESULT ")]
+    lines = []
+    for x in text.splitlines():  # two ranks' RESULT lines can land on one line of the shared log
+        rest = x[x.index("RESULT "):] if "RESULT " in x else ""
+        while rest.strip():
+            rest = rest.strip()
+            rest = rest[7:] if rest.startswith("RESULT ") else rest
+            res, end = json.JSONDecoder().raw_decode(rest)
+            lines.append(res)
+            rest = rest[end:]
     spec = job["spec"]
-    for line in lines:
-        res = json.loads(line)
+    for res in lines:
         res.update(concurrent=True, gpus=job["gpus"])
         with open(os.path.join(OUT, "probe.jsonl"), "a") as f:
             f.write(json.dumps(res) + "\n")
-    status = json.loads(lines[-1]).get("status") if lines else "FAILED"
+    status = lines[-1].get("status") if lines else "FAILED"
     if not lines:
         with open(os.path.join(OUT, "fail.log"), "a") as f:
             f.write(f"FAILED rc={job['proc'].returncode} {json.dumps(spec)}\n{text[-2500:]}\n")
