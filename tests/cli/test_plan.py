@@ -96,10 +96,11 @@ def test_several_nodes_are_not_judged_without_a_measured_outside_torch_figure(ca
 
 
 def test_plans_of_a_kind_the_model_under_predicts_say_so(capsys):
-    base = ["--model", "qwen2.5-1.5b", "--gpus", "1x80GiB", "--stage", "2", "--micro-batch", "4", "--seq-len", "1024"]
-    bare = _json(capsys, *base, "--no-gradient-checkpointing")
-    assert any("up to 12% above the plan" in n for n in bare["notes"])
-    checkpointed = _json(capsys, *base, "--gradient-checkpointing")
-    assert not any("above the plan" in n for n in checkpointed["notes"])
-    offloaded = _json(capsys, *base, "--gradient-checkpointing", "--offload-optimizer", "cpu")
-    assert not any("above the plan" in n for n in offloaded["notes"])  # within 1% on every offload row since call 16
+    # ZeRO-1/2 where one fp32 copy of the logits is a tenth of the peak or more: whether the step needs one more such
+    # block turns on where a 32 MiB cuBLAS workspace settles (KNOWN_UNDER, -17.4% measured)
+    large = _json(capsys, "--model", "qwen2.5-0.5b", "--gpus", "1x80GiB", "--stage", "2", "--micro-batch", "8",
+                  "--seq-len", "1024", "--gradient-checkpointing")
+    assert any("up to 17% above the plan" in n for n in large["notes"])
+    small = _json(capsys, "--model", "qwen2.5-7b", "--gpus", "1x139.8GiB", "--stage", "2", "--micro-batch", "1",
+                  "--seq-len", "512", "--gradient-checkpointing", "--lora-rank", "16")
+    assert not any("above the plan" in n for n in small["notes"])

@@ -112,11 +112,11 @@ def test_zero12_allocator_replay_against_the_committed_allocator_traces():
     caching allocator's own history of the traced H200 runs (bench/plan/data/traces*, made by ``run_specs.sh
     specs/callN_trace.jsonl``): the segments after ``deepspeed.initialize`` and at the end of training. At world size
     1 the replay ends within 1% of the trace on most rows and never under it by more than 2% (two no-checkpointing
-    rows end 6% over), except Gemma-2-2B without checkpointing at 4096 tokens (call 17), where a cuBLAS workspace
-    settles in the cached fp32 gradient block and the step takes one more, and two LoRA rows without checkpointing
-    (call 20), and Gemma-2-2B LoRA without it at 8192 tokens (call 27, 11% over), where the replay puts that workspace
-    in a cached fp32 logits block and the real allocator did not; of the world-size-2 traces, the ZeRO-2 offload one
-    ends 11% over and the others (calls 22, 26, 27) within 4%."""
+    rows end 6% over), except Gemma-2-2B without checkpointing at 4096 tokens (call 17, 2.1% under) and Gemma-2-2B LoRA
+    without checkpointing at 8192 tokens (call 27, 12% over); at world size 2 within 1%, except two rows where the
+    backward's cuBLAS workspace settles in a hole the real allocator did not have, so an AdamW state (Gemma-3-1B, call
+    27) or the workspace itself (Qwen2.5-0.5B LoRA, call 22) does not split an fp32 logits block that the next step
+    then needs whole (18% and 14% under)."""
     import statistics
 
     sys.path.insert(0, str(BENCH))
@@ -127,11 +127,9 @@ def test_zero12_allocator_replay_against_the_committed_allocator_traces():
     from zeropilot.memory.segments import zero12_reserved
     from zeropilot.models.params import count_params
 
-    # (low, high) where the replay is known to miss, each a cuBLAS workspace placed elsewhere than the real one: the
-    # Gemma-2 rows without checkpointing at 4096 tokens (call 17) and two LoRA rows without it (call 20)
-    known_misses = {"gemma-2-2b_z2_mb1_s4096_ws1": (-0.13, 0), "gemma-2-2b_z2_mb2_s2048_ws1": (-0.13, 0),
-                    "qwen2.5-0.5b_z2_mb8_s1024_lora8_ws1": (0, 0.2), "gemma-3-1b_z2_mb2_s2048_lora16_ws1": (0, 0.2),
-                    "gemma-2-2b_z2_mb8_s1024_lora16_ws1": (0, 0.12)}
+    # (low, high) where the replay is known to miss, each a cuBLAS workspace placed elsewhere than the real one
+    known_misses = {"gemma-2-2b_z2_mb1_s4096_ws1": (-0.03, 0), "gemma-2-2b_z2_mb8_s1024_lora16_ws1": (0, 0.13),
+                    "gemma-3-1b_z2_mb8_s1024_gc_ws2": (-0.19, 0), "qwen2.5-0.5b_z2_mb4_s1024_lora8_ws2": (-0.15, 0)}
     errors = []
     for r, init, final in _traced_runs():
         spec = r["spec"]
@@ -141,14 +139,12 @@ def test_zero12_allocator_replay_against_the_committed_allocator_traces():
         counts = count_params(inputs.arch)
         args = zero12_replay(inputs, counts, trainable_params(inputs, counts), DEFAULT)
         err = zero12_reserved(**args) / final - 1
+        init_replay = zero12_reserved(**dict(args, steps=0))
+        assert abs(init_replay - init) <= 0.04 * init, (spec["trace"], init_replay, init)
+        low, high = known_misses.get(spec["trace"], (-0.02, 0.07) if inputs.world_size == 1 else (-0.01, 0.011))
+        assert low <= err <= high, (spec["trace"], err)
         if inputs.world_size == 1:
-            init_replay = zero12_reserved(**dict(args, steps=0))
-            assert abs(init_replay - init) <= 0.04 * init, (spec["trace"], init_replay, init)
-            low, high = known_misses.get(spec["trace"], (-0.02, 0.07))
-            assert low <= err <= high, (spec["trace"], err)
             errors.append(abs(err))
-        else:  # the ZeRO-2 offload trace (call 13) ends 11% over, call 22's three within 4%
-            assert -0.04 <= err <= 0.12, (spec["trace"], err)
     assert len(errors) >= 20
     assert statistics.median(errors) <= 0.005
 

@@ -346,25 +346,27 @@ def _build_cache(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Con
 # One decoder layer's forward as the caching allocator saw it on H200s: every tensor of 1 MiB or more, in order, as
 # UNIT>i (released before the layer's i-th tensor; past the end: the residual stream, released with the layer),
 # UNITK (saved for the backward) or UNITW (saved only for a norm weight's gradient: with LoRA the norms are frozen
-# and it is released at once, as autograd keeps nothing for a frozen multiplicand's gradient). Units are per token:
+# and it is released at once, as autograd keeps nothing for a frozen multiplicand's gradient); a leading * marks a
+# linear layer's output (with LoRA PEFT adds lora_B's output, its scaled copy and their sum, which takes the output's
+# place: call 20's traces). Units are per token:
 # h2 = 2 x hidden bytes, q4 = 4 x heads x head_dim, kv1 = kv_heads x head_dim, i2 = 2 x intermediate, qkv2 / gu2 =
 # Phi-3's fused projections. Read off the allocator traces (bench/plan/analyze_trace.py; bench/plan/data):
 # Qwen2.5-0.5B (traces10, the llama-style layer), Qwen3-1.7B (q/k norms), Gemma-2-2B and Gemma-3-1B (four norms
 # per layer; Gemma 3 with q/k norms) and Phi-3-mini (fused) (traces15).
 LAYER_TEMPLATES = {
-    "llama": "h4K h4>2 h4>5 h2W h2K q2>18 kv2>18 kv2>20 q2>13 q1>11 q2>12 q2>13 q2K kv2>18 kv1>16 kv2>17 kv2>18 "
-             "kv2>20 kv2K kv2K q2K h2>23 h2>34 h4K h4>25 h4>28 h2W h2K i2K i2K i2K i2K h2>34 h2>34",
-    "qwen3": "i2K i2K i2K i2K h2>6 h2>50 h4K h4>8 h4>11 h2W h2K q2>17 q4K q4>14 q4>17 q2K q2>34 kv2>23 kv4K kv4>20 "
-             "kv4>23 kv2K kv2>34 kv2>36 q2>29 q1>27 q2>28 q2>29 q2K kv2>34 kv1>32 kv2>33 kv2>34 kv2>36 kv2K kv2K q2K "
-             "h2>39 h2>50 h4K h4>41 h4>44 h2W h2K",
-    "gemma2": "i2K i2K i2K i2K h2>10 h4K h4>7 h4W h4>10 h2>11 h2>55 h4K h4>13 h4W h4>16 h2K q2>29 kv2>29 kv2>31 q2>24 "
-              "q1>22 q2>23 q2>24 q2K kv2>29 kv1>27 kv2>28 kv2>29 kv2>31 kv2K kv2K q2K h2>38 h4K h4>35 h4W h4>38 h2>39 "
-              "h2>55 h4K h4>41 h4W h4>44 h2K",
-    "gemma3": "i2K i2K i2K i2K h2>10 h4K h4>7 h4W h4>10 h2>11 h2>65 h4K h4>13 h4W h4>16 h2K q2>24 kv2>29 kv2>40 q4K "
-              "q4>21 q4W q4>24 q2>38 kv4K kv4>26 kv4W kv4>29 kv2>38 q2>34 q1>32 q2>33 q2>34 q2K kv2>38 kv2>37 kv2>38 "
-              "kv2>40 kv2K kv2K q4K q2K h2>48 h4K h4>45 h4W h4>48 h2>49 h2>65 h4K h4>51 h4W h4>54 h2K",
-    "fused": "i2K i2K h2>4 h2>38 h4K h4>6 h4>9 h2W h2K qkv2>27 q2>15 q1>13 q2>14 q2>15 q2>16 q2K kv2>21 kv1>19 kv2>20 "
-             "kv2>21 kv2>22 kv2>24 kv2K kv2K q2K h2>28 h2>38 h4K h4>30 h4>33 h2W h2K gu2K",
+    "llama": "h4K h4>2 h4>5 h2W h2K *q2>18 *kv2>18 *kv2>20 q2>13 q1>11 q2>12 q2>13 q2K kv2>18 kv1>16 kv2>17 kv2>18 "
+             "kv2>20 kv2K kv2K q2K *h2>23 h2>34 h4K h4>25 h4>28 h2W h2K *i2K i2K *i2K i2K *h2>34 h2>34",
+    "qwen3": "h4K h4>2 h4>5 h2W h2K *q2>11 q4K q4>8 q4>11 q2K q2>28 *kv2>17 kv4K kv4>14 kv4>17 kv2K kv2>28 *kv2>30 "
+             "q2>23 q1>21 q2>22 q2>23 q2K kv2>28 kv1>26 kv2>27 kv2>28 kv2>30 kv2K kv2K q2K *h2>33 h2>44 h4K h4>35 "
+             "h4>38 h2W h2K *i2K i2K *i2K i2K *h2>44 h2>44",
+    "gemma2": "h4K h4>2 h4W h4>5 h2K *q2>18 *kv2>18 *kv2>20 q2>13 q1>11 q2>12 q2>13 q2K kv2>18 kv1>16 kv2>17 kv2>18 "
+              "kv2>20 kv2K kv2K q2K *h2>27 h4K h4>24 h4W h4>27 h2>28 h2>44 h4K h4>30 h4W h4>33 h2K *i2K i2K *i2K i2K "
+              "*h2>43 h4K h4>40 h4W h4>43 h2>44 h2>44",
+    "gemma3": "h4K h4>2 h4W h4>5 h2K *q2>13 *kv2>18 *kv2>29 q4K q4>10 q4W q4>13 q2>27 kv4K kv4>15 kv4W kv4>18 kv2>27 "
+              "q2>23 q1>21 q2>22 q2>23 q2K kv2>27 kv2>26 kv2>27 kv2>29 kv2K kv2K q4K q2K *h2>37 h4K h4>34 h4W h4>37 "
+              "h2>38 h2>54 h4K h4>40 h4W h4>43 h2K *i2K i2K *i2K i2K *h2>53 h4K h4>50 h4W h4>53 h2>54 h2>54",
+    "fused": "h4K h4>2 h4>5 h2W h2K *qkv2>23 q2>11 q1>9 q2>10 q2>11 q2>12 q2K kv2>17 kv1>15 kv2>16 kv2>17 kv2>18 "
+             "kv2>20 kv2K kv2K q2K *h2>24 h2>33 h4K h4>26 h4>29 h2W h2K *gu2K i2K i2K *h2>33 h2>33",
 }
 
 
@@ -379,19 +381,40 @@ def _template(arch) -> str:
 def layer_tensors(inputs: PlanInputs) -> Tuple[Tuple[float, Optional[int]], ...]:
     """One decoder layer's forward for the allocator replay: (bytes, the index of the tensor before which it is
     released, or None when the backward keeps it), from :data:`LAYER_TEMPLATES`; eager attention adds its fp32
-    softmax and bf16 copy (kept)."""
+    softmax and bf16 copy (kept).
+
+    With LoRA each linear layer's output ``O`` is followed by PEFT's ``result + lora_B(lora_A(x)) * scaling``
+    (``peft/tuners/lora/layer.py`` ``Linear.forward``): lora_A's output (rank wide, kept for lora_B's gradient),
+    lora_B's output, its scaled copy (lora_B's output released), and the sum, which lives as ``O`` did; ``O`` and the
+    scaled copy are released once the sum exists. These transients leave holes of the output's size that small
+    long-lived tensors later fill (call 20's traces).
+    """
     a = inputs.arch
     t = inputs.micro_batch * inputs.seq_len
     q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
     inter = a.intermediate if a.moe is None else a.moe.active * a.moe.expert_intermediate + a.moe.shared_intermediate
     per_token = {"h": a.hidden, "q": q, "kv": kv, "i": inter, "qkv": q + 2 * kv, "gu": 2 * inter}
-    out = []
-    for i, op in enumerate(LAYER_TEMPLATES[_template(a)].split()):
-        unit, until = op.rstrip("KW").partition(">")[0], op.partition(">")[2]
+    ops = LAYER_TEMPLATES[_template(a)].split()
+    parsed = []
+    for i, op in enumerate(ops):
+        unit, until = op.strip("*KW").partition(">")[0], op.partition(">")[2]
         name, width = unit.rstrip("0123456789"), int(unit[len(unit.rstrip("0123456789")):])
         if op.endswith("W"):
             until = str(i + 1) if inputs.lora_rank else ""
-        out.append((float(width * t * per_token[name]), int(until) if until else None))
+        parsed.append((float(width * t * per_token[name]), int(until) if until else None, op.startswith("*")))
+    start, n = [], 0  # where each template tensor's first tensor lands in the expanded layer
+    for _, _, linear in parsed:
+        start.append(n)
+        n += 5 if linear and inputs.lora_rank else 1
+    start.append(n)
+    out: List[Tuple[float, Optional[int]]] = []
+    for i, (size, until, linear) in enumerate(parsed):
+        end = None if until is None else start[min(until, len(parsed))]
+        if linear and inputs.lora_rank:
+            k = len(out)  # O, lora_A's output, lora_B's, the scaled copy, the sum
+            out += [(size, k + 5), (2.0 * t * inputs.lora_rank, None), (size, k + 4), (size, k + 5), (size, end)]
+        else:
+            out.append((size, end))
     if inputs.attn == "eager":
         out += [(4.0 * t * a.heads * inputs.seq_len, None), (2.0 * t * a.heads * inputs.seq_len, None)]
     return tuple(out)
@@ -410,6 +433,43 @@ def kept_input(inputs: PlanInputs) -> float:
     return 2.0 * inputs.arch.hidden * inputs.micro_batch * inputs.seq_len
 
 
+def _first_reduction(inputs: PlanInputs, trainable: int) -> Tuple[int, float]:
+    """ZeRO-1/2's first reduction of a bucket that holds a gradient of rank 0's partition: (decoder layers whose
+    backward comes before it, bytes that reduction flattens across ranks).
+
+    Gradients reach the bucket in backward order (the output layer, the decoder layers from the last, the embedding);
+    a bucket is reduced when the next gradient would overflow it (``reduce_bucket_size`` elements) and at backward's
+    end (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads``). Rank 0 owns the first 1/N of the
+    flattened parameters (the embedding, the first layers), so at world size 2 its first such reduction comes late in
+    backward; when every gradient fits in one bucket it is backward's epilogue (calls 26 and 27's traces).
+    """
+    a, n = inputs.arch, inputs.world_size
+    flat = (lambda held: 2.0 * held if n > 1 else 0.0)  # noqa: E731
+    if inputs.lora_rank:  # a few adapters, all in one bucket
+        return a.layers, flat(trainable)
+    layers = [layer_tensor_sizes(a, i) for i in range(a.layers)]
+    embedding, start = a.vocab * a.hidden, [0.0] * a.layers  # flat order: embedding, layers 0.., output layer
+    offset = float(embedding)
+    for i, sizes in enumerate(layers):
+        start[i], offset = offset, offset + sum(sizes)
+    arrival = [] if a.tied else [(embedding, 0, offset)]  # (elements, layers done before it, its flat offset)
+    for i in reversed(range(a.layers)):
+        ends = start[i] + sum(layers[i])
+        for size in reversed(layers[i]):
+            ends -= size
+            arrival.append((size, a.layers - 1 - i, ends))
+    arrival.append((embedding, a.layers, 0.0))
+    part, bucket, held, mine = trainable / n, float(inputs.reduce_bucket_size), 0.0, False
+    for size, done, at in arrival:
+        if held and held + size > bucket:
+            if mine:
+                return done, flat(held)
+            held, mine = 0.0, False
+        held += size
+        mine = mine or at < part
+    return a.layers, flat(held)
+
+
 def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[dict]:
     """ZeRO-1/2: the arguments of :func:`~zeropilot.memory.segments.zero12_reserved` for this launch: its large
     tensors, from the same activation and logits sizes as the estimate. None for ZeRO-3, and with
@@ -425,12 +485,14 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
     h2 = kept_input(inputs)
     edges = (h2, final_norm(inputs))  # the embedding's output; the final norm
     part = trainable / inputs.world_size
-    owned, start = [], 0.0  # rank 0's partition: the first 1/N of the flattened trainable tensors
+    owned, whole, start = [], 0.0, 0.0  # rank 0's partition: the first 1/N of the flattened trainable tensors
     for n in ([] if inputs.lora_rank else elements):
         if start >= part:
             break
         owned.append(min(n, part - start))
+        whole += n  # the gradient partition holds every tensor that reaches into it, whole
         start += n
+    first = _first_reduction(inputs, trainable)
     return dict(build=build, frozen=frozen, trainable=trainable, world_size=inputs.world_size,
                 gpu_optimizer=inputs.offload_optimizer == "none", layer=layer, layers=a.layers,
                 checkpointed=inputs.gradient_checkpointing, edges=edges,
@@ -438,7 +500,7 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
                 output_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden,
                 buckets=[2.0 * inputs.reduce_bucket_size] * (2 if inputs.overlap else 1),
                 embedding_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden, tied=a.tied,
-                softcap=a.logit_softcap, norm_pieces=owned)
+                softcap=a.logit_softcap, norm_pieces=owned, grad_partition=2.0 * whole, first_reduction=first)
 
 
 def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[int]:

@@ -215,6 +215,7 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
                     edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]], logits_bf16: float,
                     logits_fp32: float, output_grad: float, buckets: Sequence[float], embedding_grad: float = 0.0,
                     tied: bool = False, softcap: bool = False, norm_pieces: Sequence[float] = (),
+                    grad_partition: float = 0.0, first_reduction: Tuple[int, float] = (0, 0.0),
                     steps: int = 2) -> int:
     """Bytes the caching allocator reserves for ZeRO-1/2's large tensors over ``steps`` training steps.
 
@@ -245,13 +246,17 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         pool.alloc(size)
     built = [pool.alloc(size) for size in build]
     pool.empty_cache()  # stage_1_and_2.py calls empty_cache() before it flattens each group
-    flat = pool.alloc(2 * trainable)  # _flatten_dense_tensors of the group
+    pool.alloc(2 * trainable)  # the aligned 16-bit flat buffer the parameters become views of
     for b in built:
         pool.free(b)
-    pool.alloc(2 * trainable)  # the aligned 16-bit flat buffer the parameters become views of
-    pool.free(flat)
+    # the fp32 master is this rank's 16-bit partition cloned and then cast (stage_1_and_2.py: ``...[partition_id].detach()
+    # .clone().to(device=..., dtype=...)``): a 16-bit copy of the partition while the fp32 one is made (and, with
+    # offload_optimizer, copied to the CPU); call 22's world-size-2 trace shows it as its own 1/N block
+    clone = pool.alloc(2 * part)
     if gpu_optimizer:
         pool.alloc(4 * part)  # fp32 master partition
+    pool.free(clone)
+    if gpu_optimizer:
         pool.free(pool.alloc(4 * part))  # initialize_optimizer_states' zeroed fp32 gradient
     states = 0
     for step in range(steps):
@@ -266,10 +271,21 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
             pool.alloc(_CUBLAS_WORKSPACE)
         pool.free(gb)
         held = [pool.alloc(size) for size in buckets]  # setup_buckets, at the first gradient hook
-        # the flat 16-bit gradient partition, at the first gradient: ZeRO-1 too reduces through the buckets into one
-        # (0.19.8), and at world size 1 the two stages reserve alike (11 measured groups, tests/memory/
-        # test_accuracy_bench.py)
-        grads = [pool.alloc(2 * part)] if gpu_optimizer else []
+        # the flat 16-bit gradient partition (copy_grads_in_partition: every parameter that reaches into this rank's
+        # partition, whole), taken at the first reduction of a bucket that holds one of this rank's gradients: ZeRO-1
+        # too reduces through the buckets into one (0.19.8), and at world size 1 the two stages reserve alike (11
+        # measured groups, tests/memory/test_accuracy_bench.py). Across ranks that reduction first flattens the
+        # bucket (allreduce_bucket): ``first_reduction`` says after how many layers' backward, and the bytes it flattens.
+        after, flattened = first_reduction
+        grads: List[Optional[_Block]] = []
+
+        def reduce() -> None:
+            if gpu_optimizer:
+                pool.free(pool.alloc(flattened))
+                grads.append(pool.alloc(grad_partition or 2 * part))
+
+        if after < layers:  # during the layers' backward: taken at its start, where the traces place it best
+            reduce()
         _backward_pass(pool, acts, layer, checkpointed, edges)
         kept = None
         if embedding_grad:  # the embedding's gradient comes last; tied, it is summed with the output layer's
@@ -279,6 +295,8 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
             for b in parts:
                 pool.free(b)
         pool.free(og)
+        if after >= layers:  # the reduction the embedding's gradient starts, or backward's epilogue
+            reduce()
         if not gpu_optimizer:  # each gradient's fp64 norm and its fp32 copy to the CPU partition, in arrival order
             for n in reversed(norm_pieces):
                 pool.free(pool.alloc(8 * n))
