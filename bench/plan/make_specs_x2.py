@@ -614,19 +614,27 @@ CALL40 = [
 ]
 
 
+# Call 41 (one GPU): the allocator history, with frames, of call 40's one miss of candidate v15 (Qwen2.5-3B, full
+# fine-tuning in zero.Init, checkpointed, 8192 tokens a step: allocated within 0.1%, reserved 10.7% under).
+CALL41_TRACE = [
+    spec("qwen2.5-3b", 3, 2, 4096, 1, "trace", zero_init=True, gc=True, steps=2, trace_frames=True,
+         trace="qwen2.5-3b_z3_mb2_s4096_gc_zinit_ws1_frames", need_gib=85),
+]
+
+
 def main() -> None:
     import sys
     sys.path.insert(0, str(HERE.parents[1] / "src"))
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39", "--call40")), "call3")
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39", "--call40", "--call41")), "call3")
     rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19,
             "call21": CALL21, "call23": CALL23,
             "call24": CALL24, "call25": CALL25, "call26": CALL26,
             "call28": CALL28, "call32": CALL32, "call33": CALL33, "call34": CALL34_TRACE,
-            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE, "call40": CALL40}[which]
-    out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35", "call39") else f"{which}_x2.jsonl")
+            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE}[which]
+    out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35", "call39", "call41") else f"{which}_x2.jsonl")
     with out.open("w") as f:
         for s in rows + ([CALL26_TRACE] if which == "call26" else []):
             if s["split"] == "trace":
