@@ -167,7 +167,7 @@ PREREGISTERED = {("h200x2_call8", "pred_gib"): "call 8 (after the ZeRO-1/2 segme
                  ("h200x2_call25", "pred_gib"): "call 25, the plan it replaced (commit d748b79)",
                  ("h200x2_call26", "pred_gib_v11"): "call 26, a candidate not adopted (layers_init_v11_candidate.patch)",
                  ("h200x2_call26", "pred_gib"): "call 26, the plan kept (commit c499297)",
-                 ("h200x2_call28", "pred_gib_v12"): "call 28, a candidate (reduction_v12_candidate.patch)",
+                 ("h200x2_call28", "pred_gib_v12"): "call 28, a candidate, adopted (reduction_v12_candidate.patch)",
                  ("h200x2_call28", "pred_gib"): "call 28, the plan (commit c499297's memory code)",
                  ("h200x2_call32", "pred_gib_v13"): "call 32, a candidate, adopted (zero3_v13_candidate.patch)",
                  ("h200x2_call32", "pred_gib"): "call 32, the plan it replaced (commit 3d80e3c)",
@@ -175,7 +175,11 @@ PREREGISTERED = {("h200x2_call8", "pred_gib"): "call 8 (after the ZeRO-1/2 segme
                  ("h200x2_call36", "pred_gib_v14"): "call 36, a candidate, adopted (build_cache_v14_candidate.patch)",
                  ("h200x2_call36", "pred_gib"): "call 36, the plan it replaced (commit 3f727c0)",
                  ("h200x2_call37", "pred_gib_v12"): "call 37, candidate v12 at world size 1 (evidence only)",
-                 ("h200x2_call37", "pred_gib"): "call 37, the plan (commit 3b20d63)"}
+                 ("h200x2_call37", "pred_gib"): "call 37, the plan (commit 3b20d63)",
+                 ("h200x2_call38", "pred_gib"): "call 38, the plan on ZeRO-3 at world size 1 (commit 953081a)",
+                 ("h200x2_call40", "pred_gib_v15"): "call 40, a candidate, adopted (zero3_gpu_v15_candidate.patch)",
+                 ("h200x2_call40", "pred_gib"): "call 40, the plan it replaced (commit 6040197)",
+                 ("h200x2_call40", "pred_gib_v15_v12"): "call 40, the candidate with v12 (evidence only)"}
 
 
 def _preregistered(rows, recs) -> list:

@@ -149,30 +149,36 @@ def test_zero12_allocator_replay_against_the_committed_allocator_traces():
     assert statistics.median(errors) <= 0.005
 
 
-def test_zero3_offload_param_allocator_replay_against_the_allocator_traces():
-    """The ZeRO-3 replay for offload_param with the optimizer on the GPU (memory/segments.py
-    ``zero3_offload_param_reserved``, fed by memory/gpu.py ``zero3_replay``) against the caching allocator's history of
-    the three traced runs of that kind (call 7: Qwen2.5-3B, two sub-groups; call 21: Qwen2.5-1.5B and Llama-3.2-3B,
-    world size 2, built whole): the segments after ``deepspeed.initialize`` within 6% under (the small pool's 2 MiB
-    segments and the build's one extra embedding-sized block are not replayed) and at the end of training within 2%
-    under. Before it the plan's fitted gap was 11.2% under on the Qwen2.5-3B row."""
+def test_zero3_allocator_replay_against_the_allocator_traces():
+    """The ZeRO-3 replay with the optimizer on the GPU (memory/segments.py ``zero3_reserved``, fed by memory/gpu.py
+    ``zero3_replay``) against the caching allocator's history of every traced run of its kinds: offload_param at
+    world size 2 (call 7: Qwen2.5-3B, two sub-groups; call 21: Qwen2.5-1.5B and Llama-3.2-3B, built whole), and the
+    parameters on the GPU at world size 1 (call 11's LoRA save run; call 39: full fine-tuning in zero.Init and built
+    whole, overlap_comm, Gemma 2's soft-capped logits, LoRA; call 41). The segments after ``deepspeed.initialize``
+    within 6% under (the small pool's 2 MiB segments and the build's one extra embedding-sized block are not replayed)
+    or 1% over, and at the end of training within 2% under or 1% over, except call 41's Qwen2.5-3B run (8192 tokens a
+    step): the first step's AdamW states settled in the logits' released fp32 blocks, so the next step's logits took
+    new segments, 11% more than the replay (``memory.plan.KNOWN_UNDER["zero3_states_in_logits"]``). Before the replay
+    the plan's fitted gap was 11.2% under on the Qwen2.5-3B offload_param row and 13.7% under on Gemma-3-1B (call 38)."""
 
     sys.path.insert(0, str(BENCH))
     from rows import spec_inputs
 
     from zeropilot.memory.gpu import zero3_replay
-    from zeropilot.memory.segments import zero3_offload_param_reserved
+    from zeropilot.memory.segments import zero3_reserved
 
+    known_misses = {"qwen2.5-3b_z3_mb2_s4096_gc_zinit_ws1_frames": (-0.12, 0.0)}
     seen = []
     for r, init, final in _traced_runs():
         args = zero3_replay(spec_inputs(r["spec"], r["total_gpu_gb"]))
         if args is None:
             continue
-        init_err = zero3_offload_param_reserved(**dict(args, steps=0)) / init - 1
-        err = zero3_offload_param_reserved(**args) / final - 1
-        assert -0.06 <= init_err <= 0.0 and -0.02 <= err <= 0.0, (r["spec"]["trace"], init_err, err)
+        init_err = zero3_reserved(**dict(args, steps=0)) / init - 1
+        err = zero3_reserved(**args) / final - 1
+        low, high = known_misses.get(r["spec"]["trace"], (-0.02, 0.01))
+        assert -0.06 <= init_err <= 0.01 and low <= err <= high, (r["spec"]["trace"], init_err, err)
         seen.append(r["spec"]["trace"])
-    assert len(seen) == 3
+    assert len(seen) == 10
 
 
 def test_zero1_and_zero2_and_the_split_of_tokens_reserve_alike_at_world_size_1():

@@ -16,7 +16,7 @@ from typing import List, Optional, Tuple
 
 from zeropilot.memory.constants import DEFAULT, GIB, Constants
 from zeropilot.memory.inputs import PlanInputs
-from zeropilot.memory.segments import zero3_offload_param_reserved, zero12_reserved
+from zeropilot.memory.segments import zero3_reserved, zero12_reserved
 from zeropilot.models.params import ParamCounts, count_params, layer_tensor_sizes, lora_trainable, tensor_sizes
 
 
@@ -183,14 +183,20 @@ def lora_fp32_inputs(inputs: PlanInputs) -> float:
     included, except for a model built inside zero.Init (``_cast_module_mixed_precision`` skips it), so
     only ZeRO-3 + zero.Init + LoRA pays this (counted with saved-tensor hooks, ``bench/plan/lora_saved.py``).
     """
+    return float(sum(_lora_fp32_copies(inputs)))
+
+
+def _lora_fp32_copies(inputs: PlanInputs) -> List[int]:
+    """:func:`lora_fp32_inputs` tensor by tensor, in bytes per token: each wrapped layer's fp32 input, then each
+    lora_A's fp32 output (rank wide, saved by lora_B)."""
     if not inputs.lora_rank or inputs.stage != 3 or not inputs.zero_init:
-        return 0.0
+        return []
     a = inputs.arch
     q = a.heads * a.head_dim
     inter = a.intermediate if a.moe is None else a.moe.shared_intermediate
-    inputs_h = 2 if a.fused else 5  # q, k, v, gate, up (fused: qkv, gate_up) read the hidden state
-    modules = 4 if a.fused else 7  # and each lora_A's fp32 output (rank wide) is saved by lora_B
-    return 4.0 * (inputs_h * a.hidden + q + inter + modules * inputs.lora_rank)
+    reads_h = 2 if a.fused else 5  # q, k, v, gate, up (fused: qkv, gate_up) read the hidden state
+    modules = 4 if a.fused else 7
+    return [4 * a.hidden] * reads_h + [4 * q, 4 * inter] + [4 * inputs.lora_rank] * modules
 
 
 def activation_bytes(inputs: PlanInputs, c: Constants = DEFAULT) -> Tuple[int, str]:
@@ -417,6 +423,7 @@ def layer_tensors(inputs: PlanInputs) -> Tuple[Tuple[float, Optional[int]], ...]
             out.append((size, end))
     if inputs.attn == "eager":
         out += [(4.0 * t * a.heads * inputs.seq_len, None), (2.0 * t * a.heads * inputs.seq_len, None)]
+    out += [(float(t * per), None) for per in _lora_fp32_copies(inputs)]  # kept for the adapters' backward
     return tuple(out)
 
 
@@ -516,36 +523,46 @@ def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: 
 
 
 def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
-    """ZeRO-3 with ``offload_param`` and the optimizer on the GPU, full fine-tuning: the arguments of
-    :func:`~zeropilot.memory.segments.zero3_offload_param_reserved`. None elsewhere (the fitted gap holds there)."""
-    if (inputs.stage != 3 or inputs.offload_param == "none" or inputs.offload_optimizer != "none"
-            or inputs.lora_rank is not None or inputs.expandable_segments):
+    """ZeRO-3 with the optimizer on the GPU: the arguments of :func:`~zeropilot.memory.segments.zero3_reserved`, for
+    full fine-tuning with ``offload_param``, and for full or LoRA fine-tuning with the parameters on the GPU at world
+    size 1 (nothing gathered). None elsewhere (the fitted gap holds there)."""
+    on_gpu = inputs.offload_param == "none"
+    if (inputs.stage != 3 or inputs.offload_optimizer != "none" or inputs.expandable_segments
+            or (on_gpu and inputs.world_size > 1) or (not on_gpu and inputs.lora_rank is not None)):
         return None
     a, n = inputs.arch, inputs.world_size
     per_layer = [layer_tensor_sizes(a, i) for i in range(a.layers)]
     edge = [a.vocab * a.hidden] * (1 if a.tied else 2)  # the embedding, and an untied output layer
     elements = edge[:1] + [x for layer in per_layer for x in layer] + edge[1:]  # the model's order
-    layers = [[2.0 * x for x in layer] for layer in per_layer]
+    sizes = [2.0 * x for x in elements]
+    trainable = elements if inputs.lora_rank is None else [trainable_params(inputs, count_params(a))]
     sub_groups, current = [], 0
-    for x in elements:
+    for x in trainable:
         current += -(-x // n)
         if current >= inputs.sub_group_size:  # _create_fp16_sub_groups closes a group once it reaches the size
             sub_groups.append(4.0 * current)
             current = 0
     if current:
         sub_groups.append(4.0 * current)
+    part = -(-sum(trainable) // n)
+    frozen = sizes if inputs.lora_rank is not None else []
     tokens = inputs.micro_batch * inputs.seq_len
-    return dict(build=[] if inputs.zero_init else [2.0 * x for x in elements], sub_groups=sub_groups,
-                bucket=2.0 * inputs.reduce_bucket_size, grad_partition=2.0 * -(-sum(elements) // n),
-                layer=layer_tensors(inputs), layers=a.layers, gathered=layers, embedding=2.0 * a.vocab * a.hidden,
+    return dict(build=[] if inputs.zero_init else sizes, sub_groups=sub_groups,
+                bucket=2.0 * inputs.reduce_bucket_size, grad_partition=2.0 * part,
+                layer=layer_tensors(inputs), layers=a.layers,
+                gathered=[] if on_gpu else [[2.0 * x for x in layer] for layer in per_layer],
+                embedding=0.0 if on_gpu else 2.0 * a.vocab * a.hidden,
                 checkpointed=inputs.gradient_checkpointing, edges=(kept_input(inputs), final_norm(inputs)),
                 logits_bf16=2.0 * tokens * a.vocab, logits_fp32=4.0 * tokens * a.vocab,
-                output_grad=2.0 * a.vocab * a.hidden, softcap=a.logit_softcap)
+                output_grad=0.0 if inputs.lora_rank is not None else 2.0 * a.vocab * a.hidden,
+                softcap=a.logit_softcap, norm_pieces=[float(-(-x // n)) for x in trainable], frozen=frozen,
+                flat=2.0 * part if on_gpu else 0.0,
+                side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0)
 
 
 def zero3_segments(inputs: PlanInputs) -> Optional[int]:
-    """ZeRO-3 with ``offload_param`` and the optimizer on the GPU: bytes the caching allocator reserves, replaying
-    the run's large tensors (``memory/segments.py``); None where :func:`zero3_replay` is."""
+    """ZeRO-3 with the optimizer on the GPU (:func:`zero3_replay`'s kinds): bytes the caching allocator reserves,
+    replaying the run's large tensors (``memory/segments.py``); None where :func:`zero3_replay` is."""
     args = zero3_replay(inputs)
     if args is None:
         return None
@@ -562,7 +579,7 @@ def _replay(args: tuple) -> int:
     """Remembered by arguments: ``plan --search`` asks for one replay for ZeRO-1 and ZeRO-2, and for variants that
     differ only where the replay does not look (about 20 ms each)."""
     if args[:1] == ("zero3",):
-        return zero3_offload_param_reserved(**dict(args[1:]))
+        return zero3_reserved(**dict(args[1:]))
     return zero12_reserved(**dict(args))
 
 
@@ -602,10 +619,19 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
                                 f"components above ({_gib(allocated)}): the plan takes the replay's "
                                 "(memory/segments.py)")]
             allocated = segs
-        what = ("initialize's cached blocks are split and the step's whole fp32 blocks or the logits' fp32 copies "
-                "take new segments" if inputs.stage in (1, 2) else
-                "the whole-model build's blocks stay cached (no zero.Init), and the optimizer step's fp32 blocks, one "
-                "sub-group at a time, take new segments once smaller sub-groups' states have split the cached ones")
+        if inputs.stage in (1, 2):
+            what = ("initialize's cached blocks are split and the step's whole fp32 blocks or the logits' fp32 copies "
+                    "take new segments")
+        elif inputs.offload_param == "none":
+            what = ("deepspeed.initialize empties the cache as it flattens the parameters; the logits' fp32 copies, "
+                    "the gradients' fp64 norms and the step's fp32 blocks, one sub-group at a time, take new segments "
+                    "once the cache is split")
+        else:
+            what = ("the whole-model build's blocks stay cached (no zero.Init), and the optimizer step's fp32 blocks, "
+                    "one sub-group at a time, take new segments once smaller sub-groups' states have split the cached "
+                    "ones") if not inputs.zero_init else ("the optimizer step's fp32 blocks, one sub-group at a time, "
+                                                          "take new segments once smaller sub-groups' states have "
+                                                          "split the cached ones")
         gap = Component(gap.name, segs - allocated, gap.phase,
                         f"caching-allocator segments: replaying the run's large tensors through the allocator's "
                         f"best-fit policy reserves {_gib(segs)}: {what} (memory/segments.py)")

@@ -7,7 +7,7 @@ from typing import List, Optional, Tuple
 
 from zeropilot.memory.constants import DEFAULT, GIB, Constants
 from zeropilot.memory.disk import Checkpoint, estimate_checkpoint
-from zeropilot.memory.gpu import GpuMemory, estimate_gpu
+from zeropilot.memory.gpu import GpuMemory, estimate_gpu, zero3_replay
 from zeropilot.memory.host import HostMemory, estimate_host
 from zeropilot.memory.inputs import PlanInputs
 
@@ -108,13 +108,21 @@ KNOWN_UNDER = {
     "zero3_large_logits": (-12.3, "ZeRO-3 where one fp32 copy of the logits is a tenth of the peak or more",
                            "Qwen2.5-0.5B in zero.Init with the optimizer offloaded, 8192 tokens a step without "
                            "checkpointing: the logits' fp32 copies split the cache beyond the fitted gap"),
+    "zero3_states_in_logits": (-10.7, "ZeRO-3 full fine-tuning with the optimizer on the GPU where one fp32 copy of "
+                               "the logits can hold a sub-group's fp32 block",
+                               "Qwen2.5-3B in zero.Init, checkpointed, 8192 tokens a step: the first step's AdamW "
+                               "states settled in the logits' released blocks, so the next step's logits needed new "
+                               "segments (call 41's allocator trace)"),
 }
 
 
 def known_under(inputs: PlanInputs, peak: Optional[int] = None) -> Optional[str]:
     """The :data:`KNOWN_UNDER` kind this launch belongs to, if any (``peak``: the plan's GPU peak, if known)."""
+    logits = 4 * inputs.micro_batch * inputs.seq_len * inputs.arch.vocab
+    replay = zero3_replay(inputs)
+    if replay is not None and inputs.lora_rank is None and logits >= max(replay["sub_groups"]):
+        return "zero3_states_in_logits"
     if inputs.stage in (1, 2, 3) and not inputs.expandable_segments:
-        logits = 4 * inputs.micro_batch * inputs.seq_len * inputs.arch.vocab
         if logits >= 0.1 * (peak if peak is not None else estimate_gpu(inputs).peak_bytes):
             return "zero3_large_logits" if inputs.stage == 3 else "zero12_large_logits"
     return None

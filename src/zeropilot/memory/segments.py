@@ -27,8 +27,9 @@ backward; the fp64 copies DeepSpeed takes for gradient norms. It ends within 2% 
 ZeRO-1/2 traces (``tests/memory/test_accuracy_bench.py``). Where it misses, a small long-lived tensor (the
 backward's cuBLAS workspace) settled in a different hole than the real one, and a large block was or was not
 reusable later; the overlap_comm stream's separate pool is not modelled. ``docs/plan.md`` lists the rows it misses.
-:func:`zero3_offload_param_reserved` replays DeepSpeed's stage-3 sequence for parameter offload with the optimizer on
-the GPU the same way (call 7's and call 21's traces, within 2%; pre-registered call 32).
+:func:`zero3_reserved` replays DeepSpeed's stage-3 sequence with the optimizer on the GPU the same way: parameter
+offload (call 7's and call 21's traces, within 2%; pre-registered call 32), and parameters on the GPU at world size 1
+(call 39's traces; there the ZeRO-3 reduction stream's pool is modelled).
 """
 
 from __future__ import annotations
@@ -323,27 +324,36 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
     return pool.reserved
 
 
-def zero3_offload_param_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucket: float,
-                                 grad_partition: float, layer: Sequence[Tuple[float, Optional[int]]], layers: int,
-                                 gathered: Sequence[Sequence[float]], embedding: float, checkpointed: bool,
-                                 edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]], logits_bf16: float,
-                                 logits_fp32: float, output_grad: float, softcap: bool = False,
-                                 steps: int = 2) -> int:
-    """Bytes the caching allocator reserves for ZeRO-3 with ``offload_param`` and the optimizer on the GPU.
+def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucket: float, grad_partition: float,
+                   layer: Sequence[Tuple[float, Optional[int]]], layers: int, gathered: Sequence[Sequence[float]],
+                   embedding: float, checkpointed: bool, edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]],
+                   logits_bf16: float, logits_fp32: float, output_grad: float, softcap: bool = False,
+                   norm_pieces: Sequence[float] = (), frozen: Sequence[float] = (), flat: float = 0.0,
+                   side_stream: float = 0.0, steps: int = 2) -> int:
+    """Bytes the caching allocator reserves for ZeRO-3 with the optimizer on the GPU: parameters offloaded, or on the
+    GPU at world size 1 (where nothing is gathered).
 
     The sequence is DeepSpeed 0.19.8's (``runtime/zero/stage3.py``), as call 7's and call 21's allocator traces show
-    it. Without ``zero.Init`` the whole 16-bit model is built on the GPU, one tensor each (``build``), and moved to the
-    CPU by ``deepspeed.initialize``; nothing empties the cache, so those blocks stay (in ``zero.Init``, ``build`` is
-    empty). ``_create_fp32_partitions`` makes each sub-group's fp32 master from its 16-bit partition, now on the CPU:
-    a converted fp32 copy on the GPU (released when the next one is made) and its clone (kept).
+    it. Without ``zero.Init`` the whole 16-bit model is built on the GPU, one tensor each (``build``; in ``zero.Init``
+    it is empty). With ``offload_param`` ``deepspeed.initialize`` moves them to the CPU and nothing empties the cache,
+    so those blocks stay. With the parameters on the GPU (``flat``) each tensor is partitioned into a copy (at world
+    size 1 the whole tensor; in ``zero.Init`` as soon as it is built) and the original released; the frozen ones
+    (``frozen``, LoRA's base model) stay where they were copied, and ``defragment`` moves the trainable ones to the
+    CPU, empties the cache and brings them back as one flat buffer (``_create_fp16_partitions_with_defragmentation``,
+    ``runtime/zero/utils.py``). ``_create_fp32_partitions`` makes each sub-group's fp32 master from its 16-bit
+    partition: a converted fp32 copy on the GPU (released when the next one is made) and its clone (kept).
     ``initialize_optimizer_states`` zeroes an fp32 gradient of the largest sub-group, released. The reduce bucket and
     the 16-bit gradient partition stay for the whole run. Each step gathers every layer's parameters (``gathered``; the
-    embedding's and the output layer's, ``embedding``), runs the forward and the loss (as ZeRO-1/2's replay), and
-    then the optimizer works one sub-group at a time (``_prepare_sub_group``, ``_optimizer_step``,
-    ``_release_sub_group``): the sub-group's gradients flattened in 16 bits, cast to fp32 (the flat 16-bit copy
-    released), AdamW's two states on the first step, one foreach temporary, and the fp32 gradient released. With
-    more than one sub-group the smaller ones' states land in the largest one's released blocks, so the second step
-    needs new segments for its fp32 gradient and temporary (call 7's trace of Qwen2.5-3B at world size 2).
+    embedding's and the output layer's, ``embedding``; none at world size 1 with the parameters on the GPU:
+    ``_no_gather_coalesced``), runs the forward and the loss (as ZeRO-1/2's replay), takes each gradient's norm through
+    an fp64 copy (``get_grad_norm_direct``), and then the optimizer works one sub-group at a time
+    (``_prepare_sub_group``, ``_optimizer_step``, ``_release_sub_group``): the sub-group's gradients flattened in 16
+    bits, cast to fp32 (the flat 16-bit copy released), AdamW's two states on the first step, one foreach temporary,
+    and the fp32 gradient released. With more than one sub-group the smaller ones' states
+    land in the largest one's released blocks, so the second step needs new segments for its fp32 gradient and
+    temporary (call 7's trace of Qwen2.5-3B at world size 2). With ``overlap_comm`` each bucket's reduction runs on its
+    own stream, and its flattened copy of the bucket (``reduce_scatter_coalesced``'s ``torch.cat``) comes from that
+    stream's blocks, which the rest of the run cannot reuse (``side_stream``: the largest such copy).
 
     Args:
         build: bytes of each 16-bit tensor built on the GPU before ``deepspeed.initialize`` (none in zero.Init).
@@ -351,10 +361,25 @@ def zero3_offload_param_reserved(*, build: Sequence[float], sub_groups: Sequence
         bucket: the reduce bucket's bytes; ``grad_partition``: the 16-bit gradient partition's.
         gathered: per decoder layer, bytes of each gathered 16-bit parameter; ``embedding``: the embedding's.
         output_grad: the output layer's weight gradient (0 when it is frozen). Others: as :func:`zero12_reserved`.
+        norm_pieces: elements of each trainable tensor's partition on this rank, in order.
+        frozen: parameters on the GPU: bytes of each frozen 16-bit tensor, in the order of ``build`` (whose first
+            tensors they are, when it is not empty); ``flat``: the trainable ones' flat buffer (0: offload_param).
+        side_stream: overlap_comm: the largest bucket the reduction stream flattens (0 without it).
     """
     pool = Allocator()
-    for b in [pool.alloc(size) for size in build]:
-        pool.free(b)
+    built = [pool.alloc(size) for size in build]
+    if flat:  # the parameters stay on the GPU
+        for k, size in enumerate(frozen):
+            whole = built[k] if built else pool.alloc(size)  # zero.Init partitions each tensor as it is built
+            pool.alloc(size)  # its partition, kept
+            pool.free(whole)
+        for b in built[len(frozen):]:  # the trainable ones: to the CPU, then back as one flat buffer
+            pool.free(b)
+        pool.empty_cache()
+        pool.alloc(flat)
+    else:
+        for b in built:
+            pool.free(b)
     converted = None
     for size in sub_groups:
         made = pool.alloc(size)  # fp16_partitioned_groups_flat[i].to(device, fp32)
@@ -380,6 +405,8 @@ def zero3_offload_param_reserved(*, build: Sequence[float], sub_groups: Sequence
         pool.free(head)
         pool.free(og)
         _backward_pass(pool, acts, layer, checkpointed, edges, gathered)
+        for n in norm_pieces:  # get_grad_norm_direct: each gradient's norm in fp64, one copy at a time
+            pool.free(pool.alloc(8 * n))
         for size in sub_groups:
             flat = pool.alloc(size / 2)  # flatten(averaged_gradients[i]), 16-bit
             fp32_grad = pool.alloc(size)
@@ -389,4 +416,6 @@ def zero3_offload_param_reserved(*, build: Sequence[float], sub_groups: Sequence
                 pool.alloc(size)
             pool.free(pool.alloc(size))  # foreach temporary (sqrt of exp_avg_sq)
             pool.free(fp32_grad)
-    return pool.reserved
+    side = Allocator()  # the reduction stream's blocks, from the first backward on
+    side.alloc(side_stream if steps else 0)
+    return pool.reserved + side.reserved
