@@ -35,6 +35,7 @@ offload (call 7's and call 21's traces, within 2%; pre-registered call 32), and 
 from __future__ import annotations
 
 import bisect
+import functools
 from typing import Dict, List, Optional, Sequence, Tuple
 
 MIB = 2**20
@@ -125,21 +126,32 @@ class Allocator:
         bisect.insort(self._free, (block.size, block.key))
 
 
+@functools.lru_cache(maxsize=64)
+def _schedule(layer: Tuple[Tuple[float, Optional[int]], ...]) -> Tuple[tuple, tuple]:
+    """``layer`` compiled once: per tensor (sizes, the tensors released before it, whether it is kept), and the
+    tensors released at the layer's end; tensors under 1 MiB (PyTorch's small pool) are left out."""
+    steps, due = [], {}
+    for i, (size, until) in enumerate(layer):
+        steps.append((int(size), tuple(due.pop(i, ())), until is None))
+        if until is not None and size >= _SMALL:
+            due.setdefault(min(until, len(layer)), []).append(i)
+    return tuple(steps), tuple(i for k in sorted(due) for i in due[k])
+
+
 def _forward(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]]) -> List[Optional[_Block]]:
     """One decoder layer's forward: every tensor taken in order and released at its index; the kept ones returned.
     A release index past the layer's end (the residual stream, used by the next layer) is taken as its end."""
-    kept, due = [], {}
-    for i, (size, until) in enumerate(layer):
-        for b in due.pop(i, []):
-            pool.free(b)
-        block = pool.alloc(size)
-        if until is None:
+    steps, last = _schedule(tuple(layer))
+    blocks: List[Optional[_Block]] = [None] * len(steps)
+    kept = []
+    for i, (size, release, keep) in enumerate(steps):
+        for k in release:
+            pool.free(blocks[k])
+        block = blocks[i] = pool.alloc(size) if size >= _SMALL else None
+        if keep:
             kept.append(block)
-        else:
-            due.setdefault(min(until, len(layer)), []).append(block)
-    for i in sorted(due):
-        for b in due[i]:
-            pool.free(b)
+    for k in last:
+        pool.free(blocks[k])
     return kept
 
 
