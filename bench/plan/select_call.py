@@ -47,6 +47,10 @@ Qwen2.5-7B, Llama-3.1-8B and Mistral-7B with LoRA r16), built whole or in zero.I
 and overlap_comm, micro batch 1-4 and 1024-4096 tokens up to 8192 a step, never measured, whose two predictions stay
 under 80 GiB; shuffled with seed 40; per build six rows where the predictions differ by 2% or more and two where they
 differ by less, one per model in each. Usage: ``python bench/plan/select_call.py 40 /tmp/v15wt``.
+
+Call 42 (two GPUs) checks the plan after v12 and v15 at world size 2, where v12 changed most and call 28 had twelve
+rows: call 28's pool at world size 2 (every row measured before call 42 left out), shuffled with seed 42, ten rows,
+one per model. Usage: ``python bench/plan/select_call.py 42 .``
 """
 from __future__ import annotations
 
@@ -86,7 +90,7 @@ def _predict(root: str, specs: list) -> list:
 
 
 FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14",
-         37: "pred_gib_v12", 38: "pred_gib", 40: "pred_gib_v15"}
+         37: "pred_gib_v12", 38: "pred_gib", 40: "pred_gib_v15", 42: "pred_gib"}
 
 
 def measured_specs(call: int):
@@ -298,6 +302,20 @@ def draw_zero3_gpu(call: int, candidate: str) -> list:
     return chosen
 
 
+def draw_world_size_2(call: int) -> list:
+    """Call 42's draw (see the module docstring): the plan's predictions only."""
+    rows = [(k, s) for k, s in pool(call) if k[4] == 2]
+    plan = _predict(str(HERE.parents[1]), [s for _, s in rows])
+    table = [(k, s, a) for (k, s), a in zip(rows, plan) if a <= 90]
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    for k, s, a in table:
+        if len(chosen) < 10 and collections.Counter(c[0][0] for c in chosen)[k[0]] < 1:
+            chosen.append((k, s, a))
+            print(f"{'|'.join(map(str, k)):48s} plan {a:6.2f}")
+    return chosen
+
+
 def main(argv: list) -> int:
     if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) not in FIELD:
         print(__doc__)
@@ -312,6 +330,8 @@ def main(argv: list) -> int:
             draw_world_size_1(call, candidate)
         elif call == 40:
             draw_zero3_gpu(call, candidate)
+        elif call == 42:
+            draw_world_size_2(call)
         else:
             (draw_zero3 if call == 32 else draw)(call, candidate)
         return 0
