@@ -641,19 +641,30 @@ CALL42 = [
 ]
 
 
+# Call 43 (one GPU): allocator histories, with frames, of ZeRO-3 at world size 1 with the parameters on the GPU and
+# the optimizer offloaded, the one kind of ZeRO-3 at world size 1 left on the fitted gap: call 33's Qwen2.5-0.5B miss
+# (-12.3%) and call 38's Gemma-2-2B LoRA row (+10.6%). Already measured; not scored.
+CALL43_TRACE = [
+    spec("qwen2.5-0.5b", 3, 2, 4096, 1, "trace", zero_init=True, offload=True, steps=2, trace_frames=True,
+         trace="qwen2.5-0.5b_z3_mb2_s4096_offload_zinit_ws1_frames", need_gib=42),
+    spec("gemma-2-2b", 3, 1, 2048, 1, "trace", zero_init=False, gc=True, lora=16, offload=True, steps=2,
+         trace_frames=True, trace="gemma-2-2b_z3_mb1_s2048_gc_lora16_offload_ws1_frames", need_gib=22),
+]
+
+
 def main() -> None:
     import sys
     sys.path.insert(0, str(HERE.parents[1] / "src"))
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39", "--call40", "--call41", "--call42")), "call3")
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39", "--call40", "--call41", "--call42", "--call43")), "call3")
     rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19,
             "call21": CALL21, "call23": CALL23,
             "call24": CALL24, "call25": CALL25, "call26": CALL26,
             "call28": CALL28, "call32": CALL32, "call33": CALL33, "call34": CALL34_TRACE,
-            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42}[which]
-    out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35", "call39", "call41") else f"{which}_x2.jsonl")
+            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42, "call43": CALL43_TRACE}[which]
+    out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35", "call39", "call41", "call43") else f"{which}_x2.jsonl")
     with out.open("w") as f:
         for s in rows + ([CALL26_TRACE] if which == "call26" else []):
             if s["split"] == "trace":
