@@ -200,16 +200,25 @@ def draw_zero3_plan(call: int) -> list:
             table.append((s, plan.gpu_peak_bytes / 2**30))
     random.Random(call).shuffle(table)
     chosen: list = []
+    _per_build(table, chosen, 6, lambda row: True,
+               lambda s, gib: f"offload={bool(s.get('offload'))} offload_param={bool(s.get('offload_param'))}  "
+                              f"plan {gib:6.2f}")
+    return chosen
+
+
+def _per_build(table: list, chosen: list, per_build: int, keep, tail) -> None:
+    """Add to ``chosen``, for each build (whole, then zero.Init), up to ``per_build`` rows of ``table`` that ``keep``
+    accepts, one per model, in the table's order; print each (``tail``: the row's end of line)."""
     for build in (False, True):
         here: set = set()
-        for s, gib in table:
-            if s["zero_init"] == build and s["name"] not in here and len(here) < 6:
+        for row in table:
+            s = row[0]
+            if (s["zero_init"] == build and keep(row) and s["name"] not in here and len(here) < per_build
+                    and s not in chosen):
                 here.add(s["name"])
                 chosen.append(s)
                 print(f"{'zero.Init' if build else 'raw build':10s} {s['name']:17s} mb{s['mb']} s{s['seq']} "
-                      f"gc={bool(s.get('gc'))} lora={s.get('lora', 0)} offload={bool(s.get('offload'))} "
-                      f"offload_param={bool(s.get('offload_param'))}  plan {gib:6.2f}")
-    return chosen
+                      f"gc={bool(s.get('gc'))} lora={s.get('lora', 0)} {tail(*row)}")
 
 
 def draw_build_cache(call: int, candidate: str) -> list:
@@ -289,16 +298,8 @@ def draw_zero3_gpu(call: int, candidate: str) -> list:
     random.Random(call).shuffle(table)
     chosen: list = []
     for differ, per_build in ((True, 6), (False, 2)):
-        for build in (False, True):
-            here: set = set()
-            for s, a, b in table:
-                if (s["zero_init"] == build and (abs(b - a) / a >= 0.02) == differ and s["name"] not in here
-                        and len(here) < per_build and s not in chosen):
-                    here.add(s["name"])
-                    chosen.append(s)
-                    print(f"{'zero.Init' if build else 'raw build':10s} {s['name']:17s} mb{s['mb']} s{s['seq']} "
-                          f"gc={bool(s.get('gc'))} lora={s.get('lora', 0)} overlap={bool(s.get('overlap'))}  "
-                          f"plan {a:6.2f}  candidate {b:6.2f}")
+        _per_build(table, chosen, per_build, lambda row: (abs(row[2] - row[1]) / row[1] >= 0.02) == differ,
+                   lambda s, a, b: f"overlap={bool(s.get('overlap'))}  plan {a:6.2f}  candidate {b:6.2f}")
     return chosen
 
 
