@@ -51,6 +51,11 @@ differ by less, one per model in each. Usage: ``python bench/plan/select_call.py
 Call 42 (two GPUs) checks the plan after v12 and v15 at world size 2, where v12 changed most and call 28 had twelve
 rows: call 28's pool at world size 2 (every row measured before call 42 left out), shuffled with seed 42, ten rows,
 one per model. Usage: ``python bench/plan/select_call.py 42 .``
+
+Call 44 (one GPU) tests candidate v16 (branch ``v16``, ``zero3_offload_v16_candidate.patch``): as call 40's pool but
+with the optimizer offloaded, host memory under 16 GiB a process and both predictions under 50 GiB; shuffled with
+seed 44; per build four rows where the predictions differ by 2% or more and one where they differ by less. Usage:
+``python bench/plan/select_call.py 44 /tmp/v16wt``.
 """
 from __future__ import annotations
 
@@ -90,7 +95,8 @@ def _predict(root: str, specs: list) -> list:
 
 
 FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14",
-         37: "pred_gib_v12", 38: "pred_gib", 40: "pred_gib_v15", 42: "pred_gib"}
+         37: "pred_gib_v12", 38: "pred_gib", 40: "pred_gib_v15", 42: "pred_gib",
+         44: "pred_gib_v16"}
 
 
 def measured_specs(call: int):
@@ -303,6 +309,40 @@ def draw_zero3_gpu(call: int, candidate: str) -> list:
     return chosen
 
 
+def draw_zero3_offload(call: int, candidate: str) -> list:
+    """Call 44's draw (see the module docstring)."""
+    sys.path[:0] = [str(HERE), str(HERE.parents[1] / "src")]
+    from make_specs_x2 import spec
+    from rows import spec_inputs
+
+    from zeropilot.memory.plan import make_plan
+
+    done = {(s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
+             s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")), bool(s.get("zero_init")),
+             bool(s.get("overlap"))) for s in measured_specs(call)}
+    rows = []
+    for name, zero_init, lora, gc, overlap, mb, seq in itertools.product(
+            NAMES + ["qwen2.5-7b", "llama-3.1-8b", "mistral-7b"], (False, True), (0, 16), (False, True),
+            (False, True), (1, 2, 4), (1024, 2048, 4096)):
+        if mb * seq > 8192 or (name.endswith(("7b", "8b")) and not lora):
+            continue
+        if (name, 3, mb, seq, 1, gc, lora, True, False, zero_init, overlap) in done:
+            continue
+        kw = {k: v for k, v in (("gc", gc), ("lora", lora), ("overlap", overlap)) if v}
+        s = spec(name, 3, mb, seq, 1, "holdout", zero_init=zero_init, offload=True, **kw)
+        if make_plan(spec_inputs(s, 139.8)).host.per_process_bytes < 16 * 2**30:
+            rows.append(s)
+    plan = _predict(str(HERE.parents[1]), rows)
+    cand = _predict(candidate, rows)
+    table = [(s, a, b) for s, a, b in zip(rows, plan, cand) if max(a, b) < 50]
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    for differ, per_build in ((True, 4), (False, 1)):
+        _per_build(table, chosen, per_build, lambda row: (abs(row[2] - row[1]) / row[1] >= 0.02) == differ,
+                   lambda s, a, b: f"overlap={bool(s.get('overlap'))}  plan {a:6.2f}  candidate {b:6.2f}")
+    return chosen
+
+
 def draw_world_size_2(call: int) -> list:
     """Call 42's draw (see the module docstring): the plan's predictions only."""
     rows = [(k, s) for k, s in pool(call) if k[4] == 2]
@@ -333,6 +373,8 @@ def main(argv: list) -> int:
             draw_zero3_gpu(call, candidate)
         elif call == 42:
             draw_world_size_2(call)
+        elif call == 44:
+            draw_zero3_offload(call, candidate)
         else:
             (draw_zero3 if call == 32 else draw)(call, candidate)
         return 0
@@ -341,7 +383,7 @@ def main(argv: list) -> int:
     for s, p in zip(specs, _predict(candidate, specs)):
         if s.get("split") == "holdout":
             s[field] = round(p, 1)
-            if call in (32, 36, 37, 40):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
+            if call in (32, 36, 37, 40, 44):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
                 s["need_gib"] = round(1.1 * max(p, s["pred_gib"]) + 3)
     path.write_text("".join(json.dumps(s) + "\n" for s in specs))
     print(f"{path}: {field} for {sum(field in s for s in specs)} rows")
