@@ -523,12 +523,13 @@ def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: 
 
 
 def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
-    """ZeRO-3 with the optimizer on the GPU: the arguments of :func:`~zeropilot.memory.segments.zero3_reserved`, for
-    full fine-tuning with ``offload_param``, and for full or LoRA fine-tuning with the parameters on the GPU at world
-    size 1 (nothing gathered). None elsewhere (the fitted gap holds there)."""
-    on_gpu = inputs.offload_param == "none"
-    if (inputs.stage != 3 or inputs.offload_optimizer != "none" or inputs.expandable_segments
-            or (on_gpu and inputs.world_size > 1) or (not on_gpu and inputs.lora_rank is not None)):
+    """ZeRO-3: the arguments of :func:`~zeropilot.memory.segments.zero3_reserved`, for full fine-tuning with
+    ``offload_param`` and the optimizer on the GPU, and for full or LoRA fine-tuning with the parameters on the GPU at
+    world size 1 (nothing gathered), the optimizer on the GPU or offloaded. None elsewhere (the fitted gap holds
+    there)."""
+    on_gpu, gpu_optimizer = inputs.offload_param == "none", inputs.offload_optimizer == "none"
+    if (inputs.stage != 3 or inputs.expandable_segments or (on_gpu and inputs.world_size > 1)
+            or (not on_gpu and (inputs.lora_rank is not None or not gpu_optimizer))):
         return None
     a, n = inputs.arch, inputs.world_size
     per_layer = [layer_tensor_sizes(a, i) for i in range(a.layers)]
@@ -546,16 +547,27 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
         sub_groups.append(4.0 * current)
     part = -(-sum(trainable) // n)
     frozen = sizes if inputs.lora_rank is not None else []
+    offload_buckets: List[List[float]] = []  # the optimizer on the CPU: each reduction's gradients, backward order
+    if not gpu_optimizer:
+        sub_groups, arrival = [], trainable if inputs.lora_rank is not None else elements[::-1]
+        held = 0.0
+        for x in arrival:  # a bucket is reduced when the next gradient would overflow it
+            if not offload_buckets or (held and held + x > inputs.reduce_bucket_size):
+                offload_buckets.append([])
+                held = 0.0
+            offload_buckets[-1].append(float(x))
+            held += x
     tokens = inputs.micro_batch * inputs.seq_len
     return dict(build=[] if inputs.zero_init else sizes, sub_groups=sub_groups,
-                bucket=2.0 * inputs.reduce_bucket_size, grad_partition=2.0 * part,
+                bucket=2.0 * inputs.reduce_bucket_size, grad_partition=2.0 * part if gpu_optimizer else 0.0,
                 layer=layer_tensors(inputs), layers=a.layers,
                 gathered=[] if on_gpu else [[2.0 * x for x in layer] for layer in per_layer],
                 embedding=0.0 if on_gpu else 2.0 * a.vocab * a.hidden,
                 checkpointed=inputs.gradient_checkpointing, edges=(kept_input(inputs), final_norm(inputs)),
                 logits_bf16=2.0 * tokens * a.vocab, logits_fp32=4.0 * tokens * a.vocab,
                 output_grad=0.0 if inputs.lora_rank is not None else 2.0 * a.vocab * a.hidden,
-                softcap=a.logit_softcap, norm_pieces=[float(-(-x // n)) for x in trainable], frozen=frozen,
+                softcap=a.logit_softcap, norm_pieces=[float(-(-x // n)) for x in trainable] if gpu_optimizer else [],
+                offload_buckets=offload_buckets, frozen=frozen,
                 flat=2.0 * part if on_gpu else 0.0,
                 side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0)
 
@@ -622,6 +634,9 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
         if inputs.stage in (1, 2):
             what = ("initialize's cached blocks are split and the step's whole fp32 blocks or the logits' fp32 copies "
                     "take new segments")
+        elif inputs.offload_param == "none" and inputs.offload_optimizer != "none":
+            what = ("deepspeed.initialize empties the cache as it flattens the parameters; the logits' fp32 copies "
+                    "and the gradients' copies on their way to the CPU take new segments once the cache is split")
         elif inputs.offload_param == "none":
             what = ("deepspeed.initialize empties the cache as it flattens the parameters; the logits' fp32 copies, "
                     "the gradients' fp64 norms and the step's fp32 blocks, one sub-group at a time, take new segments "

@@ -120,7 +120,7 @@ def known_under(inputs: PlanInputs, peak: Optional[int] = None) -> Optional[str]
     """The :data:`KNOWN_UNDER` kind this launch belongs to, if any (``peak``: the plan's GPU peak, if known)."""
     logits = 4 * inputs.micro_batch * inputs.seq_len * inputs.arch.vocab
     replay = zero3_replay(inputs)
-    if replay is not None and inputs.lora_rank is None and logits >= max(replay["sub_groups"]):
+    if replay is not None and inputs.lora_rank is None and logits >= max(replay["sub_groups"], default=logits + 1):
         return "zero3_states_in_logits"
     if inputs.stage in (1, 2, 3) and not inputs.expandable_segments:
         if logits >= 0.1 * (peak if peak is not None else estimate_gpu(inputs).peak_bytes):

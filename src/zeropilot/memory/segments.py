@@ -44,6 +44,7 @@ _MIN_LARGE = 10 * MIB  # requests under this share 20 MiB segments
 _LARGE_BUFFER = 20 * MIB
 _ROUND = 2 * MIB
 _CUBLAS_WORKSPACE = 32 * MIB  # CUBLAS_WORKSPACE_CONFIG's default, :4096:8, one per cuBLAS handle (per thread)
+_NORM_CHUNK = 250_000_000  # stage3.py _constant_buffered_norm2's buffer_size, in elements
 
 
 class _Block:
@@ -341,7 +342,7 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
                    embedding: float, checkpointed: bool, edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]],
                    logits_bf16: float, logits_fp32: float, output_grad: float, softcap: bool = False,
                    norm_pieces: Sequence[float] = (), frozen: Sequence[float] = (), flat: float = 0.0,
-                   side_stream: float = 0.0, steps: int = 2) -> int:
+                   side_stream: float = 0.0, offload_buckets: Sequence[Sequence[float]] = (), steps: int = 2) -> int:
     """Bytes the caching allocator reserves for ZeRO-3 with the optimizer on the GPU: parameters offloaded, or on the
     GPU at world size 1 (where nothing is gathered).
 
@@ -377,6 +378,11 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
         frozen: parameters on the GPU: bytes of each frozen 16-bit tensor, in the order of ``build`` (whose first
             tensors they are, when it is not empty); ``flat``: the trainable ones' flat buffer (0: offload_param).
         side_stream: overlap_comm: the largest bucket the reduction stream flattens (0 without it).
+        offload_buckets: offload_optimizer (then ``sub_groups`` is empty: the optimizer is on the CPU): per reduction,
+            in backward order, the elements of each gradient it partitions. At backward's end each bucket is
+            flattened, and each gradient's partition comes back from its pinned buffer to the GPU for its norm (fp64,
+            in chunks of 250 M elements) and its fp32 copy to the CPU (``partition_grads``,
+            ``_offload_grad_partition_at_boundary``; call 43's traces).
     """
     pool = Allocator()
     built = [pool.alloc(size) for size in build]
@@ -417,6 +423,15 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
         pool.free(head)
         pool.free(og)
         _backward_pass(pool, acts, layer, checkpointed, edges, gathered)
+        for held in offload_buckets:  # offload_optimizer: each reduction's gradients on their way to the CPU
+            flat_bucket = pool.alloc(2 * sum(held))  # reduce_scatter_coalesced's flattened bucket, to the last one
+            for n in held:
+                on_gpu = pool.alloc(2 * n)  # partition_grads: the pinned partition copied back to the GPU
+                for start in range(0, int(n), _NORM_CHUNK):  # _constant_buffered_norm2, in fp64 chunks
+                    pool.free(pool.alloc(8 * min(_NORM_CHUNK, n - start)))
+                pool.free(pool.alloc(4 * n))  # its fp32 copy, to the CPU fp32 gradient
+                pool.free(on_gpu)
+            pool.free(flat_bucket)
         for n in norm_pieces:  # get_grad_norm_direct: each gradient's norm in fp64, one copy at a time
             pool.free(pool.alloc(8 * n))
         for size in sub_groups:
