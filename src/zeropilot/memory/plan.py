@@ -105,9 +105,6 @@ KNOWN_UNDER = {
     "zero12_large_logits": (-17.4, "ZeRO-1/2 where one fp32 copy of the logits is a tenth of the peak or more",
                             "Gemma-3-1B at world size 2 and 8192 tokens: whether the optimizer step needs one more "
                             "such block depends on where a 32 MiB cuBLAS workspace settles"),
-    "zero3_large_logits": (-12.3, "ZeRO-3 where one fp32 copy of the logits is a tenth of the peak or more",
-                           "Qwen2.5-0.5B in zero.Init with the optimizer offloaded, 8192 tokens a step without "
-                           "checkpointing: the logits' fp32 copies split the cache beyond the fitted gap"),
     "zero3_states_in_logits": (-10.7, "ZeRO-3 full fine-tuning with the optimizer on the GPU where one fp32 copy of "
                                "the logits can hold a sub-group's fp32 block",
                                "Qwen2.5-3B in zero.Init, checkpointed, 8192 tokens a step: the first step's AdamW "
@@ -122,9 +119,9 @@ def known_under(inputs: PlanInputs, peak: Optional[int] = None) -> Optional[str]
     replay = zero3_replay(inputs)
     if replay is not None and inputs.lora_rank is None and logits >= max(replay["sub_groups"], default=logits + 1):
         return "zero3_states_in_logits"
-    if inputs.stage in (1, 2, 3) and not inputs.expandable_segments:
+    if inputs.stage in (1, 2) and not inputs.expandable_segments:
         if logits >= 0.1 * (peak if peak is not None else estimate_gpu(inputs).peak_bytes):
-            return "zero3_large_logits" if inputs.stage == 3 else "zero12_large_logits"
+            return "zero12_large_logits"
     return None
 
 
