@@ -50,18 +50,24 @@ def launch(spec, gpus, n):
     return {"spec": spec, "gpus": gpus, "proc": proc, "log": log, "t0": time.time()}
 
 
-def collect(job):
-    job["log"].seek(0)
-    text = job["log"].read()
-    lines = []
-    for x in text.splitlines():  # two ranks' RESULT lines can land on one line of the shared log
+def results_in(text):
+    """The probe's result objects in a run's log: each after ``RESULT ``; two ranks' can share one line of it."""
+    out = []
+    for x in text.splitlines():
         rest = x[x.index("RESULT "):] if "RESULT " in x else ""
         while rest.strip():
             rest = rest.strip()
             rest = rest[7:] if rest.startswith("RESULT ") else rest
             res, end = json.JSONDecoder().raw_decode(rest)
-            lines.append(res)
+            out.append(res)
             rest = rest[end:]
+    return out
+
+
+def collect(job):
+    job["log"].seek(0)
+    text = job["log"].read()
+    lines = results_in(text)
     spec = job["spec"]
     for res in lines:
         res.update(concurrent=True, gpus=job["gpus"])
