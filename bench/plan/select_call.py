@@ -280,37 +280,9 @@ def draw_world_size_1(call: int, candidate: str) -> list:
     return chosen
 
 
-def draw_zero3_gpu(call: int, candidate: str) -> list:
-    """Call 40's draw (see the module docstring)."""
-    sys.path[:0] = [str(HERE)]
-    from make_specs_x2 import spec
-
-    done = {(s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
-             s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")), bool(s.get("zero_init")),
-             bool(s.get("overlap"))) for s in measured_specs(call)}
-    rows = []
-    for name, zero_init, lora, gc, overlap, mb, seq in itertools.product(
-            NAMES + ["qwen2.5-7b", "llama-3.1-8b", "mistral-7b"], (False, True), (0, 16), (False, True),
-            (False, True), (1, 2, 4), (1024, 2048, 4096)):
-        if mb * seq > 8192 or (name.endswith(("7b", "8b")) and not lora):
-            continue
-        if (name, 3, mb, seq, 1, gc, lora, False, False, zero_init, overlap) in done:
-            continue
-        kw = {k: v for k, v in (("gc", gc), ("lora", lora), ("overlap", overlap)) if v}
-        rows.append(spec(name, 3, mb, seq, 1, "holdout", zero_init=zero_init, **kw))
-    plan = _predict(str(HERE.parents[1]), rows)
-    cand = _predict(candidate, rows)
-    table = [(s, a, b) for s, a, b in zip(rows, plan, cand) if max(a, b) < 80]
-    random.Random(call).shuffle(table)
-    chosen: list = []
-    for differ, per_build in ((True, 6), (False, 2)):
-        _per_build(table, chosen, per_build, lambda row: (abs(row[2] - row[1]) / row[1] >= 0.02) == differ,
-                   lambda s, a, b: f"overlap={bool(s.get('overlap'))}  plan {a:6.2f}  candidate {b:6.2f}")
-    return chosen
-
-
-def draw_zero3_offload(call: int, candidate: str) -> list:
-    """Call 44's draw (see the module docstring)."""
+def _zero3_world_size_1(call: int, offload: bool) -> list:
+    """Calls 40 and 44's pool: ZeRO-3 at world size 1 with the parameters on the GPU, the optimizer on the GPU or
+    offloaded (then with host memory under 16 GiB a process), never measured before ``call``."""
     sys.path[:0] = [str(HERE), str(HERE.parents[1] / "src")]
     from make_specs_x2 import spec
     from rows import spec_inputs
@@ -326,21 +298,38 @@ def draw_zero3_offload(call: int, candidate: str) -> list:
             (False, True), (1, 2, 4), (1024, 2048, 4096)):
         if mb * seq > 8192 or (name.endswith(("7b", "8b")) and not lora):
             continue
-        if (name, 3, mb, seq, 1, gc, lora, True, False, zero_init, overlap) in done:
+        if (name, 3, mb, seq, 1, gc, lora, offload, False, zero_init, overlap) in done:
             continue
-        kw = {k: v for k, v in (("gc", gc), ("lora", lora), ("overlap", overlap)) if v}
-        s = spec(name, 3, mb, seq, 1, "holdout", zero_init=zero_init, offload=True, **kw)
-        if make_plan(spec_inputs(s, 139.8)).host.per_process_bytes < 16 * 2**30:
+        kw = {k: v for k, v in (("gc", gc), ("lora", lora), ("overlap", overlap), ("offload", offload)) if v}
+        s = spec(name, 3, mb, seq, 1, "holdout", zero_init=zero_init, **kw)
+        if not offload or make_plan(spec_inputs(s, 139.8)).host.per_process_bytes < 16 * 2**30:
             rows.append(s)
+    return rows
+
+
+def _draw_zero3_world_size_1(call: int, candidate: str, offload: bool, limit: float, counts) -> list:
+    """Calls 40 and 44's draw: per build, ``counts`` rows where plan and candidate differ by 2% or more, then where
+    they differ by less, one per model in each, from the shuffled pool whose predictions stay under ``limit`` GiB."""
+    rows = _zero3_world_size_1(call, offload)
     plan = _predict(str(HERE.parents[1]), rows)
     cand = _predict(candidate, rows)
-    table = [(s, a, b) for s, a, b in zip(rows, plan, cand) if max(a, b) < 50]
+    table = [(s, a, b) for s, a, b in zip(rows, plan, cand) if max(a, b) < limit]
     random.Random(call).shuffle(table)
     chosen: list = []
-    for differ, per_build in ((True, 4), (False, 1)):
+    for differ, per_build in zip((True, False), counts):
         _per_build(table, chosen, per_build, lambda row: (abs(row[2] - row[1]) / row[1] >= 0.02) == differ,
                    lambda s, a, b: f"overlap={bool(s.get('overlap'))}  plan {a:6.2f}  candidate {b:6.2f}")
     return chosen
+
+
+def draw_zero3_gpu(call: int, candidate: str) -> list:
+    """Call 40's draw (see the module docstring)."""
+    return _draw_zero3_world_size_1(call, candidate, False, 80, (6, 2))
+
+
+def draw_zero3_offload(call: int, candidate: str) -> list:
+    """Call 44's draw (see the module docstring)."""
+    return _draw_zero3_world_size_1(call, candidate, True, 50, (4, 1))
 
 
 def draw_world_size_2(call: int) -> list:
