@@ -537,26 +537,26 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
     elements = edge[:1] + [x for layer in per_layer for x in layer] + edge[1:]  # the model's order
     sizes = [2.0 * x for x in elements]
     trainable = elements if inputs.lora_rank is None else [trainable_params(inputs, count_params(a))]
-    sub_groups, current = [], 0
-    for x in trainable:
-        current += -(-x // n)
-        if current >= inputs.sub_group_size:  # _create_fp16_sub_groups closes a group once it reaches the size
-            sub_groups.append(4.0 * current)
-            current = 0
-    if current:
-        sub_groups.append(4.0 * current)
-    part = -(-sum(trainable) // n)
-    frozen = sizes if inputs.lora_rank is not None else []
+    sub_groups: List[float] = []  # the optimizer on the GPU: its sub-groups' fp32 bytes
     offload_buckets: List[List[float]] = []  # the optimizer on the CPU: each reduction's gradients, backward order
-    if not gpu_optimizer:
-        sub_groups, arrival = [], trainable if inputs.lora_rank is not None else elements[::-1]
-        held = 0.0
-        for x in arrival:  # a bucket is reduced when the next gradient would overflow it
+    current = held = 0.0
+    if gpu_optimizer:
+        for x in trainable:
+            current += -(-x // n)
+            if current >= inputs.sub_group_size:  # _create_fp16_sub_groups closes a group once it reaches the size
+                sub_groups.append(4.0 * current)
+                current = 0.0
+        if current:
+            sub_groups.append(4.0 * current)
+    else:
+        for x in trainable[::-1]:  # a bucket is reduced when the next gradient would overflow it
             if not offload_buckets or (held and held + x > inputs.reduce_bucket_size):
                 offload_buckets.append([])
                 held = 0.0
             offload_buckets[-1].append(float(x))
             held += x
+    part = -(-sum(trainable) // n)
+    frozen = sizes if inputs.lora_rank is not None else []
     tokens = inputs.micro_batch * inputs.seq_len
     return dict(build=[] if inputs.zero_init else sizes, sub_groups=sub_groups,
                 bucket=2.0 * inputs.reduce_bucket_size, grad_partition=2.0 * part if gpu_optimizer else 0.0,
@@ -573,8 +573,8 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
 
 
 def zero3_segments(inputs: PlanInputs) -> Optional[int]:
-    """ZeRO-3 with the optimizer on the GPU (:func:`zero3_replay`'s kinds): bytes the caching allocator reserves,
-    replaying the run's large tensors (``memory/segments.py``); None where :func:`zero3_replay` is."""
+    """ZeRO-3 of :func:`zero3_replay`'s kinds: bytes the caching allocator reserves, replaying the run's large tensors
+    (``memory/segments.py``); None where :func:`zero3_replay` is."""
     args = zero3_replay(inputs)
     if args is None:
         return None
@@ -642,11 +642,9 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
                     "the gradients' fp64 norms and the step's fp32 blocks, one sub-group at a time, take new segments "
                     "once the cache is split")
         else:
-            what = ("the whole-model build's blocks stay cached (no zero.Init), and the optimizer step's fp32 blocks, "
-                    "one sub-group at a time, take new segments once smaller sub-groups' states have split the cached "
-                    "ones") if not inputs.zero_init else ("the optimizer step's fp32 blocks, one sub-group at a time, "
-                                                          "take new segments once smaller sub-groups' states have "
-                                                          "split the cached ones")
+            what = ("" if inputs.zero_init else "the whole-model build's blocks stay cached (no zero.Init), and ") + (
+                "the optimizer step's fp32 blocks, one sub-group at a time, take new segments once smaller "
+                "sub-groups' states have split the cached ones")
         gap = Component(gap.name, segs - allocated, gap.phase,
                         f"caching-allocator segments: replaying the run's large tensors through the allocator's "
                         f"best-fit policy reserves {_gib(segs)}: {what} (memory/segments.py)")

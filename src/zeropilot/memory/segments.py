@@ -27,9 +27,10 @@ backward; the fp64 copies DeepSpeed takes for gradient norms. It ends within 2% 
 ZeRO-1/2 traces (``tests/memory/test_accuracy_bench.py``). Where it misses, a small long-lived tensor (the
 backward's cuBLAS workspace) settled in a different hole than the real one, and a large block was or was not
 reusable later; the overlap_comm stream's separate pool is not modelled. ``docs/plan.md`` lists the rows it misses.
-:func:`zero3_reserved` replays DeepSpeed's stage-3 sequence with the optimizer on the GPU the same way: parameter
-offload (call 7's and call 21's traces, within 2%; pre-registered call 32), and parameters on the GPU at world size 1
-(call 39's traces; there the ZeRO-3 reduction stream's pool is modelled).
+:func:`zero3_reserved` replays DeepSpeed's stage-3 sequence the same way: parameter offload with the optimizer on the
+GPU (call 7's and call 21's traces, within 2%; pre-registered call 32), and parameters on the GPU at world size 1,
+the optimizer on the GPU or offloaded (calls 39 and 43's traces; there the ZeRO-3 reduction stream's pool is
+modelled; pre-registered calls 40 and 44).
 """
 
 from __future__ import annotations
@@ -263,9 +264,10 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
     pool.alloc(2 * trainable)  # the aligned 16-bit flat buffer the parameters become views of
     for b in built:
         pool.free(b)
-    # the fp32 master is this rank's 16-bit partition cloned and then cast (stage_1_and_2.py: ``...[partition_id].detach()
-    # .clone().to(device=..., dtype=...)``): a 16-bit copy of the partition while the fp32 one is made (and, with
-    # offload_optimizer, copied to the CPU); call 22's world-size-2 trace shows it as its own 1/N block
+    # the fp32 master is this rank's 16-bit partition cloned and then cast (stage_1_and_2.py:
+    # ``...[partition_id].detach().clone().to(device=..., dtype=...)``): a 16-bit copy of the partition while the
+    # fp32 one is made (and, with offload_optimizer, copied to the CPU); call 22's world-size-2 trace shows it as its
+    # own 1/N block
     clone = pool.alloc(2 * part)
     if gpu_optimizer:
         pool.alloc(4 * part)  # fp32 master partition
@@ -289,7 +291,8 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         # partition, whole), taken at the first reduction of a bucket that holds one of this rank's gradients: ZeRO-1
         # too reduces through the buckets into one (0.19.8), and at world size 1 the two stages reserve alike (11
         # measured groups, tests/memory/test_accuracy_bench.py). Across ranks that reduction first flattens the
-        # bucket (allreduce_bucket): ``first_reduction`` says after how many layers' backward, and the bytes it flattens.
+        # bucket (allreduce_bucket): ``first_reduction`` says after how many layers' backward, and the bytes it
+        # flattens.
         after, flattened = first_reduction
         grads: List[Optional[_Block]] = []
 
@@ -343,8 +346,8 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
                    logits_bf16: float, logits_fp32: float, output_grad: float, softcap: bool = False,
                    norm_pieces: Sequence[float] = (), frozen: Sequence[float] = (), flat: float = 0.0,
                    side_stream: float = 0.0, offload_buckets: Sequence[Sequence[float]] = (), steps: int = 2) -> int:
-    """Bytes the caching allocator reserves for ZeRO-3 with the optimizer on the GPU: parameters offloaded, or on the
-    GPU at world size 1 (where nothing is gathered).
+    """Bytes the caching allocator reserves for ZeRO-3: parameters offloaded with the optimizer on the GPU, or
+    parameters on the GPU at world size 1 (where nothing is gathered) with the optimizer on the GPU or offloaded.
 
     The sequence is DeepSpeed 0.19.8's (``runtime/zero/stage3.py``), as call 7's and call 21's allocator traces show
     it. Without ``zero.Init`` the whole 16-bit model is built on the GPU, one tensor each (``build``; in ``zero.Init``
@@ -362,9 +365,9 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
     an fp64 copy (``get_grad_norm_direct``), and then the optimizer works one sub-group at a time
     (``_prepare_sub_group``, ``_optimizer_step``, ``_release_sub_group``): the sub-group's gradients flattened in 16
     bits, cast to fp32 (the flat 16-bit copy released), AdamW's two states on the first step, one foreach temporary,
-    and the fp32 gradient released. With more than one sub-group the smaller ones' states
-    land in the largest one's released blocks, so the second step needs new segments for its fp32 gradient and
-    temporary (call 7's trace of Qwen2.5-3B at world size 2). With ``overlap_comm`` each bucket's reduction runs on its
+    and the fp32 gradient released. With more than one sub-group the smaller ones' states land in the largest one's
+    released blocks, so the second step needs new segments for its fp32 gradient and temporary (call 7's trace of
+    Qwen2.5-3B at world size 2). With ``overlap_comm`` each bucket's reduction runs on its
     own stream, and its flattened copy of the bucket (``reduce_scatter_coalesced``'s ``torch.cat``) comes from that
     stream's blocks, which the rest of the run cannot reuse (``side_stream``: the largest such copy).
 
@@ -435,9 +438,9 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
         for n in norm_pieces:  # get_grad_norm_direct: each gradient's norm in fp64, one copy at a time
             pool.free(pool.alloc(8 * n))
         for size in sub_groups:
-            flat = pool.alloc(size / 2)  # flatten(averaged_gradients[i]), 16-bit
+            flat_grads = pool.alloc(size / 2)  # flatten(averaged_gradients[i]), 16-bit
             fp32_grad = pool.alloc(size)
-            pool.free(flat)
+            pool.free(flat_grads)
             if step == 0:  # AdamW's exp_avg and exp_avg_sq, kept
                 pool.alloc(size)
                 pool.alloc(size)
