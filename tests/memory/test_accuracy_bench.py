@@ -150,18 +150,19 @@ def test_zero12_allocator_replay_against_the_committed_allocator_traces():
 
 
 def test_zero3_allocator_replay_against_the_allocator_traces():
-    """The ZeRO-3 replay with the optimizer on the GPU (memory/segments.py ``zero3_reserved``, fed by memory/gpu.py
+    """The ZeRO-3 replay (memory/segments.py ``zero3_reserved``, fed by memory/gpu.py
     ``zero3_replay``) against the caching allocator's history of every traced run of its kinds: offload_param at
     world size 2 (call 7: Qwen2.5-3B, two sub-groups; call 21: Qwen2.5-1.5B and Llama-3.2-3B, built whole), and the
     parameters on the GPU at world size 1 (call 11's LoRA save run; call 39: full fine-tuning in zero.Init and built
     whole, overlap_comm, Gemma 2's soft-capped logits, LoRA; call 41), and the optimizer offloaded (calls 34 and 43).
     The segments after ``deepspeed.initialize`` within 6% under (the small pool's 2 MiB segments and the build's one
     extra embedding-sized block are not replayed; with the optimizer offloaded 12%, one embedding gathered at the
-    init's end, 0.25 of 2.1 GiB) or 1% over, and at the end of training within 2% under or 1% over, except call 41's Qwen2.5-3B run (8192 tokens a
-    step): the first step's AdamW states settled in the logits' released fp32 blocks, so the next step's logits took
-    new segments, 11% more than the replay (``memory.plan.KNOWN_UNDER["zero3_states_in_logits"]``). Before the replay
-    the plan's fitted gap was 11.2% under on the Qwen2.5-3B offload_param row, 13.7% under on Gemma-3-1B (call 38)
-    and 12.3% under on Qwen2.5-0.5B with the optimizer offloaded (call 33)."""
+    init's end, 0.25 of 2.1 GiB) or 1% over, and at the end of training within 2% under or 1% over, except call
+    41's Qwen2.5-3B run (8192 tokens a step): the first step's AdamW states settled in the logits' released fp32
+    blocks, so the next step's logits took new segments, 11% more than the replay
+    (``memory.plan.KNOWN_UNDER["zero3_states_in_logits"]``). Before the replay the plan's fitted gap was 11.2% under
+    on the Qwen2.5-3B offload_param row, 13.7% under on Gemma-3-1B (call 38) and 12.3% under on Qwen2.5-0.5B with the
+    optimizer offloaded (call 33)."""
 
     sys.path.insert(0, str(BENCH))
     from rows import spec_inputs
@@ -221,9 +222,10 @@ def test_zero1_and_zero2_and_the_split_of_tokens_reserve_alike_at_world_size_1()
 def test_host_memory_of_the_offload_runs_against_their_peak_rss():
     """The host estimate (memory/host.py, buffer by buffer as calls 29-31 logged them) against the probe's peak RSS
     on every committed offload run, none used to find it: within 1% at the median and 2% (or 0.25 GiB) on every full
-    fine-tuning run but ZeRO-3 parameter offload built in zero.Init (calls 32 and 33, measured after the model: 2.7-3.9% under,
-    0.4-0.9 GiB the model does not hold, and Gemma-2-2B LoRA with both offloads 16.7% under, 2.2 GiB: about one pinned
-    block of the embedding's size, rounded to a power of two, but not on the older zero.Init rows, so not modelled);
+    fine-tuning run but ZeRO-3 parameter offload built in zero.Init (calls 32 and 33, measured after the model:
+    2.7-3.9% under, 0.4-0.9 GiB the model does not hold, and Gemma-2-2B LoRA with both offloads 16.7% under, 2.2 GiB:
+    about one pinned block of the embedding's size, rounded to a power of two, but not on the older zero.Init rows, so
+    not modelled);
     LoRA rows, whose offloaded state is tiny, up to 11% over (the process's own 2.1-2.3 GiB).
     Before call 30 the per-element constant missed by -18% to +12%, and ZeRO-3 parameter offload with the optimizer on
     the GPU by -55%."""

@@ -64,11 +64,11 @@ def test_the_model_allocator_reproduces_the_h200_traces_from_their_own_requests(
                 pool.free(live.pop(addr, None))
             last = action
         # the model leaves out requests under 1 MiB (PyTorch's small pool): at most a few hundred MiB. Two exceptions:
-        # one not understood, Gemma-2-2B LoRA with both offloads in zero.Init (calls 34 and 35), where the model needs one
-        # more 1000 MiB segment for the second step's fp32 logits than the real allocator (+0.9 GiB; those runs copy
-        # parameters on a side stream, whose blocks the trace does not tell apart)
-        # Mistral-1B-shape in zero.Init (call 39): +0.19 GiB, one 250 MiB request the real allocator served from a cached
-        # block that the model had already split
+        # Gemma-2-2B LoRA with both offloads in zero.Init (calls 34 and 35, not understood), where the model needs
+        # one more 1000 MiB segment for the second step's fp32 logits than the real allocator (+0.9 GiB; those runs
+        # copy parameters on a side stream, whose blocks the trace does not tell apart), and Mistral-1B-shape in
+        # zero.Init (call 39): +0.19 GiB, one 250 MiB request the real allocator served from a cached block that the
+        # model had already split
         known = {"gemma-2-2b_z3_mb1_s1024_lora16_offload_offload_param_zinit": 0.95,
                  "mistral-1b-shape_z3_mb2_s1024_zinit_ws1": 0.2}
         high = next((v for k, v in known.items() if path.name.startswith(k)), 0.05)
