@@ -568,7 +568,6 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
                 output_grad=0.0 if inputs.lora_rank is not None else 2.0 * a.vocab * a.hidden,
                 softcap=a.logit_softcap, norm_pieces=[float(-(-x // n)) for x in trainable] if gpu_optimizer else [],
                 offload_buckets=offload_buckets, frozen=frozen,
-                hooked=[2.0 * x for x in elements] if inputs.lora_rank is None else [],  # LoRA's adapters: small
                 flat=2.0 * part if on_gpu else 0.0,
                 side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0)
 

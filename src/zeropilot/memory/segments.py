@@ -345,8 +345,7 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
                    embedding: float, checkpointed: bool, edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]],
                    logits_bf16: float, logits_fp32: float, output_grad: float, softcap: bool = False,
                    norm_pieces: Sequence[float] = (), frozen: Sequence[float] = (), flat: float = 0.0,
-                   side_stream: float = 0.0, offload_buckets: Sequence[Sequence[float]] = (), hooked: Sequence[float] = (),
-                   steps: int = 2) -> int:
+                   side_stream: float = 0.0, offload_buckets: Sequence[Sequence[float]] = (), steps: int = 2) -> int:
     """Bytes the caching allocator reserves for ZeRO-3: parameters offloaded with the optimizer on the GPU, or
     parameters on the GPU at world size 1 (where nothing is gathered) with the optimizer on the GPU or offloaded.
 
@@ -360,9 +359,7 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
     ``runtime/zero/utils.py``). ``_create_fp32_partitions`` makes each sub-group's fp32 master from its 16-bit
     partition: a converted fp32 copy on the GPU (released when the next one is made) and its clone (kept).
     ``initialize_optimizer_states`` zeroes an fp32 gradient of the largest sub-group, released. The reduce bucket and
-    the 16-bit gradient partition stay for the whole run. ``create_reduce_and_remove_grad_hooks`` then gathers each
-    trainable parameter whole and releases it (``hooked``; call 45's trace: with the optimizer offloaded nothing is
-    cached by then, so the largest one takes a segment of its own, which later holds the cuBLAS workspaces). Each step gathers every layer's parameters (``gathered``; the
+    the 16-bit gradient partition stay for the whole run. Each step gathers every layer's parameters (``gathered``; the
     embedding's and the output layer's, ``embedding``; none at world size 1 with the parameters on the GPU:
     ``_no_gather_coalesced``), runs the forward and the loss (as ZeRO-1/2's replay), takes each gradient's norm through
     an fp64 copy (``get_grad_norm_direct``), and then the optimizer works one sub-group at a time
@@ -389,7 +386,6 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
             flattened, and each gradient's partition comes back from its pinned buffer to the GPU for its norm (fp64,
             in chunks of 250 M elements) and its fp32 copy to the CPU (``partition_grads``,
             ``_offload_grad_partition_at_boundary``; call 43's traces).
-        hooked: bytes of each trainable 16-bit parameter, whole, in order (the gathers of the hooks' set-up).
     """
     pool = Allocator()
     built = [pool.alloc(size) for size in build]
@@ -415,8 +411,6 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
     pool.free(pool.alloc(max(sub_groups, default=0)))  # initialize_optimizer_states' zeroed gradient buffer
     pool.alloc(bucket)
     pool.alloc(grad_partition)
-    for size in hooked:  # create_reduce_and_remove_grad_hooks: param.all_gather(), released at once
-        pool.free(pool.alloc(size))
     for step in range(steps):
         if step == 0:
             pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
