@@ -56,6 +56,16 @@ Call 44 (one GPU) tests candidate v16 (branch ``v16``, ``zero3_offload_v16_candi
 with the optimizer offloaded, host memory under 16 GiB a process and both predictions under 50 GiB; shuffled with
 seed 44; per build four rows where the predictions differ by 2% or more and one where they differ by less. Usage:
 ``python bench/plan/select_call.py 44 /tmp/v16wt``.
+
+Call 46 (one GPU) tests candidate v17 (branch ``v17``, ``zero3_v17_candidate.patch``) on ZeRO-3 at world size 1,
+never measured, in three kinds: LoRA r16 with both offloads (the small models and Qwen2.5-7B, Llama-3.1-8B and
+Mistral-7B; host memory under 28 GiB a process), full fine-tuning with the optimizer offloaded (under 16 GiB) and full
+fine-tuning with offload_param and the optimizer on the GPU (under 28 GiB); built whole or in zero.Init, with and
+without checkpointing, micro batch 1-4 and 1024-4096 tokens up to 8192 a step, both predictions under 50 GiB;
+shuffled with seed 46; one row per model in each group: with both offloads, per build four rows where plan and
+candidate differ by 2% or more and one where they differ by less; with the optimizer offloaded one row per build, and
+with offload_param two in zero.Init, where they differ by 2% or more. Usage: ``python bench/plan/select_call.py 46
+/tmp/v17wt``.
 """
 from __future__ import annotations
 
@@ -96,7 +106,7 @@ def _predict(root: str, specs: list) -> list:
 
 FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14",
          37: "pred_gib_v12", 38: "pred_gib", 40: "pred_gib_v15", 42: "pred_gib",
-         44: "pred_gib_v16"}
+         44: "pred_gib_v16", 46: "pred_gib_v17"}
 
 
 def measured_specs(call: int):
@@ -332,6 +342,51 @@ def draw_zero3_offload(call: int, candidate: str) -> list:
     return _draw_zero3_world_size_1(call, candidate, True, 50, (4, 1))
 
 
+def draw_zero3_v17(call: int, candidate: str) -> list:
+    """Call 46's draw (see the module docstring)."""
+    sys.path[:0] = [str(HERE), str(HERE.parents[1] / "src")]
+    from make_specs_x2 import spec
+    from rows import spec_inputs
+
+    from zeropilot.memory.plan import make_plan
+
+    done = {(s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
+             s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")), bool(s.get("zero_init")),
+             bool(s.get("overlap"))) for s in measured_specs(call)}
+    kinds = {"both": dict(lora=16, offload=True, offload_param=True), "opt": dict(offload=True),
+             "param": dict(offload_param=True)}
+    rows = []
+    for kind, name, zero_init, gc, mb, seq in itertools.product(
+            kinds, NAMES + ["qwen2.5-7b", "llama-3.1-8b", "mistral-7b"], (False, True), (False, True), (1, 2, 4),
+            (1024, 2048, 4096)):
+        kw = dict(kinds[kind], **({"gc": True} if gc else {}))
+        if mb * seq > 8192 or (name.endswith(("7b", "8b")) and kind != "both"):
+            continue
+        if (name, 3, mb, seq, 1, gc, kw.get("lora", 0), bool(kw.get("offload")), bool(kw.get("offload_param")),
+                zero_init, False) in done:
+            continue
+        s = spec(name, 3, mb, seq, 1, "holdout", zero_init=zero_init, **kw)
+        if make_plan(spec_inputs(s, 139.8)).host.per_process_bytes < (16 if kind == "opt" else 28) * 2**30:
+            rows.append((kind, s))
+    plan = _predict(str(HERE.parents[1]), [s for _, s in rows])
+    cand = _predict(candidate, [s for _, s in rows])
+    table = [(k, s, a, b) for (k, s), a, b in zip(rows, plan, cand) if max(a, b) < 50]
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    for kind, differ, builds, count in (("both", True, (False, True), 4), ("both", False, (False, True), 1),
+                                        ("opt", True, (False, True), 1), ("param", True, (True,), 2)):
+        for build in builds:
+            here: set = set()
+            for k, s, a, b in table:
+                if (k == kind and s["zero_init"] == build and (abs(b - a) / a >= 0.02) == differ
+                        and s["name"] not in here and len(here) < count and s not in chosen):
+                    here.add(s["name"])
+                    chosen.append(s)
+                    print(f"{kind:5s} {'zero.Init' if build else 'raw build':10s} {s['name']:17s} mb{s['mb']} "
+                          f"s{s['seq']} gc={bool(s.get('gc'))}  plan {a:6.2f}  candidate {b:6.2f}")
+    return chosen
+
+
 def draw_world_size_2(call: int) -> list:
     """Call 42's draw (see the module docstring): the plan's predictions only."""
     rows = [(k, s) for k, s in pool(call) if k[4] == 2]
@@ -364,6 +419,8 @@ def main(argv: list) -> int:
             draw_world_size_2(call)
         elif call == 44:
             draw_zero3_offload(call, candidate)
+        elif call == 46:
+            draw_zero3_v17(call, candidate)
         else:
             (draw_zero3 if call == 32 else draw)(call, candidate)
         return 0
@@ -372,7 +429,7 @@ def main(argv: list) -> int:
     for s, p in zip(specs, _predict(candidate, specs)):
         if s.get("split") == "holdout":
             s[field] = round(p, 1)
-            if call in (32, 36, 37, 40, 44):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
+            if call in (32, 36, 37, 40, 44, 46):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
                 s["need_gib"] = round(1.1 * max(p, s["pred_gib"]) + 3)
     path.write_text("".join(json.dumps(s) + "\n" for s in specs))
     print(f"{path}: {field} for {sum(field in s for s in specs)} rows")
