@@ -155,15 +155,18 @@ def test_zero3_allocator_replay_against_the_allocator_traces():
     world size 2 (call 7: Qwen2.5-3B, two sub-groups; call 21: Qwen2.5-1.5B and Llama-3.2-3B, built whole), and the
     parameters on the GPU at world size 1 (call 11's LoRA save run; call 39: full fine-tuning in zero.Init and built
     whole, overlap_comm, Gemma 2's soft-capped logits, LoRA; call 41), and the optimizer offloaded (calls 34, 43 and
-    45).
-    The segments after ``deepspeed.initialize`` within 6% under (the small pool's 2 MiB segments and the build's one
-    extra embedding-sized block are not replayed; with the optimizer offloaded 12%, one embedding gathered at the
-    init's end, 0.25 of 2.1 GiB) or 1% over, and at the end of training within 2% under or 1% over, except call
-    41's Qwen2.5-3B run (8192 tokens a step): the first step's AdamW states settled in the logits' released fp32
-    blocks, so the next step's logits took new segments, 11% more than the replay
-    (``memory.plan.KNOWN_UNDER["zero3_states_in_logits"]``). Before the replay the plan's fitted gap was 11.2% under
-    on the Qwen2.5-3B offload_param row, 13.7% under on Gemma-3-1B (call 38) and 12.3% under on Qwen2.5-0.5B with the
-    optimizer offloaded (call 33)."""
+    45), and LoRA with both offloads at world size 1 (calls 34 and 35: in zero.Init and built whole, checkpointed or
+    not). The segments after ``deepspeed.initialize`` within 6% under (the small pool's 2 MiB segments and the build's
+    one extra embedding-sized block are not replayed) or 1% over, and at the end of training within 2% under or 1% over
+    (with both offloads 4% under or 3% over: the gathered parameters are replayed per layer, not per module; Gemma-2-2B
+    in zero.Init 12.8% over call 35's run, which peaked 0.97 GiB under call 33's run of that configuration:
+    ``memory.plan.KNOWN_SPREAD``), except call 41's Qwen2.5-3B run (8192 tokens a step): the first step's AdamW states
+    settled in the logits' released fp32 blocks, so the next step's logits took new segments, 11% more than the replay
+    (``memory.plan.KNOWN_UNDER["zero3_states_in_logits"]``). Before the replay the plan's fitted gap was 11.2% under on
+    the Qwen2.5-3B offload_param row, 13.7% under on Gemma-3-1B (call 38) and 12.3% under on Qwen2.5-0.5B with the
+    optimizer offloaded (call 33); before the hooks' gathers were replayed (``hooked``), 15.6% over on Gemma-3-1B with
+    the optimizer offloaded (call 33; call 45's trace); before LoRA with both offloads was replayed, its fitted gap was
+    20.5% over on Gemma-2-2B in zero.Init (call 33) and 18.6% over on Qwen2.5-0.5B (call 38)."""
 
     sys.path.insert(0, str(BENCH))
     from rows import spec_inputs
@@ -171,9 +174,9 @@ def test_zero3_allocator_replay_against_the_allocator_traces():
     from zeropilot.memory.gpu import zero3_replay
     from zeropilot.memory.segments import zero3_reserved
 
-    known_misses = {"qwen2.5-3b_z3_mb2_s4096_gc_zinit_ws1_frames": (-0.12, 0.0),
-                    # call 45: the set-up hooks' gathers are not replayed (candidate v17, branch v17, does)
-                    "gemma-3-1b_z3_mb1_s2048_gc_offload_ws1_frames": (0.0, 0.19)}
+    known_misses = {"qwen2.5-3b_z3_mb2_s4096_gc_zinit_ws1_frames": (-0.12, 0.0)}
+    for name in ("gemma-2-2b_z3_mb1_s1024_lora16_offload_offload_param_zinit_ws1", ):  # calls 34 and 35
+        known_misses[name] = known_misses[name + "_frames"] = (0.0, 0.13)
     seen = []
     for r, init, final in _traced_runs():
         args = zero3_replay(spec_inputs(r["spec"], r["total_gpu_gb"]))
@@ -181,12 +184,11 @@ def test_zero3_allocator_replay_against_the_allocator_traces():
             continue
         init_err = zero3_reserved(**dict(args, steps=0)) / init - 1
         err = zero3_reserved(**args) / final - 1
-        low, high = known_misses.get(r["spec"]["trace"], (-0.02, 0.01))
-        # with the optimizer offloaded, one embedding-sized block gathered at the init's end stays (not replayed)
-        init_low = -0.06 if not r["spec"].get("offload") else -0.17 if r["spec"]["name"] == "gemma-3-1b" else -0.13
-        assert init_low <= init_err <= 0.01 and low <= err <= high, (r["spec"]["trace"], init_err, err)
+        both = r["spec"].get("offload") and r["spec"].get("offload_param")  # LoRA: the gathered window replayed
+        low, high = known_misses.get(r["spec"]["trace"], (-0.04, 0.03) if both else (-0.02, 0.01))
+        assert -0.06 <= init_err <= 0.01 and low <= err <= high, (r["spec"]["trace"], init_err, err)
         seen.append(r["spec"]["trace"])
-    assert len(seen) == 14
+    assert len(seen) == 20
 
 
 def test_zero1_and_zero2_and_the_split_of_tokens_reserve_alike_at_world_size_1():
@@ -225,12 +227,12 @@ def test_zero1_and_zero2_and_the_split_of_tokens_reserve_alike_at_world_size_1()
 
 def test_host_memory_of_the_offload_runs_against_their_peak_rss():
     """The host estimate (memory/host.py, buffer by buffer as calls 29-31 logged them) against the probe's peak RSS
-    on every committed offload run, none used to find it: within 1% at the median and 2% (or 0.25 GiB) on every full
-    fine-tuning run but ZeRO-3 parameter offload built in zero.Init (calls 32 and 33, measured after the model:
-    2.7-3.9% under, 0.4-0.9 GiB the model does not hold, and Gemma-2-2B LoRA with both offloads 16.7% under, 2.2 GiB:
-    about one pinned block of the embedding's size, rounded to a power of two, but not on the older zero.Init rows, so
-    not modelled);
-    LoRA rows, whose offloaded state is tiny, up to 11% over (the process's own 2.1-2.3 GiB).
+    on every committed offload run: within 1% at the median and 2% (or 0.25 GiB) on every full fine-tuning run but
+    ZeRO-3 parameter offload built in zero.Init; never more than 4% under; LoRA rows, whose offloaded state is tiny, up
+    to 11% over (the process's own 2.1-2.3 GiB). In zero.Init with parameter offload, models with tied embeddings
+    hold one more pinned block of the embedding's partition, rounded up to a power of two (the output layer's,
+    partitioned before transformers ties it; found on calls 32, 33 and 46's rows, so fitted there): before it, 2.7-3.9%
+    under on call 32's tied full fine-tunings and 8.5-17.2% under on LoRA with both offloads (Gemma-2-2B 2.2 GiB).
     Before call 30 the per-element constant missed by -18% to +12%, and ZeRO-3 parameter offload with the optimizer on
     the GPU by -55%."""
     import statistics
@@ -243,8 +245,7 @@ def test_host_memory_of_the_offload_runs_against_their_peak_rss():
     errors = [x["error_pct"] for x in recs]
     assert len(recs) >= 50
     assert statistics.median(abs(e) for e in errors) <= 1.0
-    assert min(errors) >= -17.5 and max(errors) <= 11.0
-    assert sum(e < -4.0 for e in errors) <= 3  # that Gemma-2-2B configuration alone (calls 33, 34 and 35)
+    assert min(errors) >= -4.0 and max(errors) <= 11.0
     built_whole = [r for r in load_rows() if not (r.inputs.zero_init and r.inputs.offload_param != "none")]
     # within 2%, or 0.25 GiB where the offloaded state is small beside the process's own 2.1-2.3 GiB (Qwen2.5-0.5B at
     # world size 2, call 42: +2.6%, 8.9 GiB predicted for 8.7)

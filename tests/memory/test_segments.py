@@ -36,8 +36,9 @@ def test_a_split_block_merges_back_with_its_free_neighbours():
 
 def test_the_model_allocator_reproduces_the_h200_traces_from_their_own_requests():
     """Replaying each committed H200 trace's own requests (alloc, free, and ``empty_cache`` where the trace gave
-    segments back) through the model gives the segments the real caching allocator reserved: ZeRO-1, 2 and 3,
-    LoRA, offload, world size 1 and 2 (bench/plan/data/traces*, made by bench/plan/run_specs.sh with specs/call*_trace.jsonl)."""
+    segments back) through the model gives the segments the real caching allocator reserved: ZeRO-1, 2 and 3, LoRA,
+    offload, world size 1 and 2 (bench/plan/data/traces*, made by bench/plan/run_specs.sh with specs/call*_trace.jsonl).
+    """
     import gzip
     import json
     from pathlib import Path

@@ -524,12 +524,16 @@ def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: 
 
 def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
     """ZeRO-3: the arguments of :func:`~zeropilot.memory.segments.zero3_reserved`, for full fine-tuning with
-    ``offload_param`` and the optimizer on the GPU, and for full or LoRA fine-tuning with the parameters on the GPU at
-    world size 1 (nothing gathered), the optimizer on the GPU or offloaded. None elsewhere (the fitted gap holds
-    there)."""
-    on_gpu, gpu_optimizer = inputs.offload_param == "none", inputs.offload_optimizer == "none"
-    if (inputs.stage != 3 or inputs.expandable_segments or (on_gpu and inputs.world_size > 1)
-            or (not on_gpu and (inputs.lora_rank is not None or not gpu_optimizer))):
+    ``offload_param`` and the optimizer on the GPU, LoRA with both offloads at world size 1, and full or LoRA
+    fine-tuning with the parameters on the GPU at world size 1 (nothing gathered), the optimizer on the GPU or
+    offloaded. None elsewhere (the fitted gap holds there)."""
+    on_gpu, gpu_optimizer, lora = (inputs.offload_param == "none", inputs.offload_optimizer == "none",
+                                   inputs.lora_rank is not None)
+    if on_gpu:
+        replayed = inputs.world_size == 1
+    else:
+        replayed = (not lora and gpu_optimizer) or (lora and not gpu_optimizer and inputs.world_size == 1)
+    if inputs.stage != 3 or inputs.expandable_segments or not replayed:
         return None
     a, n = inputs.arch, inputs.world_size
     per_layer = [layer_tensor_sizes(a, i) for i in range(a.layers)]
@@ -568,6 +572,9 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
                 output_grad=0.0 if inputs.lora_rank is not None else 2.0 * a.vocab * a.hidden,
                 softcap=a.logit_softcap, norm_pieces=[float(-(-x // n)) for x in trainable] if gpu_optimizer else [],
                 offload_buckets=offload_buckets, frozen=frozen,
+                hooked=[2.0 * x for x in elements] if inputs.lora_rank is None else [],  # LoRA's adapters: small
+                live=0.0 if on_gpu else 2.0 * inputs.max_live_parameters,
+                init_gathers=[2.0 * a.vocab * a.hidden] * 2 if inputs.zero_init and not on_gpu else [],
                 flat=2.0 * part if on_gpu else 0.0,
                 side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0)
 

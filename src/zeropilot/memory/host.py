@@ -102,6 +102,13 @@ def estimate_host(inputs: PlanInputs, params: int, trainable: int, c: Constants 
         why += (f" + {pinned / GIB:.1f} GiB pinned 16-bit parameter partitions ({params / n / 1e6:.0f} M "
                 "elements, each block rounded up to a power of two by the pinned-memory allocator) + "
                 f"{flat / GIB:.1f} GiB flat pinned 16-bit partition of the trainable ones")
+        if inputs.zero_init and inputs.arch.tied:
+            # zero.Init partitions (and pins) the output layer's weight before transformers ties it to the embedding;
+            # the released pinned block stays in the caching host allocator (calls 32, 33 and 46: 0.4-2.3 GiB more
+            # RSS on the tied models only, one block of the embedding's partition rounded up to a power of two)
+            tied = _pow2(2 * -(-inputs.arch.vocab * inputs.arch.hidden // n))
+            proc += tied
+            why += f" + {tied / GIB:.1f} GiB pinned block of the untied output layer, released in zero.Init"
         if inputs.offload_optimizer == "none":
             convert = 4 * min(inputs.sub_group_size, part)
             proc += convert

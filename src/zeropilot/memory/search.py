@@ -94,31 +94,29 @@ def search(inputs: PlanInputs, limit: int = 5, constants: Constants = DEFAULT
     if inputs.hardware is None:
         raise InputError("--search needs the GPUs: pass --gpus COUNTxMEM (e.g. 4x16GiB)")
     gpu_bytes = inputs.hardware.gpu_bytes
-    seen: Dict[Tuple, Candidate] = {}
-    smallest: Optional[Candidate] = None
+    variants: Dict[Tuple, PlanInputs] = {}
     for variant in _variants(inputs):
-        key = _rank(variant)
-        if key in seen:
-            continue
-        plan = make_plan(variant, constants)
-        fits = plan.gpu_peak_bytes <= gpu_bytes * (1 - SAFE_MARGIN)
-        cand = Candidate(plan, fits, key, _reason(variant, plan, gpu_bytes))
-        seen[key] = cand
-        if smallest is None or plan.gpu_peak_bytes < smallest.plan.gpu_peak_bytes:
-            smallest = cand
-    ranked = sorted((c for c in seen.values() if c.fits), key=lambda c: c.rank_key)
-    return _distinct(ranked)[:limit], (None if ranked else smallest)
+        variants.setdefault(_rank(variant), variant)
+    # In rank order; each family (offload, stage, recomputation) is shown by its first fit, so the rest of it is not
+    # planned unless nothing fits at all (then every candidate is, to find the smallest peak): fewer replays.
+    tried: Dict[Tuple, Candidate] = {}
+    best: Dict[Tuple, Candidate] = {}
+    for key in sorted(variants):
+        if key[:3] not in best:
+            tried[key] = cand = _candidate(variants[key], key, gpu_bytes, constants)
+            if cand.fits:
+                best[key[:3]] = cand
+    ranked = sorted(best.values(), key=lambda c: c.rank_key)
+    if ranked:
+        return ranked[:limit], None
+    return [], min((tried.get(k) or _candidate(v, k, gpu_bytes, constants) for k, v in variants.items()),
+                   key=lambda c: c.plan.gpu_peak_bytes)
 
 
-def _distinct(ranked: List[Candidate]) -> List[Candidate]:
-    """The best candidate of each (offload, stage, recomputation) family, in rank order."""
-    out, families = [], set()
-    for c in ranked:
-        fam = c.rank_key[:3]
-        if fam not in families:
-            families.add(fam)
-            out.append(c)
-    return out
+def _candidate(variant: PlanInputs, key: Tuple, gpu_bytes: int, constants: Constants) -> Candidate:
+    plan = make_plan(variant, constants)
+    fits = plan.gpu_peak_bytes <= gpu_bytes * (1 - SAFE_MARGIN)
+    return Candidate(plan, fits, key, _reason(variant, plan, gpu_bytes))
 
 
 def deepspeed_config(p: PlanInputs) -> dict:

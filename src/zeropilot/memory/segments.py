@@ -30,7 +30,8 @@ reusable later; the overlap_comm stream's separate pool is not modelled. ``docs/
 :func:`zero3_reserved` replays DeepSpeed's stage-3 sequence the same way: parameter offload with the optimizer on the
 GPU (call 7's and call 21's traces, within 2%; pre-registered call 32), and parameters on the GPU at world size 1,
 the optimizer on the GPU or offloaded (calls 39 and 43's traces; there the ZeRO-3 reduction stream's pool is
-modelled; pre-registered calls 40 and 44).
+modelled; pre-registered calls 40 and 44), and LoRA with both offloads at world size 1 (calls 34 and 35's traces:
+the prefetched window of gathered parameters, :class:`_Window`).
 """
 
 from __future__ import annotations
@@ -140,6 +141,39 @@ def _schedule(layer: Tuple[Tuple[float, Optional[int]], ...]) -> Tuple[tuple, tu
     return tuple(steps), tuple(i for k in sorted(due) for i in due[k])
 
 
+class _Window:
+    """ZeRO-3's gathered parameters once the first step has recorded the module trace: the coordinator prefetches the
+    parameters of the modules ahead until ``stage3_max_live_parameters`` elements are gathered, and releases each
+    module's once it is done (``partitioned_param_coordinator.py`` ``fetch_sub_module``, ``release_sub_module``).
+    Replayed per decoder layer: its parameters gathered in order, each after releasing the longest-gathered ones
+    beyond ``budget`` bytes (never the layer's own); call 35's traces show one gather after each release, about
+    ``max_live_parameters`` elements gathered through the forward, and the output layer's weight among them at the
+    loss."""
+
+    def __init__(self, pool: "Allocator", budget: float) -> None:
+        self.pool, self.budget, self.held = pool, budget, 0.0
+        self.live: Dict[object, Tuple[Optional[_Block], float]] = {}  # in gather order
+
+    def fetch(self, key: object, sizes: Sequence[float]) -> None:
+        for j, size in enumerate(sizes):
+            if (key, j) in self.live:
+                continue
+            for old in [k for k in self.live if k[0] != key]:
+                if self.held + size <= self.budget:
+                    break
+                block, gone = self.live.pop(old)
+                self.pool.free(block)
+                self.held -= gone
+            self.live[(key, j)] = (self.pool.alloc(size), size)
+            self.held += size
+
+    def release_all(self) -> None:
+        """The step's end: every gathered parameter released (``release_and_reset_all``)."""
+        for block, _ in self.live.values():
+            self.pool.free(block)
+        self.live, self.held = {}, 0.0
+
+
 def _forward(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]]) -> List[Optional[_Block]]:
     """One decoder layer's forward: every tensor taken in order and released at its index; the kept ones returned.
     A release index past the layer's end (the residual stream, used by the next layer) is taken as its end."""
@@ -157,23 +191,44 @@ def _forward(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]]) ->
     return kept
 
 
+def _gather(pool: "Allocator", window: Optional[_Window], index: int,
+            gathered: Sequence[Sequence[float]]) -> List[Optional[_Block]]:
+    """Layer ``index``'s parameters gathered: the blocks to release after it, or none when ``window`` holds them."""
+    if not gathered:
+        return []
+    if window is not None:
+        window.fetch(index, gathered[index])
+        return []
+    return [pool.alloc(size) for size in gathered[index]]
+
+
 def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]], layers: int, checkpointed: bool,
                   edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]],
-                  gathered: Sequence[Sequence[float]] = ()) -> List[Optional[_Block]]:
+                  gathered: Sequence[Sequence[float]] = (),
+                  window: Optional[_Window] = None) -> List[Optional[_Block]]:
     """The decoder's forward (arguments as :func:`zero12_reserved`'s); the tensors kept for the backward.
-    ``gathered``: per layer, the 16-bit parameters ZeRO-3 gathers before it and releases after it."""
-    acts = [pool.alloc(edges[0])]  # the embedding's output
+    ``gathered``: per layer, the 16-bit parameters ZeRO-3 gathers before it and releases after it (or, with
+    ``window``, leaves to the window). Under checkpointing a layer's tensors are released once it is done and its
+    output stays as the next one's input (layer 0's input is the embedding's output); the last layer's output is
+    released after the final norm, which keeps its own fp32 copy (call 41's trace)."""
+    if checkpointed:
+        acts: List[Optional[_Block]] = [None, pool.alloc(edges[0])]  # the embedding's output: layer 0's input
+    else:
+        acts = [pool.alloc(edges[0])]  # the embedding's output
     for index in range(layers):
-        params = [pool.alloc(size) for size in (gathered[index] if gathered else ())]
-        if checkpointed:  # the layer's input kept; its tensors released once the layer is done
-            acts.append(pool.alloc(edges[0]))
+        params = _gather(pool, window, index, gathered)
+        if checkpointed:  # the layer's tensors released once it is done; its output kept as the next one's input
             for b in _forward(pool, layer):
                 pool.free(b)
+            acts.append(pool.alloc(edges[0]))
         else:
             acts += _forward(pool, layer)
         for b in params:
             pool.free(b)
-    return acts + _forward(pool, edges[1])  # the final norm's
+    norm = _forward(pool, edges[1])  # the final norm's
+    if checkpointed:
+        pool.free(acts.pop())  # the last layer's output: the norm keeps its own fp32 copy
+    return acts + norm
 
 
 def _causal_lm_loss(pool: "Allocator", logits_bf16: float, logits_fp32: float, softcap: bool) -> Optional[_Block]:
@@ -209,7 +264,7 @@ def _causal_lm_loss(pool: "Allocator", logits_bf16: float, logits_fp32: float, s
 
 def _backward_pass(pool: "Allocator", acts: List[Optional[_Block]], layer: Sequence[Tuple[float, Optional[int]]],
                    checkpointed: bool, edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]],
-                   gathered: Sequence[Sequence[float]] = ()) -> None:
+                   gathered: Sequence[Sequence[float]] = (), window: Optional[_Window] = None) -> None:
     """The decoder's backward: the forward's kept tensors released last to first; under checkpointing each layer's
     forward runs again (with its gathered parameters, ZeRO-3) before its gradient."""
     final = sum(1 for _, until in edges[1] if until is None)
@@ -217,7 +272,7 @@ def _backward_pass(pool: "Allocator", acts: List[Optional[_Block]], layer: Seque
     for k, b in enumerate(reversed(acts)):
         if checkpointed and final <= k < len(acts) - 1:  # the layer's forward again, then its gradient
             index -= 1
-            params = [pool.alloc(size) for size in (gathered[index] if gathered else ())]
+            params = _gather(pool, window, index, gathered)
             for r in _forward(pool, layer):
                 pool.free(r)
             for p in params:
@@ -345,9 +400,12 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
                    embedding: float, checkpointed: bool, edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]],
                    logits_bf16: float, logits_fp32: float, output_grad: float, softcap: bool = False,
                    norm_pieces: Sequence[float] = (), frozen: Sequence[float] = (), flat: float = 0.0,
-                   side_stream: float = 0.0, offload_buckets: Sequence[Sequence[float]] = (), steps: int = 2) -> int:
-    """Bytes the caching allocator reserves for ZeRO-3: parameters offloaded with the optimizer on the GPU, or
-    parameters on the GPU at world size 1 (where nothing is gathered) with the optimizer on the GPU or offloaded.
+                   side_stream: float = 0.0, offload_buckets: Sequence[Sequence[float]] = (),
+                   hooked: Sequence[float] = (), live: float = 0.0, init_gathers: Sequence[float] = (),
+                   steps: int = 2) -> int:
+    """Bytes the caching allocator reserves for ZeRO-3: parameters offloaded with the optimizer on the GPU (full
+    fine-tuning) or offloaded too (LoRA, at world size 1), or parameters on the GPU at world size 1 (where nothing is
+    gathered) with the optimizer on the GPU or offloaded.
 
     The sequence is DeepSpeed 0.19.8's (``runtime/zero/stage3.py``), as call 7's and call 21's allocator traces show
     it. Without ``zero.Init`` the whole 16-bit model is built on the GPU, one tensor each (``build``; in ``zero.Init``
@@ -359,15 +417,19 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
     ``runtime/zero/utils.py``). ``_create_fp32_partitions`` makes each sub-group's fp32 master from its 16-bit
     partition: a converted fp32 copy on the GPU (released when the next one is made) and its clone (kept).
     ``initialize_optimizer_states`` zeroes an fp32 gradient of the largest sub-group, released. The reduce bucket and
-    the 16-bit gradient partition stay for the whole run. Each step gathers every layer's parameters (``gathered``; the
-    embedding's and the output layer's, ``embedding``; none at world size 1 with the parameters on the GPU:
-    ``_no_gather_coalesced``), runs the forward and the loss (as ZeRO-1/2's replay), takes each gradient's norm through
-    an fp64 copy (``get_grad_norm_direct``), and then the optimizer works one sub-group at a time
-    (``_prepare_sub_group``, ``_optimizer_step``, ``_release_sub_group``): the sub-group's gradients flattened in 16
-    bits, cast to fp32 (the flat 16-bit copy released), AdamW's two states on the first step, one foreach temporary,
-    and the fp32 gradient released. With more than one sub-group the smaller ones' states land in the largest one's
-    released blocks, so the second step needs new segments for its fp32 gradient and temporary (call 7's trace of
-    Qwen2.5-3B at world size 2). With ``overlap_comm`` each bucket's reduction runs on its
+    the 16-bit gradient partition stay for the whole run. ``create_reduce_and_remove_grad_hooks`` then gathers each
+    trainable parameter whole and releases it (``hooked``; call 45's trace: with the optimizer offloaded nothing is
+    cached by then, so the largest one takes a segment of its own, which later holds the cuBLAS workspaces). Each step
+    gathers every layer's parameters (``gathered``; the embedding's and the output layer's, ``embedding``; none at world
+    size 1 with the parameters on the GPU: ``_no_gather_coalesced``): in the first step each layer's before it and
+    released after it; from the second on, once the module trace is complete, through :class:`_Window` (``live``), the
+    prefetched window of ``stage3_max_live_parameters`` elements. It runs the forward and the loss (as ZeRO-1/2's
+    replay), takes each gradient's norm through an fp64 copy (``get_grad_norm_direct``), and then the optimizer works
+    one sub-group at a time (``_prepare_sub_group``, ``_optimizer_step``, ``_release_sub_group``): the sub-group's
+    gradients flattened in 16 bits, cast to fp32 (the flat 16-bit copy released), AdamW's two states on the first step,
+    one foreach temporary, and the fp32 gradient released. With more than one sub-group the smaller ones' states land in
+    the largest one's released blocks, so the second step needs new segments for its fp32 gradient and temporary (call
+    7's trace of Qwen2.5-3B at world size 2). With ``overlap_comm`` each bucket's reduction runs on its
     own stream, and its flattened copy of the bucket (``reduce_scatter_coalesced``'s ``torch.cat``) comes from that
     stream's blocks, which the rest of the run cannot reuse (``side_stream``: the largest such copy).
 
@@ -386,6 +448,12 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
             flattened, and each gradient's partition comes back from its pinned buffer to the GPU for its norm (fp64,
             in chunks of 250 M elements) and its fp32 copy to the CPU (``partition_grads``,
             ``_offload_grad_partition_at_boundary``; call 43's traces).
+        hooked: bytes of each trainable 16-bit parameter, whole, in order (the gathers of the hooks' set-up).
+        live: ``gathered``'s budget from the second step on, in bytes (``stage3_max_live_parameters``; 0: each
+            layer's parameters released after it, as in the first step, which records the module trace; call 35's
+            traces, LoRA with both offloads, peak with about that many gathered).
+        init_gathers: zero.Init with offload_param: bytes of each parameter gathered whole while the model is built
+            (transformers' weight initialisation gathers the embedding twice; call 35's traces).
     """
     pool = Allocator()
     built = [pool.alloc(size) for size in build]
@@ -401,6 +469,10 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
     else:
         for b in built:
             pool.free(b)
+        for size in init_gathers:  # zero.Init with offload_param: the embedding gathered while the model is built
+            whole, copied = pool.alloc(size), pool.alloc(size)  # _allgather_params_sequential's buffer, the CPU copy
+            pool.free(copied)
+            pool.free(whole)
     converted = None
     for size in sub_groups:
         made = pool.alloc(size)  # fp16_partitioned_groups_flat[i].to(device, fp32)
@@ -411,13 +483,16 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
     pool.free(pool.alloc(max(sub_groups, default=0)))  # initialize_optimizer_states' zeroed gradient buffer
     pool.alloc(bucket)
     pool.alloc(grad_partition)
+    for size in hooked:  # create_reduce_and_remove_grad_hooks: param.all_gather(), released at once
+        pool.free(pool.alloc(size))
     for step in range(steps):
         if step == 0:
             pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
-        emb = pool.alloc(embedding)
-        acts = _forward_pass(pool, layer, layers, checkpointed, edges, gathered)
+        window = _Window(pool, live) if live and step else None
+        emb = pool.alloc(embedding) if window is None else window.fetch("embedding", [embedding])
+        acts = _forward_pass(pool, layer, layers, checkpointed, edges, gathered, window)
         pool.free(emb)
-        head = pool.alloc(embedding)  # the output layer's weight, gathered again (tied or not, the same size)
+        head = pool.alloc(embedding) if window is None else window.fetch("head", [embedding])  # tied or not, one size
         gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap)
         if step == 0:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
             pool.alloc(_CUBLAS_WORKSPACE)
@@ -425,7 +500,9 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
         pool.free(gb)
         pool.free(head)
         pool.free(og)
-        _backward_pass(pool, acts, layer, checkpointed, edges, gathered)
+        _backward_pass(pool, acts, layer, checkpointed, edges, gathered, window)
+        if window is not None:
+            window.release_all()
         for held in offload_buckets:  # offload_optimizer: each reduction's gradients on their way to the CPU
             flat_bucket = pool.alloc(2 * sum(held))  # reduce_scatter_coalesced's flattened bucket, to the last one
             for n in held:
