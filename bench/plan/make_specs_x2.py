@@ -716,18 +716,44 @@ CALL46 = [
 ]
 
 
+# Call 47 (one GPU): no candidate's test but the plan's after v17 (commit that adds these rows), on never-measured runs
+# at world size 1 of every kind: twelve ZeRO-3 rows drawn as call 33's (seed 47) and six ZeRO-1/2 rows from call 37's
+# pool (seed 47), ``bench/plan/select_call.py 47 .``. Reported as they come against the issue's bounds (median <= 5%,
+# max <= 12%, no under-prediction beyond 8%); pred_gib: the plan; need_gib as call 33's.
+CALL47 = [
+    spec("qwen2.5-1.5b", 3, 1, 1024, 1, "holdout", zero_init=False),
+    spec("gemma-3-1b", 3, 1, 2048, 1, "holdout", zero_init=False, gc=True, lora=16, offload=True),
+    spec("qwen2.5-3b", 3, 2, 2048, 1, "holdout", zero_init=False, gc=True, lora=16),
+    spec("mistral-7b", 3, 2, 1024, 1, "holdout", zero_init=False, gc=True, lora=16, offload=True),
+    spec("qwen3-1.7b", 3, 1, 4096, 1, "holdout", zero_init=False, lora=16),
+    spec("gemma-2-2b", 3, 4, 1024, 1, "holdout", zero_init=False, gc=True, lora=16, offload=True, offload_param=True),
+    spec("phi-3-mini", 3, 4, 2048, 1, "holdout", zero_init=True, lora=16, offload=True),
+    spec("qwen3-1.7b", 3, 1, 2048, 1, "holdout", zero_init=True, lora=16),
+    spec("qwen2.5-3b", 3, 1, 4096, 1, "holdout", zero_init=True, lora=16),
+    spec("mistral-1b-shape", 3, 2, 4096, 1, "holdout", zero_init=True, gc=True, lora=16),
+    spec("qwen3-4b", 3, 1, 4096, 1, "holdout", zero_init=True, gc=True, lora=16),
+    spec("qwen2.5-1.5b", 3, 1, 1024, 1, "holdout", zero_init=True, gc=True, lora=16, offload=True, offload_param=True),
+    spec("qwen2.5-0.5b", 2, 2, 4096, 1, "holdout", lora=8),
+    spec("mistral-1b-shape", 2, 4, 4096, 1, "holdout", gc=True, lora=8),
+    spec("qwen2.5-1.5b", 1, 4, 2048, 1, "holdout", lora=8),
+    spec("llama-3.2-3b", 2, 2, 1024, 1, "holdout", lora=8),
+    spec("gemma-3-1b", 2, 2, 1024, 1, "holdout", lora=16, offload=True),
+    spec("gemma-2-2b", 1, 4, 1024, 1, "holdout", lora=16),
+]
+
+
 def main() -> None:
     import sys
     sys.path.insert(0, str(HERE.parents[1] / "src"))
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39", "--call40", "--call41", "--call42", "--call43", "--call44", "--call45", "--call46")), "call3")
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39", "--call40", "--call41", "--call42", "--call43", "--call44", "--call45", "--call46", "--call47")), "call3")
     rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19,
             "call21": CALL21, "call23": CALL23,
             "call24": CALL24, "call25": CALL25, "call26": CALL26,
             "call28": CALL28, "call32": CALL32, "call33": CALL33, "call34": CALL34_TRACE,
-            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42, "call43": CALL43_TRACE, "call44": CALL44, "call45": CALL45_TRACE, "call46": CALL46}[which]
+            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42, "call43": CALL43_TRACE, "call44": CALL44, "call45": CALL45_TRACE, "call46": CALL46, "call47": CALL47}[which]
     out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35", "call39", "call41", "call43", "call45") else f"{which}_x2.jsonl")
     with out.open("w") as f:
         for s in rows + ([CALL26_TRACE] if which == "call26" else []):
@@ -736,7 +762,7 @@ def main() -> None:
                 continue
             p = make_plan(spec_inputs(s, 139.8)).gpu_peak_bytes / 2**30
             s["pred_gib"] = round(p, 1)
-            if which in ("call33", "call38"):
+            if which in ("call33", "call38", "call47"):
                 s["need_gib"] = round(1.1 * p + 3)
             if s.get("lora") is None and s["name"] in ("qwen2.5-7b", "llama-3.1-8b", "mistral-7b") \
                     and not s.get("offload"):

@@ -66,6 +66,10 @@ shuffled with seed 46; one row per model in each group: with both offloads, per 
 candidate differ by 2% or more and one where they differ by less; with the optimizer offloaded one row per build, and
 with offload_param two in zero.Init, where they differ by 2% or more. Usage: ``python bench/plan/select_call.py 46
 /tmp/v17wt``.
+
+Call 47 (one GPU) is no candidate's test but the plan's after v17, at world size 1: twelve ZeRO-3 rows drawn as call
+33's (seed 47: six per build, one per model and build, every mode of offload) and six ZeRO-1/2 rows from call 37's
+pool (seed 47, one per model, predicted under 80 GiB). Usage: ``python bench/plan/select_call.py 47 .``
 """
 from __future__ import annotations
 
@@ -106,7 +110,7 @@ def _predict(root: str, specs: list) -> list:
 
 FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14",
          37: "pred_gib_v12", 38: "pred_gib", 40: "pred_gib_v15", 42: "pred_gib",
-         44: "pred_gib_v16", 46: "pred_gib_v17"}
+         44: "pred_gib_v16", 46: "pred_gib_v17", 47: "pred_gib"}
 
 
 def measured_specs(call: int):
@@ -387,6 +391,22 @@ def draw_zero3_v17(call: int, candidate: str) -> list:
     return chosen
 
 
+def draw_plan_world_size_1(call: int) -> list:
+    """Call 47's draw (see the module docstring): the plan's predictions only."""
+    chosen = [s for s in draw_zero3_plan(call)]
+    rows = [(k, s) for k, s in pool(call) if k[4] == 1]
+    plan = _predict(str(HERE.parents[1]), [s for _, s in rows])
+    table = [(k, s, a) for (k, s), a in zip(rows, plan) if a <= 80]
+    random.Random(call).shuffle(table)
+    names: set = set()
+    for k, s, a in table:
+        if len(names) < 6 and k[0] not in names:
+            names.add(k[0])
+            chosen.append(s)
+            print(f"{'|'.join(map(str, k)):48s} plan {a:6.2f}")
+    return chosen
+
+
 def draw_world_size_2(call: int) -> list:
     """Call 42's draw (see the module docstring): the plan's predictions only."""
     rows = [(k, s) for k, s in pool(call) if k[4] == 2]
@@ -421,6 +441,8 @@ def main(argv: list) -> int:
             draw_zero3_offload(call, candidate)
         elif call == 46:
             draw_zero3_v17(call, candidate)
+        elif call == 47:
+            draw_plan_world_size_1(call)
         else:
             (draw_zero3 if call == 32 else draw)(call, candidate)
         return 0
