@@ -742,18 +742,32 @@ CALL47 = [
 ]
 
 
+# Call 48 (one GPU): the plan after v17 (no candidate) on the seed's kind at world size 1, which call 46 did not draw:
+# LoRA r16 with both offloads on 7-8B models, ``bench/plan/select_call.py 48 .`` (seed 48, three rows per build).
+# Reported as they come against the issue's bounds; pred_gib: the plan at the commit that adds these rows; need_gib as
+# call 33's.
+CALL48 = [
+    spec("qwen2.5-7b", 3, 1, 4096, 1, "holdout", zero_init=False, lora=16, offload=True, offload_param=True),
+    spec("llama-3.1-8b", 3, 2, 4096, 1, "holdout", zero_init=False, lora=16, offload=True, offload_param=True),
+    spec("mistral-7b", 3, 2, 1024, 1, "holdout", zero_init=False, gc=True, lora=16, offload=True, offload_param=True),
+    spec("mistral-7b", 3, 1, 2048, 1, "holdout", zero_init=True, lora=16, offload=True, offload_param=True),
+    spec("llama-3.1-8b", 3, 1, 2048, 1, "holdout", zero_init=True, lora=16, offload=True, offload_param=True),
+    spec("qwen2.5-7b", 3, 2, 2048, 1, "holdout", zero_init=True, lora=16, offload=True, offload_param=True),
+]
+
+
 def main() -> None:
     import sys
     sys.path.insert(0, str(HERE.parents[1] / "src"))
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39", "--call40", "--call41", "--call42", "--call43", "--call44", "--call45", "--call46", "--call47")), "call3")
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39", "--call40", "--call41", "--call42", "--call43", "--call44", "--call45", "--call46", "--call47", "--call48")), "call3")
     rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19,
             "call21": CALL21, "call23": CALL23,
             "call24": CALL24, "call25": CALL25, "call26": CALL26,
             "call28": CALL28, "call32": CALL32, "call33": CALL33, "call34": CALL34_TRACE,
-            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42, "call43": CALL43_TRACE, "call44": CALL44, "call45": CALL45_TRACE, "call46": CALL46, "call47": CALL47}[which]
+            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42, "call43": CALL43_TRACE, "call44": CALL44, "call45": CALL45_TRACE, "call46": CALL46, "call47": CALL47, "call48": CALL48}[which]
     out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35", "call39", "call41", "call43", "call45") else f"{which}_x2.jsonl")
     with out.open("w") as f:
         for s in rows + ([CALL26_TRACE] if which == "call26" else []):
@@ -762,7 +776,7 @@ def main() -> None:
                 continue
             p = make_plan(spec_inputs(s, 139.8)).gpu_peak_bytes / 2**30
             s["pred_gib"] = round(p, 1)
-            if which in ("call33", "call38", "call47"):
+            if which in ("call33", "call38", "call47", "call48"):
                 s["need_gib"] = round(1.1 * p + 3)
             if s.get("lora") is None and s["name"] in ("qwen2.5-7b", "llama-3.1-8b", "mistral-7b") \
                     and not s.get("offload"):

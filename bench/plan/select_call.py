@@ -70,6 +70,11 @@ with offload_param two in zero.Init, where they differ by 2% or more. Usage: ``p
 Call 47 (one GPU) is no candidate's test but the plan's after v17, at world size 1: twelve ZeRO-3 rows drawn as call
 33's (seed 47: six per build, one per model and build, every mode of offload) and six ZeRO-1/2 rows from call 37's
 pool (seed 47, one per model, predicted under 80 GiB). Usage: ``python bench/plan/select_call.py 47 .``
+
+Call 48 (one GPU) is the plan's too, on the seed's kind at world size 1, which call 46 did not draw: LoRA r16 with
+both offloads on Qwen2.5-7B, Llama-3.1-8B and Mistral-7B, built whole or in zero.Init, with and without
+checkpointing, micro batch 1-4 and 1024-4096 tokens up to 8192 a step, never measured, host memory under 40 GiB a
+process; shuffled with seed 48; three rows per build, one per model. Usage: ``python bench/plan/select_call.py 48 .``
 """
 from __future__ import annotations
 
@@ -110,7 +115,7 @@ def _predict(root: str, specs: list) -> list:
 
 FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14",
          37: "pred_gib_v12", 38: "pred_gib", 40: "pred_gib_v15", 42: "pred_gib",
-         44: "pred_gib_v16", 46: "pred_gib_v17", 47: "pred_gib"}
+         44: "pred_gib_v16", 46: "pred_gib_v17", 47: "pred_gib", 48: "pred_gib"}
 
 
 def measured_specs(call: int):
@@ -407,6 +412,33 @@ def draw_plan_world_size_1(call: int) -> list:
     return chosen
 
 
+def draw_large_both_offloads(call: int) -> list:
+    """Call 48's draw (see the module docstring): the plan's predictions only."""
+    sys.path[:0] = [str(HERE), str(HERE.parents[1] / "src")]
+    from make_specs_x2 import spec
+    from rows import spec_inputs
+
+    from zeropilot.memory.plan import make_plan
+
+    done = {(s["name"], s["mb"], s["seq"], bool(s.get("gc")), bool(s.get("zero_init")))
+            for s in measured_specs(call) if s.get("stage") == 3 and s.get("ws", 1) == 1 and s.get("lora")
+            and s.get("offload") and s.get("offload_param")}
+    table = []
+    for name, zero_init, gc, mb, seq in itertools.product(("qwen2.5-7b", "llama-3.1-8b", "mistral-7b"),
+                                                          (False, True), (False, True), (1, 2, 4), (1024, 2048, 4096)):
+        if mb * seq > 8192 or (name, mb, seq, gc, zero_init) in done:
+            continue
+        kw = {"gc": True} if gc else {}
+        s = spec(name, 3, mb, seq, 1, "holdout", zero_init=zero_init, lora=16, offload=True, offload_param=True, **kw)
+        plan = make_plan(spec_inputs(s, 139.8))
+        if plan.gpu_peak_bytes < 80 * 2**30 and plan.host.per_process_bytes < 40 * 2**30:
+            table.append((s, plan.gpu_peak_bytes / 2**30))
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    _per_build(table, chosen, 3, lambda row: True, lambda s, gib: f"plan {gib:6.2f}")
+    return chosen
+
+
 def draw_world_size_2(call: int) -> list:
     """Call 42's draw (see the module docstring): the plan's predictions only."""
     rows = [(k, s) for k, s in pool(call) if k[4] == 2]
@@ -443,6 +475,8 @@ def main(argv: list) -> int:
             draw_zero3_v17(call, candidate)
         elif call == 47:
             draw_plan_world_size_1(call)
+        elif call == 48:
+            draw_large_both_offloads(call)
         else:
             (draw_zero3 if call == 32 else draw)(call, candidate)
         return 0
