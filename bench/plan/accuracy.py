@@ -185,7 +185,8 @@ PREREGISTERED = {("h200x2_call8", "pred_gib"): "call 8 (after the ZeRO-1/2 segme
                  ("h200x2_call44", "pred_gib"): "call 44, the plan it replaced (commit bc6794e)",
                  ("h200x2_call46", "pred_gib_v17"): "call 46, candidate v17 (zero3_v17_candidate.patch)",
                  ("h200x2_call46", "pred_gib"): "call 46, the plan (commit b9f5cc4)",
-                 ("h200x2_call47", "pred_gib"): "call 47, the plan after v17 at world size 1 (commit 972ba27)"}
+                 ("h200x2_call47", "pred_gib"): "call 47, the plan after v17 at world size 1 (commit 972ba27)",
+                 ("h200x2_call48", "pred_gib"): "call 48, the plan on 7-8B LoRA with both offloads (commit c59e1cd)"}
 
 
 def _preregistered(rows, recs) -> list:
