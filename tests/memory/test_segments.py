@@ -1,6 +1,6 @@
 """The caching-allocator model behind the ZeRO-1/2 replay (memory/segments.py)."""
 
-from zeropilot.memory.segments import MIB, Allocator
+from zeropilot.memory.segments import MIB, Allocator, _Window
 
 
 def test_best_fit_split_and_merge_and_reserved_never_shrinks():
@@ -20,6 +20,27 @@ def test_best_fit_split_and_merge_and_reserved_never_shrinks():
     pool.free(pool.alloc(5 * MIB))  # under 10 MiB: a 20 MiB segment unless a free block fits
     assert pool.reserved == 270 * MIB
     assert pool.alloc(MIB // 2) is None  # the small pool is left out
+
+
+def test_the_gathered_window_keeps_its_budget_and_never_releases_the_layer_it_gathers():
+    """ZeRO-3's prefetched parameters (``_Window``, from the second step on): a layer's parameters are gathered after
+    releasing the longest-gathered ones beyond the budget, never its own; a parameter already gathered is not taken
+    again; the step's end releases everything."""
+    pool = Allocator()
+    window = _Window(pool, budget=100 * MIB)
+    window.fetch(0, [40 * MIB, 40 * MIB])
+    window.fetch(1, [40 * MIB])  # over budget: layer 0's first parameter goes first
+    assert [k for k in window.live] == [(0, 1), (1, 0)] and window.held == 80 * MIB
+    assert pool.reserved == 80 * MIB  # released first, so layer 1's parameter took the released block
+    window.fetch(1, [40 * MIB])  # already gathered
+    assert window.held == 80 * MIB and pool.reserved == 80 * MIB
+    window.fetch(2, [60 * MIB, 60 * MIB])  # its own first parameter stays while the second is gathered
+    assert list(window.live) == [(2, 0), (2, 1)] and window.held == 120 * MIB and pool.reserved == 200 * MIB
+    window.release_all()
+    assert not window.live and window.held == 0
+    for _ in range(2):  # both blocks free again: no new segment
+        pool.alloc(60 * MIB)
+    assert pool.reserved == 200 * MIB
 
 
 def test_a_split_block_merges_back_with_its_free_neighbours():

@@ -574,7 +574,8 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
                 offload_buckets=offload_buckets, frozen=frozen,
                 hooked=[2.0 * x for x in elements] if inputs.lora_rank is None else [],  # LoRA's adapters: small
                 live=0.0 if on_gpu else 2.0 * inputs.max_live_parameters,
-                init_gathers=[2.0 * a.vocab * a.hidden] * 2 if inputs.zero_init and not on_gpu else [],
+                init_gathers=[(2.0 * a.vocab * a.hidden, 2.0 * -(-a.vocab * a.hidden // n))] * 2
+                if inputs.zero_init and not on_gpu else [],
                 flat=2.0 * part if on_gpu else 0.0,
                 side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0)
 

@@ -191,15 +191,14 @@ def _forward(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]]) ->
     return kept
 
 
-def _gather(pool: "Allocator", window: Optional[_Window], index: int,
-            gathered: Sequence[Sequence[float]]) -> List[Optional[_Block]]:
-    """Layer ``index``'s parameters gathered: the blocks to release after it, or none when ``window`` holds them."""
-    if not gathered:
-        return []
+def _gather(pool: "Allocator", window: Optional[_Window], key: object,
+            sizes: Sequence[float]) -> List[Optional[_Block]]:
+    """Parameters gathered (``key``: a layer's index, or a name): the blocks to release once they are used, or none
+    when ``window`` holds them."""
     if window is not None:
-        window.fetch(index, gathered[index])
+        window.fetch(key, sizes)
         return []
-    return [pool.alloc(size) for size in gathered[index]]
+    return [pool.alloc(size) for size in sizes]
 
 
 def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]], layers: int, checkpointed: bool,
@@ -216,7 +215,7 @@ def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]
     else:
         acts = [pool.alloc(edges[0])]  # the embedding's output
     for index in range(layers):
-        params = _gather(pool, window, index, gathered)
+        params = _gather(pool, window, index, gathered[index] if gathered else ())
         if checkpointed:  # the layer's tensors released once it is done; its output kept as the next one's input
             for b in _forward(pool, layer):
                 pool.free(b)
@@ -272,7 +271,7 @@ def _backward_pass(pool: "Allocator", acts: List[Optional[_Block]], layer: Seque
     for k, b in enumerate(reversed(acts)):
         if checkpointed and final <= k < len(acts) - 1:  # the layer's forward again, then its gradient
             index -= 1
-            params = _gather(pool, window, index, gathered)
+            params = _gather(pool, window, index, gathered[index] if gathered else ())
             for r in _forward(pool, layer):
                 pool.free(r)
             for p in params:
@@ -401,8 +400,8 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
                    logits_bf16: float, logits_fp32: float, output_grad: float, softcap: bool = False,
                    norm_pieces: Sequence[float] = (), frozen: Sequence[float] = (), flat: float = 0.0,
                    side_stream: float = 0.0, offload_buckets: Sequence[Sequence[float]] = (),
-                   hooked: Sequence[float] = (), live: float = 0.0, init_gathers: Sequence[float] = (),
-                   steps: int = 2) -> int:
+                   hooked: Sequence[float] = (), live: float = 0.0,
+                   init_gathers: Sequence[Tuple[float, float]] = (), steps: int = 2) -> int:
     """Bytes the caching allocator reserves for ZeRO-3: parameters offloaded with the optimizer on the GPU (full
     fine-tuning) or offloaded too (LoRA, at world size 1), or parameters on the GPU at world size 1 (where nothing is
     gathered) with the optimizer on the GPU or offloaded.
@@ -452,8 +451,9 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
         live: ``gathered``'s budget from the second step on, in bytes (``stage3_max_live_parameters``; 0: each
             layer's parameters released after it, as in the first step, which records the module trace; call 35's
             traces, LoRA with both offloads, peak with about that many gathered).
-        init_gathers: zero.Init with offload_param: bytes of each parameter gathered whole while the model is built
-            (transformers' weight initialisation gathers the embedding twice; call 35's traces).
+        init_gathers: zero.Init with offload_param: per parameter gathered while the model is built, the bytes of
+            the whole and of this rank's partition (transformers' weight initialisation gathers the embedding twice;
+            call 35's traces).
     """
     pool = Allocator()
     built = [pool.alloc(size) for size in build]
@@ -469,9 +469,9 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
     else:
         for b in built:
             pool.free(b)
-        for size in init_gathers:  # zero.Init with offload_param: the embedding gathered while the model is built
-            whole, copied = pool.alloc(size), pool.alloc(size)  # _allgather_params_sequential's buffer, the CPU copy
-            pool.free(copied)
+        for size, part in init_gathers:  # zero.Init with offload_param: the embedding gathered as the model is built
+            whole, copied = pool.alloc(size), pool.alloc(part)  # _allgather_params_sequential: the buffer, and the
+            pool.free(copied)  # rank's partition copied from the CPU
             pool.free(whole)
     converted = None
     for size in sub_groups:
@@ -489,16 +489,18 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
         if step == 0:
             pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
         window = _Window(pool, live) if live and step else None
-        emb = pool.alloc(embedding) if window is None else window.fetch("embedding", [embedding])
+        emb = _gather(pool, window, "embedding", [embedding])
         acts = _forward_pass(pool, layer, layers, checkpointed, edges, gathered, window)
-        pool.free(emb)
-        head = pool.alloc(embedding) if window is None else window.fetch("head", [embedding])  # tied or not, one size
+        for b in emb:
+            pool.free(b)
+        head = _gather(pool, window, "head", [embedding])  # the output layer's weight (tied or not, one size)
         gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap)
         if step == 0:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
             pool.alloc(_CUBLAS_WORKSPACE)
         og = pool.alloc(output_grad)  # the output layer's weight gradient, before it is reduce-scattered
         pool.free(gb)
-        pool.free(head)
+        for b in head:
+            pool.free(b)
         pool.free(og)
         _backward_pass(pool, acts, layer, checkpointed, edges, gathered, window)
         if window is not None:
