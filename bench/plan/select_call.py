@@ -379,20 +379,16 @@ def draw_zero3_v17(call: int, candidate: str) -> list:
             rows.append((kind, s))
     plan = _predict(str(HERE.parents[1]), [s for _, s in rows])
     cand = _predict(candidate, [s for _, s in rows])
-    table = [(k, s, a, b) for (k, s), a, b in zip(rows, plan, cand) if max(a, b) < 50]
+    table = [(s, a, b, k) for (k, s), a, b in zip(rows, plan, cand) if max(a, b) < 50]
     random.Random(call).shuffle(table)
     chosen: list = []
-    for kind, differ, builds, count in (("both", True, (False, True), 4), ("both", False, (False, True), 1),
-                                        ("opt", True, (False, True), 1), ("param", True, (True,), 2)):
-        for build in builds:
-            here: set = set()
-            for k, s, a, b in table:
-                if (k == kind and s["zero_init"] == build and (abs(b - a) / a >= 0.02) == differ
-                        and s["name"] not in here and len(here) < count and s not in chosen):
-                    here.add(s["name"])
-                    chosen.append(s)
-                    print(f"{kind:5s} {'zero.Init' if build else 'raw build':10s} {s['name']:17s} mb{s['mb']} "
-                          f"s{s['seq']} gc={bool(s.get('gc'))}  plan {a:6.2f}  candidate {b:6.2f}")
+    for kind, differ, zero_init_only, count in (("both", True, False, 4), ("both", False, False, 1),
+                                                ("opt", True, False, 1), ("param", True, True, 2)):
+        _per_build(table, chosen, count,
+                   lambda row, kind=kind, differ=differ, only=zero_init_only: (
+                       row[3] == kind and (abs(row[2] - row[1]) / row[1] >= 0.02) == differ
+                       and (row[0]["zero_init"] or not only)),
+                   lambda s, a, b, k: f"{k:5s} plan {a:6.2f}  candidate {b:6.2f}")
     return chosen
 
 
