@@ -756,19 +756,31 @@ CALL48 = [
 ]
 
 
+# Call 49 (one GPU): allocator histories, with frames, of v17's two largest over-predictions on call 46's rows (LoRA
+# with both offloads: Gemma-2-2B built whole +11.4%, allocated right and reserved 1.4 GiB more; Qwen2.5-0.5B in
+# zero.Init +10.8%). Already measured; not scored.
+CALL49_TRACE = [
+    spec("gemma-2-2b", 3, 1, 1024, 1, "trace", zero_init=False, lora=16, offload=True, offload_param=True, steps=2,
+         trace_frames=True, trace="gemma-2-2b_z3_mb1_s1024_lora16_offload_offload_param_ws1_frames", need_gib=20),
+    spec("qwen2.5-0.5b", 3, 2, 2048, 1, "trace", zero_init=True, lora=16, offload=True, offload_param=True, steps=2,
+         trace_frames=True, trace="qwen2.5-0.5b_z3_mb2_s2048_lora16_offload_offload_param_zinit_ws1_frames",
+         need_gib=27),
+]
+
+
 def main() -> None:
     import sys
     sys.path.insert(0, str(HERE.parents[1] / "src"))
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39", "--call40", "--call41", "--call42", "--call43", "--call44", "--call45", "--call46", "--call47", "--call48")), "call3")
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39", "--call40", "--call41", "--call42", "--call43", "--call44", "--call45", "--call46", "--call47", "--call48", "--call49")), "call3")
     rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19,
             "call21": CALL21, "call23": CALL23,
             "call24": CALL24, "call25": CALL25, "call26": CALL26,
             "call28": CALL28, "call32": CALL32, "call33": CALL33, "call34": CALL34_TRACE,
-            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42, "call43": CALL43_TRACE, "call44": CALL44, "call45": CALL45_TRACE, "call46": CALL46, "call47": CALL47, "call48": CALL48}[which]
-    out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35", "call39", "call41", "call43", "call45") else f"{which}_x2.jsonl")
+            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42, "call43": CALL43_TRACE, "call44": CALL44, "call45": CALL45_TRACE, "call46": CALL46, "call47": CALL47, "call48": CALL48, "call49": CALL49_TRACE}[which]
+    out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35", "call39", "call41", "call43", "call45", "call49") else f"{which}_x2.jsonl")
     with out.open("w") as f:
         for s in rows + ([CALL26_TRACE] if which == "call26" else []):
             if s["split"] == "trace":
