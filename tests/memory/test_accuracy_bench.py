@@ -80,7 +80,7 @@ def test_the_plans_known_spreads_are_the_measured_ones():
     """`memory.plan.KNOWN_SPREAD` states, per kind of run, how far apart one configuration's measured peaks came in
     different runs: it must be the largest spread among the committed configurations of that kind measured more than
     once, and every configuration measured more than once that spread beyond 0.05 GiB must be of a kind the plan
-    warns about (41 of 43 repeated configurations gave the same peak to 0.01 GiB)."""
+    warns about (43 of 45 repeated configurations gave the same peak to 0.01 GiB)."""
     from collections import defaultdict
 
     sys.path.insert(0, str(BENCH))
@@ -150,18 +150,21 @@ def test_zero12_allocator_replay_against_the_committed_allocator_traces():
 
 
 def test_zero3_allocator_replay_against_the_allocator_traces():
-    """The ZeRO-3 replay (memory/segments.py ``zero3_reserved``, fed by memory/gpu.py
-    ``zero3_replay``) against the caching allocator's history of every traced run of its kinds: offload_param at
-    world size 2 (call 7: Qwen2.5-3B, two sub-groups; call 21: Qwen2.5-1.5B and Llama-3.2-3B, built whole), and the
-    parameters on the GPU at world size 1 (call 11's LoRA save run; call 39: full fine-tuning in zero.Init and built
-    whole, overlap_comm, Gemma 2's soft-capped logits, LoRA; call 41), and the optimizer offloaded (calls 34, 43 and
-    45), and LoRA with both offloads at world size 1 (calls 34 and 35: in zero.Init and built whole, checkpointed or
-    not). The segments after ``deepspeed.initialize`` within 6% under (the small pool's 2 MiB segments and the build's
-    one extra embedding-sized block are not replayed) or 1% over, and at the end of training within 2% under or 1% over
-    (with both offloads 4% under or 3% over: the gathered parameters are replayed per layer, not per module; Gemma-2-2B
-    in zero.Init 12.8% over call 35's run, which peaked 0.97 GiB under call 33's run of that configuration:
-    ``memory.plan.KNOWN_SPREAD``), except call 41's Qwen2.5-3B run (8192 tokens a step): the first step's AdamW states
-    settled in the logits' released fp32 blocks, so the next step's logits took new segments, 11% more than the replay
+    """The ZeRO-3 replay (memory/segments.py ``zero3_reserved``, fed by memory/gpu.py ``zero3_replay``) against the
+    caching allocator's history of every traced run of its kinds: offload_param at world size 2 (call 7: Qwen2.5-3B, two
+    sub-groups; call 21: Qwen2.5-1.5B and Llama-3.2-3B, built whole), and the parameters on the GPU at world size 1
+    (call 11's LoRA save run; call 39: full fine-tuning in zero.Init and built whole, overlap_comm, Gemma 2's
+    soft-capped logits, LoRA; call 41), and the optimizer offloaded (calls 34, 43 and 45), and LoRA with both offloads
+    at world size 1 (calls 34 and 35: in zero.Init and built whole, checkpointed or not; call 49: the two largest
+    over-predictions of call 46's rows). The segments after ``deepspeed.initialize`` within 6% under (the small pool's 2
+    MiB segments and the build's one extra embedding-sized block are not replayed; 19% on call 49's Gemma-2-2B built
+    whole, where that block is 1.1 of 6.2 GiB) or 1% over, and at the end of training within 2% under or 1% over (with
+    both offloads 4% under or 3% over: the gathered parameters are replayed per layer, not per module; Gemma-2-2B in
+    zero.Init 12.8% over call 35's run, which peaked 0.97 GiB under call 33's run of that configuration:
+    ``memory.plan.KNOWN_SPREAD``; call 49's two runs 13.0% and 11.7% over: the backward's cuBLAS workspace and, in the
+    Qwen2.5-0.5B run, the gathered window split released logits blocks, so the second step's logits take one more
+    segment), except call 41's Qwen2.5-3B run (8192 tokens a step): the first step's AdamW states settled in the logits'
+    released fp32 blocks, so the next step's logits took new segments, 11% more than the replay
     (``memory.plan.KNOWN_UNDER["zero3_states_in_logits"]``). Before the replay the plan's fitted gap was 11.2% under on
     the Qwen2.5-3B offload_param row, 13.7% under on Gemma-3-1B (call 38) and 12.3% under on Qwen2.5-0.5B with the
     optimizer offloaded (call 33); before the hooks' gathers were replayed (``hooked``), 15.6% over on Gemma-3-1B with
@@ -174,9 +177,15 @@ def test_zero3_allocator_replay_against_the_allocator_traces():
     from zeropilot.memory.gpu import zero3_replay
     from zeropilot.memory.segments import zero3_reserved
 
-    known_misses = {"qwen2.5-3b_z3_mb2_s4096_gc_zinit_ws1_frames": (-0.12, 0.0)}
+    known_misses = {"qwen2.5-3b_z3_mb2_s4096_gc_zinit_ws1_frames": (-0.12, 0.0),
+                    # call 49: v17's two largest over-predictions of call 46's rows, traced for a later pass
+                    "gemma-2-2b_z3_mb1_s1024_lora16_offload_offload_param_ws1_frames": (0.0, 0.14),
+                    "qwen2.5-0.5b_z3_mb2_s2048_lora16_offload_offload_param_zinit_ws1_frames": (0.0, 0.13)}
     for name in ("gemma-2-2b_z3_mb1_s1024_lora16_offload_offload_param_zinit_ws1", ):  # calls 34 and 35
         known_misses[name] = known_misses[name + "_frames"] = (0.0, 0.13)
+    # call 49's Gemma-2-2B built whole: the build's extra embedding-sized block (the output layer's, before it is
+    # tied) is 1.1 of the init's 6.2 GiB
+    init_low = {"gemma-2-2b_z3_mb1_s1024_lora16_offload_offload_param_ws1_frames": -0.2}
     seen = []
     for r, init, final in _traced_runs():
         args = zero3_replay(spec_inputs(r["spec"], r["total_gpu_gb"]))
@@ -186,9 +195,10 @@ def test_zero3_allocator_replay_against_the_allocator_traces():
         err = zero3_reserved(**args) / final - 1
         both = r["spec"].get("offload") and r["spec"].get("offload_param")  # LoRA: the gathered window replayed
         low, high = known_misses.get(r["spec"]["trace"], (-0.04, 0.03) if both else (-0.02, 0.01))
-        assert -0.06 <= init_err <= 0.01 and low <= err <= high, (r["spec"]["trace"], init_err, err)
+        assert init_low.get(r["spec"]["trace"], -0.06) <= init_err <= 0.01 and low <= err <= high, (
+            r["spec"]["trace"], init_err, err)
         seen.append(r["spec"]["trace"])
-    assert len(seen) == 20
+    assert len(seen) == 22
 
 
 def test_zero1_and_zero2_and_the_split_of_tokens_reserve_alike_at_world_size_1():
