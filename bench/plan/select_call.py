@@ -75,6 +75,13 @@ Call 48 (one GPU) is the plan's too, on the seed's kind at world size 1, which c
 both offloads on Qwen2.5-7B, Llama-3.1-8B and Mistral-7B, built whole or in zero.Init, with and without
 checkpointing, micro batch 1-4 and 1024-4096 tokens up to 8192 a step, never measured, host memory under 40 GiB a
 process; shuffled with seed 48; three rows per build, one per model. Usage: ``python bench/plan/select_call.py 48 .``
+
+Call 50 (one GPU) tests candidate v18 (branch ``v18``, ``zero3_v18_candidate.patch``) on ZeRO-3 with parameter offload
+at world size 1, never measured: LoRA r16 with both offloads (the small models and the 7-8B ones) and full
+fine-tuning with the optimizer on the GPU, built whole or in zero.Init, with and without checkpointing, micro batch
+1-4 and 1024-4096 tokens up to 8192 a step, host memory under 28 GiB a process and both predictions under 50 GiB,
+where plan and candidate differ by 1% or more; shuffled with seed 50; per kind and build three rows, one per model.
+Usage: ``python bench/plan/select_call.py 50 /tmp/v18wt``.
 """
 from __future__ import annotations
 
@@ -115,7 +122,7 @@ def _predict(root: str, specs: list) -> list:
 
 FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14",
          37: "pred_gib_v12", 38: "pred_gib", 40: "pred_gib_v15", 42: "pred_gib",
-         44: "pred_gib_v16", 46: "pred_gib_v17", 47: "pred_gib", 48: "pred_gib"}
+         44: "pred_gib_v16", 46: "pred_gib_v17", 47: "pred_gib", 48: "pred_gib", 50: "pred_gib_v18"}
 
 
 def measured_specs(call: int):
@@ -435,6 +442,41 @@ def draw_large_both_offloads(call: int) -> list:
     return chosen
 
 
+def draw_zero3_v18(call: int, candidate: str) -> list:
+    """Call 50's draw (see the module docstring)."""
+    sys.path[:0] = [str(HERE), str(HERE.parents[1] / "src")]
+    from make_specs_x2 import spec
+    from rows import spec_inputs
+
+    from zeropilot.memory.plan import make_plan
+
+    done = {(s.get("name"), s.get("mb"), s.get("seq"), bool(s.get("gc")), s.get("lora") or 0, bool(s.get("offload")),
+             bool(s.get("zero_init"))) for s in measured_specs(call)
+            if s.get("stage") == 3 and s.get("ws", 1) == 1 and s.get("offload_param")}
+    kinds = {"both": dict(lora=16, offload=True, offload_param=True), "param": dict(offload_param=True)}
+    rows = []
+    for kind, name, zero_init, gc, mb, seq in itertools.product(
+            kinds, NAMES + ["qwen2.5-7b", "llama-3.1-8b", "mistral-7b"], (False, True), (False, True), (1, 2, 4),
+            (1024, 2048, 4096)):
+        kw = dict(kinds[kind], **({"gc": True} if gc else {}))
+        if mb * seq > 8192 or (name.endswith(("7b", "8b")) and kind != "both"):
+            continue
+        if (name, mb, seq, gc, kw.get("lora", 0), bool(kw.get("offload")), zero_init) in done:
+            continue
+        s = spec(name, 3, mb, seq, 1, "holdout", zero_init=zero_init, **kw)
+        if make_plan(spec_inputs(s, 139.8)).host.per_process_bytes < 28 * 2**30:
+            rows.append((kind, s))
+    plan = _predict(str(HERE.parents[1]), [s for _, s in rows])
+    cand = _predict(candidate, [s for _, s in rows])
+    table = [(s, a, b, k) for (k, s), a, b in zip(rows, plan, cand) if max(a, b) < 50]
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    for kind in kinds:
+        _per_build(table, chosen, 3, lambda row, kind=kind: row[3] == kind and abs(row[2] - row[1]) / row[1] >= 0.01,
+                   lambda s, a, b, k: f"{k:5s} plan {a:6.2f}  candidate {b:6.2f}")
+    return chosen
+
+
 def draw_world_size_2(call: int) -> list:
     """Call 42's draw (see the module docstring): the plan's predictions only."""
     rows = [(k, s) for k, s in pool(call) if k[4] == 2]
@@ -473,6 +515,8 @@ def main(argv: list) -> int:
             draw_plan_world_size_1(call)
         elif call == 48:
             draw_large_both_offloads(call)
+        elif call == 50:
+            draw_zero3_v18(call, candidate)
         else:
             (draw_zero3 if call == 32 else draw)(call, candidate)
         return 0
@@ -481,7 +525,7 @@ def main(argv: list) -> int:
     for s, p in zip(specs, _predict(candidate, specs)):
         if s.get("split") == "holdout":
             s[field] = round(p, 1)
-            if call in (32, 36, 37, 40, 44, 46):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
+            if call in (32, 36, 37, 40, 44, 46, 50):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
                 s["need_gib"] = round(1.1 * max(p, s["pred_gib"]) + 3)
     path.write_text("".join(json.dumps(s) + "\n" for s in specs))
     print(f"{path}: {field} for {sum(field in s for s in specs)} rows")
