@@ -562,7 +562,10 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
     part = -(-sum(trainable) // n)
     frozen = sizes if inputs.lora_rank is not None else []
     tokens = inputs.micro_batch * inputs.seq_len
-    return dict(build=[] if inputs.zero_init else sizes, sub_groups=sub_groups,
+    # built whole, a tied model first gets its own output-layer weight, released when transformers ties it to the
+    # embedding (its block stays cached; calls 21 and 49's traces)
+    build = [] if inputs.zero_init else sizes + [2.0 * a.vocab * a.hidden] * a.tied
+    return dict(build=build, sub_groups=sub_groups,
                 bucket=2.0 * inputs.reduce_bucket_size, grad_partition=2.0 * part if gpu_optimizer else 0.0,
                 layer=layer_tensors(inputs), layers=a.layers,
                 gathered=[] if on_gpu else [[2.0 * x for x in layer] for layer in per_layer],

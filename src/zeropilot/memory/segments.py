@@ -230,10 +230,13 @@ def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]
     return acts + norm
 
 
-def _causal_lm_loss(pool: "Allocator", logits_bf16: float, logits_fp32: float, softcap: bool) -> Optional[_Block]:
+def _causal_lm_loss(pool: "Allocator", logits_bf16: float, logits_fp32: float, softcap: bool,
+                    released: Sequence[Optional[_Block]] = ()) -> Optional[_Block]:
     """transformers' causal-LM loss, as call 7's traces show it: bf16 logits, fp32 upcast, log-softmax, then in
     backward two fp32 gradients and the bf16 one, which is returned (held until the output layer's gradient)."""
     lb = pool.alloc(logits_bf16)
+    for b in released:  # ZeRO-3: the output layer's gathered weight, released after its forward
+        pool.free(b)
     capped = []
     if softcap:  # Gemma 2: logits / cap, tanh (kept for its backward), * cap: each a new bf16 tensor
         d = pool.alloc(logits_bf16)
@@ -494,7 +497,8 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
         for b in emb:
             pool.free(b)
         head = _gather(pool, window, "head", [embedding])  # the output layer's weight (tied or not, one size)
-        gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap)
+        gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap, head)
+        head = _gather(pool, window, "head", [embedding])  # gathered again for its backward
         if step == 0:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
             pool.alloc(_CUBLAS_WORKSPACE)
         og = pool.alloc(output_grad)  # the output layer's weight gradient, before it is reduce-scattered
