@@ -358,19 +358,19 @@ def draw_zero3_offload(call: int, candidate: str) -> list:
     return _draw_zero3_world_size_1(call, candidate, True, 50, (4, 1))
 
 
-def draw_zero3_v17(call: int, candidate: str) -> list:
-    """Call 46's draw (see the module docstring)."""
+def _zero3_kinds_pool(call: int, kinds: dict, key, host_gib) -> list:
+    """Calls 46 and 50's pool: (kind, spec) for each of ``kinds`` (its name: the spec's keywords) at ZeRO-3 and world
+    size 1, built whole or in zero.Init, with and without checkpointing, micro batch 1-4 and 1024-4096 tokens up to
+    8192 a step (the 7-8B models with both offloads only); left out, a spec whose ``key`` a measurement made before
+    ``call`` has (``key`` returns None for measurements that do not count), or whose host memory is not under
+    ``host_gib(kind)`` GiB a process."""
     sys.path[:0] = [str(HERE), str(HERE.parents[1] / "src")]
     from make_specs_x2 import spec
     from rows import spec_inputs
 
     from zeropilot.memory.plan import make_plan
 
-    done = {(s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
-             s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")), bool(s.get("zero_init")),
-             bool(s.get("overlap"))) for s in measured_specs(call)}
-    kinds = {"both": dict(lora=16, offload=True, offload_param=True), "opt": dict(offload=True),
-             "param": dict(offload_param=True)}
+    done = {key(s) for s in measured_specs(call)} - {None}
     rows = []
     for kind, name, zero_init, gc, mb, seq in itertools.product(
             kinds, NAMES + ["qwen2.5-7b", "llama-3.1-8b", "mistral-7b"], (False, True), (False, True), (1, 2, 4),
@@ -378,12 +378,21 @@ def draw_zero3_v17(call: int, candidate: str) -> list:
         kw = dict(kinds[kind], **({"gc": True} if gc else {}))
         if mb * seq > 8192 or (name.endswith(("7b", "8b")) and kind != "both"):
             continue
-        if (name, 3, mb, seq, 1, gc, kw.get("lora", 0), bool(kw.get("offload")), bool(kw.get("offload_param")),
-                zero_init, False) in done:
-            continue
         s = spec(name, 3, mb, seq, 1, "holdout", zero_init=zero_init, **kw)
-        if make_plan(spec_inputs(s, 139.8)).host.per_process_bytes < (16 if kind == "opt" else 28) * 2**30:
+        if key(s) not in done and make_plan(spec_inputs(s, 139.8)).host.per_process_bytes < host_gib(kind) * 2**30:
             rows.append((kind, s))
+    return rows
+
+
+def draw_zero3_v17(call: int, candidate: str) -> list:
+    """Call 46's draw (see the module docstring)."""
+    rows = _zero3_kinds_pool(
+        call, {"both": dict(lora=16, offload=True, offload_param=True), "opt": dict(offload=True),
+               "param": dict(offload_param=True)},
+        lambda s: (s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
+                   s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")), bool(s.get("zero_init")),
+                   bool(s.get("overlap"))),
+        lambda kind: 16 if kind == "opt" else 28)
     plan = _predict(str(HERE.parents[1]), [s for _, s in rows])
     cand = _predict(candidate, [s for _, s in rows])
     table = [(s, a, b, k) for (k, s), a, b in zip(rows, plan, cand) if max(a, b) < 50]
@@ -444,28 +453,13 @@ def draw_large_both_offloads(call: int) -> list:
 
 def draw_zero3_v18(call: int, candidate: str) -> list:
     """Call 50's draw (see the module docstring)."""
-    sys.path[:0] = [str(HERE), str(HERE.parents[1] / "src")]
-    from make_specs_x2 import spec
-    from rows import spec_inputs
-
-    from zeropilot.memory.plan import make_plan
-
-    done = {(s.get("name"), s.get("mb"), s.get("seq"), bool(s.get("gc")), s.get("lora") or 0, bool(s.get("offload")),
-             bool(s.get("zero_init"))) for s in measured_specs(call)
-            if s.get("stage") == 3 and s.get("ws", 1) == 1 and s.get("offload_param")}
     kinds = {"both": dict(lora=16, offload=True, offload_param=True), "param": dict(offload_param=True)}
-    rows = []
-    for kind, name, zero_init, gc, mb, seq in itertools.product(
-            kinds, NAMES + ["qwen2.5-7b", "llama-3.1-8b", "mistral-7b"], (False, True), (False, True), (1, 2, 4),
-            (1024, 2048, 4096)):
-        kw = dict(kinds[kind], **({"gc": True} if gc else {}))
-        if mb * seq > 8192 or (name.endswith(("7b", "8b")) and kind != "both"):
-            continue
-        if (name, mb, seq, gc, kw.get("lora", 0), bool(kw.get("offload")), zero_init) in done:
-            continue
-        s = spec(name, 3, mb, seq, 1, "holdout", zero_init=zero_init, **kw)
-        if make_plan(spec_inputs(s, 139.8)).host.per_process_bytes < 28 * 2**30:
-            rows.append((kind, s))
+    rows = _zero3_kinds_pool(
+        call, kinds,
+        lambda s: ((s.get("name"), s.get("mb"), s.get("seq"), bool(s.get("gc")), s.get("lora") or 0,
+                    bool(s.get("offload")), bool(s.get("zero_init")))
+                   if s.get("stage") == 3 and s.get("ws", 1) == 1 and s.get("offload_param") else None),
+        lambda kind: 28)
     plan = _predict(str(HERE.parents[1]), [s for _, s in rows])
     cand = _predict(candidate, [s for _, s in rows])
     table = [(s, a, b, k) for (k, s), a, b in zip(rows, plan, cand) if max(a, b) < 50]
