@@ -235,15 +235,15 @@ def test_zero1_and_zero2_and_the_split_of_tokens_reserve_alike_at_world_size_1()
 
 
 def test_host_memory_of_the_offload_runs_against_their_peak_rss():
-    """The host estimate (memory/host.py, buffer by buffer as calls 29-31 logged them) against the probe's peak RSS
-    on every committed offload run: within 1% at the median and 2% (or 0.25 GiB) on every full fine-tuning run but
-    ZeRO-3 parameter offload built in zero.Init; never more than 4% under; LoRA rows, whose offloaded state is tiny, up
-    to 11% over (the process's own 2.1-2.3 GiB). In zero.Init with parameter offload, models with tied embeddings
-    hold one more pinned block of the embedding's partition, rounded up to a power of two (the output layer's,
-    partitioned before transformers ties it; found on calls 32, 33 and 46's rows, so fitted there): before it, 2.7-3.9%
-    under on call 32's tied full fine-tunings and 8.5-17.2% under on LoRA with both offloads (Gemma-2-2B 2.2 GiB).
-    Before call 30 the per-element constant missed by -18% to +12%, and ZeRO-3 parameter offload with the optimizer on
-    the GPU by -55%."""
+    """The host estimate (memory/host.py, buffer by buffer as calls 29-31 logged them) against the probe's peak RSS on
+    every committed offload run: within 1% at the median and 2% (or 0.25 GiB) on every full fine-tuning run but ZeRO-3
+    parameter offload built in zero.Init; never more than 4% under; LoRA rows, whose offloaded state is tiny, up to 11%
+    over (the process's own 2.1-2.3 GiB). In zero.Init with parameter offload, models with tied embeddings hold one more
+    pinned block of the embedding's partition, rounded up to a power of two (the output layer's, partitioned before
+    transformers ties it; found on calls 32, 33 and 46's rows, so fitted there; call 50's two tied zero.Init rows,
+    measured after, within 1.9%): before it, 2.7-3.9% under on call 32's tied full fine-tunings and 8.5-17.2% under on
+    LoRA with both offloads (Gemma-2-2B 2.2 GiB). Before call 30 the per-element constant missed by -18% to +12%, and
+    ZeRO-3 parameter offload with the optimizer on the GPU by -55%."""
     import statistics
 
     sys.path.insert(0, str(BENCH))
