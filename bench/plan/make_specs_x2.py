@@ -791,18 +791,35 @@ CALL50 = [
 ]
 
 
+# Call 51 (one GPU): the plan (no candidate) on the kind it warns about as KNOWN_UNDER["zero3_states_in_logits"]:
+# full fine-tuning at ZeRO-3, world size 1, everything on the GPU, where one fp32 copy of the logits can hold a
+# sub-group's fp32 block (seven of eight committed rows within 0.2%, call 40's Qwen2.5-3B -10.7%); how often the
+# warning comes true. ``bench/plan/select_call.py 51 .`` (seed 51, four rows per build). Reported as they come;
+# pred_gib: the plan at the commit that adds these rows; need_gib as call 33's.
+CALL51 = [
+    spec("gemma-3-1b", 3, 4, 1024, 1, "holdout", zero_init=False),
+    spec("gemma-2-2b", 3, 1, 4096, 1, "holdout", zero_init=False, gc=True),
+    spec("qwen2.5-0.5b", 3, 2, 2048, 1, "holdout", zero_init=False, gc=True),
+    spec("llama-3.2-3b", 3, 2, 4096, 1, "holdout", zero_init=False, gc=True),
+    spec("gemma-3-1b", 3, 2, 4096, 1, "holdout", zero_init=True),
+    spec("llama-3.2-3b", 3, 2, 4096, 1, "holdout", zero_init=True, gc=True),
+    spec("qwen2.5-0.5b", 3, 2, 2048, 1, "holdout", zero_init=True),
+    spec("gemma-2-2b", 3, 4, 1024, 1, "holdout", zero_init=True, gc=True),
+]
+
+
 def main() -> None:
     import sys
     sys.path.insert(0, str(HERE.parents[1] / "src"))
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39", "--call40", "--call41", "--call42", "--call43", "--call44", "--call45", "--call46", "--call47", "--call48", "--call49", "--call50")), "call3")
+    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39", "--call40", "--call41", "--call42", "--call43", "--call44", "--call45", "--call46", "--call47", "--call48", "--call49", "--call50", "--call51")), "call3")
     rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19,
             "call21": CALL21, "call23": CALL23,
             "call24": CALL24, "call25": CALL25, "call26": CALL26,
             "call28": CALL28, "call32": CALL32, "call33": CALL33, "call34": CALL34_TRACE,
-            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42, "call43": CALL43_TRACE, "call44": CALL44, "call45": CALL45_TRACE, "call46": CALL46, "call47": CALL47, "call48": CALL48, "call49": CALL49_TRACE, "call50": CALL50}[which]
+            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42, "call43": CALL43_TRACE, "call44": CALL44, "call45": CALL45_TRACE, "call46": CALL46, "call47": CALL47, "call48": CALL48, "call49": CALL49_TRACE, "call50": CALL50, "call51": CALL51}[which]
     out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35", "call39", "call41", "call43", "call45", "call49") else f"{which}_x2.jsonl")
     with out.open("w") as f:
         for s in rows + ([CALL26_TRACE] if which == "call26" else []):
@@ -811,7 +828,7 @@ def main() -> None:
                 continue
             p = make_plan(spec_inputs(s, 139.8)).gpu_peak_bytes / 2**30
             s["pred_gib"] = round(p, 1)
-            if which in ("call33", "call38", "call47", "call48"):
+            if which in ("call33", "call38", "call47", "call48", "call51"):
                 s["need_gib"] = round(1.1 * p + 3)
             if s.get("lora") is None and s["name"] in ("qwen2.5-7b", "llama-3.1-8b", "mistral-7b") \
                     and not s.get("offload"):

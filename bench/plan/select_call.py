@@ -82,6 +82,12 @@ fine-tuning with the optimizer on the GPU, built whole or in zero.Init, with and
 1-4 and 1024-4096 tokens up to 8192 a step, host memory under 28 GiB a process and both predictions under 50 GiB,
 where plan and candidate differ by 1% or more; shuffled with seed 50; per kind and build three rows, one per model.
 Usage: ``python bench/plan/select_call.py 50 /tmp/v18wt``.
+
+Call 51 (one GPU) is the plan's, on the kind it warns about as ``KNOWN_UNDER["zero3_states_in_logits"]`` (full
+fine-tuning at ZeRO-3, world size 1, everything on the GPU, where one fp32 copy of the logits can hold a sub-group's
+fp32 block), to measure how often the warning comes true: the small models, built whole or in zero.Init, with and
+without checkpointing, micro batch 1-4 and 1024-4096 tokens up to 8192 a step, never measured, predicted under 80
+GiB; shuffled with seed 51; four rows per build, one per model. Usage: ``python bench/plan/select_call.py 51 .``
 """
 from __future__ import annotations
 
@@ -122,7 +128,7 @@ def _predict(root: str, specs: list) -> list:
 
 FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14",
          37: "pred_gib_v12", 38: "pred_gib", 40: "pred_gib_v15", 42: "pred_gib",
-         44: "pred_gib_v16", 46: "pred_gib_v17", 47: "pred_gib", 48: "pred_gib", 50: "pred_gib_v18"}
+         44: "pred_gib_v16", 46: "pred_gib_v17", 47: "pred_gib", 48: "pred_gib", 50: "pred_gib_v18", 51: "pred_gib"}
 
 
 def measured_specs(call: int):
@@ -471,6 +477,33 @@ def draw_zero3_v18(call: int, candidate: str) -> list:
     return chosen
 
 
+def draw_states_in_logits(call: int) -> list:
+    """Call 51's draw (see the module docstring): the plan's predictions only."""
+    sys.path[:0] = [str(HERE), str(HERE.parents[1] / "src")]
+    from make_specs_x2 import spec
+    from rows import spec_inputs
+
+    from zeropilot.memory.plan import known_under, make_plan
+
+    done = {(s.get("name"), s.get("mb"), s.get("seq"), bool(s.get("gc")), bool(s.get("zero_init")))
+            for s in measured_specs(call) if s.get("stage") == 3 and s.get("ws", 1) == 1 and not s.get("lora")
+            and not s.get("offload") and not s.get("offload_param")}
+    table = []
+    for name, zero_init, gc, mb, seq in itertools.product(NAMES, (False, True), (False, True), (1, 2, 4),
+                                                          (1024, 2048, 4096)):
+        if mb * seq > 8192 or (name, mb, seq, gc, zero_init) in done:
+            continue
+        s = spec(name, 3, mb, seq, 1, "holdout", zero_init=zero_init, **({"gc": True} if gc else {}))
+        inputs = spec_inputs(s, 139.8)
+        plan = make_plan(inputs)
+        if known_under(inputs) == "zero3_states_in_logits" and plan.gpu_peak_bytes < 80 * 2**30:
+            table.append((s, plan.gpu_peak_bytes / 2**30))
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    _per_build(table, chosen, 4, lambda row: True, lambda s, gib: f"plan {gib:6.2f}")
+    return chosen
+
+
 def draw_world_size_2(call: int) -> list:
     """Call 42's draw (see the module docstring): the plan's predictions only."""
     rows = [(k, s) for k, s in pool(call) if k[4] == 2]
@@ -511,6 +544,8 @@ def main(argv: list) -> int:
             draw_large_both_offloads(call)
         elif call == 50:
             draw_zero3_v18(call, candidate)
+        elif call == 51:
+            draw_states_in_logits(call)
         else:
             (draw_zero3 if call == 32 else draw)(call, candidate)
         return 0
