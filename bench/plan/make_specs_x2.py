@@ -814,13 +814,17 @@ def main() -> None:
     from rows import spec_inputs
     from zeropilot.memory.plan import make_plan
 
-    which = next((a[2:] for a in sys.argv[1:] if a in ("--call5", "--call8", "--call9", "--call12", "--call14", "--call16", "--call18", "--call19", "--call21", "--call23", "--call24", "--call25", "--call26", "--call28", "--call32", "--call33", "--call34", "--call35", "--call36", "--call37", "--call38", "--call39", "--call40", "--call41", "--call42", "--call43", "--call44", "--call45", "--call46", "--call47", "--call48", "--call49", "--call50", "--call51")), "call3")
-    rows = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14, "call16": CALL16, "call18": CALL18, "call19": CALL19,
-            "call21": CALL21, "call23": CALL23,
-            "call24": CALL24, "call25": CALL25, "call26": CALL26,
-            "call28": CALL28, "call32": CALL32, "call33": CALL33, "call34": CALL34_TRACE,
-            "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38, "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42, "call43": CALL43_TRACE, "call44": CALL44, "call45": CALL45_TRACE, "call46": CALL46, "call47": CALL47, "call48": CALL48, "call49": CALL49_TRACE, "call50": CALL50, "call51": CALL51}[which]
-    out = HERE / "specs" / (f"{which}_trace.jsonl" if which in ("call34", "call35", "call39", "call41", "call43", "call45", "call49") else f"{which}_x2.jsonl")
+    calls = {"call3": ROWS, "call5": CALL5, "call8": CALL8, "call9": CALL9, "call12": CALL12, "call14": CALL14,
+             "call16": CALL16, "call18": CALL18, "call19": CALL19, "call21": CALL21, "call23": CALL23, "call24": CALL24,
+             "call25": CALL25, "call26": CALL26, "call28": CALL28, "call32": CALL32, "call33": CALL33,
+             "call34": CALL34_TRACE, "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38,
+             "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42, "call43": CALL43_TRACE,
+             "call44": CALL44, "call45": CALL45_TRACE, "call46": CALL46, "call47": CALL47, "call48": CALL48,
+             "call49": CALL49_TRACE, "call50": CALL50, "call51": CALL51}
+    which = next((a[2:] for a in sys.argv[1:] if a.startswith("--") and a[2:] in calls), "call3")
+    rows = calls[which]
+    traced = all(s["split"] == "trace" for s in rows)  # allocator histories only: no prediction to write
+    out = HERE / "specs" / (f"{which}_trace.jsonl" if traced else f"{which}_x2.jsonl")
     with out.open("w") as f:
         for s in rows + ([CALL26_TRACE] if which == "call26" else []):
             if s["split"] == "trace":

@@ -414,20 +414,24 @@ def draw_zero3_v17(call: int, candidate: str) -> list:
     return chosen
 
 
-def draw_plan_world_size_1(call: int) -> list:
-    """Call 47's draw (see the module docstring): the plan's predictions only."""
-    chosen = [s for s in draw_zero3_plan(call)]
-    rows = [(k, s) for k, s in pool(call) if k[4] == 1]
+def _one_per_model(call: int, world_size: int, limit: float, count: int) -> list:
+    """Calls 42 and 47's draw from ``pool`` at ``world_size``: (key, spec, the plan's GiB) of ``count`` rows, one per
+    model, from the shuffled rows the plan predicts at ``limit`` GiB or less."""
+    rows = [(k, s) for k, s in pool(call) if k[4] == world_size]
     plan = _predict(str(HERE.parents[1]), [s for _, s in rows])
-    table = [(k, s, a) for (k, s), a in zip(rows, plan) if a <= 80]
+    table = [(k, s, a) for (k, s), a in zip(rows, plan) if a <= limit]
     random.Random(call).shuffle(table)
-    names: set = set()
+    chosen: list = []
     for k, s, a in table:
-        if len(names) < 6 and k[0] not in names:
-            names.add(k[0])
-            chosen.append(s)
+        if len(chosen) < count and k[0] not in {c[0][0] for c in chosen}:
+            chosen.append((k, s, a))
             print(f"{'|'.join(map(str, k)):48s} plan {a:6.2f}")
     return chosen
+
+
+def draw_plan_world_size_1(call: int) -> list:
+    """Call 47's draw (see the module docstring): the plan's predictions only."""
+    return draw_zero3_plan(call) + [s for _, s, _ in _one_per_model(call, 1, 80, 6)]
 
 
 def draw_large_both_offloads(call: int) -> list:
@@ -506,16 +510,7 @@ def draw_states_in_logits(call: int) -> list:
 
 def draw_world_size_2(call: int) -> list:
     """Call 42's draw (see the module docstring): the plan's predictions only."""
-    rows = [(k, s) for k, s in pool(call) if k[4] == 2]
-    plan = _predict(str(HERE.parents[1]), [s for _, s in rows])
-    table = [(k, s, a) for (k, s), a in zip(rows, plan) if a <= 90]
-    random.Random(call).shuffle(table)
-    chosen: list = []
-    for k, s, a in table:
-        if len(chosen) < 10 and collections.Counter(c[0][0] for c in chosen)[k[0]] < 1:
-            chosen.append((k, s, a))
-            print(f"{'|'.join(map(str, k)):48s} plan {a:6.2f}")
-    return chosen
+    return _one_per_model(call, 2, 90, 10)
 
 
 def main(argv: list) -> int:
@@ -524,30 +519,14 @@ def main(argv: list) -> int:
         return 2
     call, candidate = int(argv[0]), argv[1]
     if "--write" not in argv:
-        if call in (33, 38):
-            draw_zero3_plan(call)
-        elif call == 36:
-            draw_build_cache(call, candidate)
-        elif call == 37:
-            draw_world_size_1(call, candidate)
-        elif call == 40:
-            draw_zero3_gpu(call, candidate)
-        elif call == 42:
-            draw_world_size_2(call)
-        elif call == 44:
-            draw_zero3_offload(call, candidate)
-        elif call == 46:
-            draw_zero3_v17(call, candidate)
-        elif call == 47:
-            draw_plan_world_size_1(call)
-        elif call == 48:
-            draw_large_both_offloads(call)
-        elif call == 50:
-            draw_zero3_v18(call, candidate)
-        elif call == 51:
-            draw_states_in_logits(call)
+        plan_only = {33: draw_zero3_plan, 38: draw_zero3_plan, 42: draw_world_size_2, 47: draw_plan_world_size_1,
+                     48: draw_large_both_offloads, 51: draw_states_in_logits}
+        with_candidate = {26: draw, 28: draw, 32: draw_zero3, 36: draw_build_cache, 37: draw_world_size_1,
+                          40: draw_zero3_gpu, 44: draw_zero3_offload, 46: draw_zero3_v17, 50: draw_zero3_v18}
+        if call in plan_only:
+            plan_only[call](call)
         else:
-            (draw_zero3 if call == 32 else draw)(call, candidate)
+            with_candidate[call](call, candidate)
         return 0
     path, field = HERE / "specs" / f"call{call}_x2.jsonl", FIELD[call]
     specs = [json.loads(line) for line in path.read_text().splitlines()]
