@@ -220,3 +220,21 @@ def test_zero12_reserved_memory_is_the_allocator_replays():
             parts["gradients"] + parts["zero_buffers"] + parts["step_temporaries"])
         seen.add(parts.get("replay_adjustment", 0) < 0)
     assert seen == {True, False}  # the replay above the fitted allocated peak, and below it (Gemma 2)
+
+
+def test_zero3_replayed_kinds_reserve_the_replays_figure_and_say_what_takes_the_segments():
+    """ZeRO-3 at world size 1 is replayed (memory/segments.py ``zero3_reserved``) for every offload mode: the plan's
+    reserved memory is the replay's, and its allocator-overhead line names what the kind keeps: the prefetched
+    parameters with both offloads (LoRA), the sub-groups' fp32 blocks with the optimizer on the GPU."""
+    from zeropilot.memory.gpu import zero3_segments
+
+    for kw, named, not_named in (
+            (dict(lora_rank=16, offload_optimizer="cpu", offload_param="cpu"), "stage3_max_live_parameters",
+             "sub-group"),
+            (dict(offload_param="cpu"), "one sub-group at a time", "stage3_max_live_parameters"),
+            (dict(lora_rank=16, offload_optimizer="cpu"), "on their way to the CPU", "sub-group")):
+        inputs = _inputs(stage=3, gradient_checkpointing=True, **kw)
+        gpu = estimate_gpu(inputs)
+        assert gpu.reserved_peak_bytes == zero3_segments(inputs)
+        why = next(c.reason for c in gpu.components if c.name == "allocator_overhead")
+        assert named in why and not_named not in why, why

@@ -652,6 +652,10 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
             what = ("deepspeed.initialize empties the cache as it flattens the parameters; the logits' fp32 copies, "
                     "the gradients' fp64 norms and the step's fp32 blocks, one sub-group at a time, take new segments "
                     "once the cache is split")
+        elif inputs.offload_optimizer != "none":
+            what = ("" if inputs.zero_init else "the whole-model build's blocks stay cached (no zero.Init), and ") + (
+                "from the second step up to stage3_max_live_parameters prefetched parameters stay gathered, so the "
+                "logits' fp32 copies take new segments")
         else:
             what = ("" if inputs.zero_init else "the whole-model build's blocks stay cached (no zero.Init), and ") + (
                 "the optimizer step's fp32 blocks, one sub-group at a time, take new segments once smaller "
