@@ -254,8 +254,15 @@ def build(spec: dict, out: str) -> None:
     import torch.multiprocessing as mp
 
     os.makedirs(out, exist_ok=True)
-    worker = _trainer_worker if spec.get("trainer") else _engine_worker
-    mp.spawn(worker, args=(spec, out, _free_port()), nprocs=int(spec["world"]), join=True)
+    mp.spawn(_worker, args=(spec, out, _free_port()), nprocs=int(spec["world"]), join=True)
+
+
+def _worker(rank, spec, out, port):
+    """Build one rank, then exit without interpreter teardown (see tests/witness/common.py: exit_rank)."""
+    (_trainer_worker if spec.get("trainer") else _engine_worker)(rank, spec, out, port)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,9 @@ def _worker(rank, world, port, out):
         engine.destroy()
     if rank == 0:
         (Path(out) / "sizes.json").write_text(json.dumps(sizes))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter teardown: it can abort a rank (see tests/witness/common.py: exit_rank)
 
 
 if __name__ == "__main__":

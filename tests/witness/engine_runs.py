@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict
 
-from tests.witness.common import TINY, free_port, run_module, set_rank_env, tiny_model
+from tests.witness.common import TINY, exit_rank, free_port, run_module, set_rank_env, tiny_model
 
 
 def run_engine(spec: Dict[str, Any], out: Path, timeout: float = 240.0) -> Dict[str, Any]:
@@ -122,7 +122,7 @@ def _worker(rank: int, spec: Dict[str, Any], out: str, port: int) -> None:
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
     if rank == 0 and spec["scenario"] != "rank0_save":
         (Path(out) / "result.json").write_text(json.dumps(result, indent=1))
-    os._exit(0)  # a rank stuck in a collective must not keep the others from exiting
+    exit_rank()
 
 
 def main(spec: Dict[str, Any], out: str) -> None:

@@ -33,7 +33,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Dict, List
 
-from tests.witness.common import files_under, free_port, run_module, set_rank_env, tiny_model, token_data
+from tests.witness.common import exit_rank, files_under, free_port, run_module, set_rank_env, tiny_model, token_data
 
 
 def run_trainer_cases(cases: List[Dict[str, Any]], out: Path, world: int = 2, timeout: float = 400.0,
@@ -200,6 +200,7 @@ def _worker(rank: int, spec: Dict[str, Any], out: str, port: int) -> None:
     results = {c["name"]: _run_case(rank, c, Path(out)) for c in spec["cases"]}
     if rank == 0:
         (Path(out) / "result.json").write_text(json.dumps(results, indent=1))
+    exit_rank()
 
 
 def main(spec: Dict[str, Any], out: str) -> None:
