@@ -807,6 +807,37 @@ CALL51 = [
     spec("gemma-2-2b", 3, 4, 1024, 1, "holdout", zero_init=True, gc=True),
 ]
 
+# Call 52 (one GPU): candidate v19 (branch v19, bench/plan/nograd_v19_candidate.patch). Gradient checkpointing runs
+# each layer's first forward without autograd, so each tensor goes once its last user is done; the replay took the
+# layer's tensors with the backward's lifetimes. v19 adds each layer's forward without autograd
+# (memory.gpu.NO_GRAD_TEMPLATES, read off checkpointed traces: traces41, 10, 39 and 27; Phi-3's fused layer by analogy);
+# in zero.Init PEFT's fp32 transients (the input cast to fp32; lora_B's output, its scaled copy and the sum in fp32,
+# cast back: call 35's Qwen2.5-7B trace); and ZeRO-3's input gradient of the output layer before the autograd thread's
+# workspace, under checkpointing (LinearFunctionForZeroStage3.backward; call 41's trace). On the traces: call 41's
+# Qwen2.5-3B -10.9% -> 0.0%, call 27's Gemma-3-1B at world size 2 -18.1% -> -0.1%, none further than 1.6 points
+# from before. On the 381 never-fitted rows: 2 outside [-8%, +12%] against 4 (Qwen2.5-3B -10.7% -> 0.0%; both
+# Gemma-3-1B rows at world size 2, -17.4% -> -0.1%; new: call 50's Mistral-7B LoRA with both offloads in zero.Init,
+# -5.6% -> -9.1%, a kind whose repeated runs differ by up to 1.16 GiB), median 0.4% -> 0.2%. Rows drawn by
+# ``bench/plan/select_call.py 52 /tmp/v19wt`` (seed 52): checkpointed runs at world size 1 never measured, ZeRO-1/2
+# (call 26's pool) and ZeRO-3 (call 46's pool, five kinds: everything on the GPU, LoRA r16, the optimizer offloaded,
+# offload_param, LoRA r16 with both offloads), both predictions under 50 GiB; four ZeRO-1/2 and four ZeRO-3 rows where
+# plan and candidate differ by 2% or more and two where they differ by less, one per model in each. Rule, stated
+# before the run, call 28's: count the rows outside [-8%, +12%]; adopt the candidate if it has fewer of them than the
+# plan and a median abs error no higher, or, both having none, a lower median; otherwise keep the plan. pred_gib: the
+# plan (main at the commit that adds these rows); pred_gib_v19: the candidate; need_gib as call 32's.
+CALL52 = [
+    spec("qwen3-4b", 1, 8, 2048, 1, "holdout", gc=True, lora=8, offload=True),
+    spec("phi-3-mini", 1, 4, 2048, 1, "holdout", gc=True, lora=16),
+    spec("qwen3-1.7b", 2, 8, 2048, 1, "holdout", gc=True, lora=8, offload=True),
+    spec("llama-3.2-1b", 1, 4, 4096, 1, "holdout", gc=True, offload=True),
+    spec("qwen3-1.7b", 3, 2, 4096, 1, "holdout", zero_init=True, gc=True, lora=16, offload=True, offload_param=True),
+    spec("phi-3-mini", 3, 2, 4096, 1, "holdout", zero_init=True, gc=True, lora=16, offload=True, offload_param=True),
+    spec("qwen2.5-3b", 3, 2, 4096, 1, "holdout", zero_init=True, gc=True, lora=16),
+    spec("mistral-7b", 3, 2, 4096, 1, "holdout", zero_init=True, gc=True, lora=16, offload=True, offload_param=True),
+    spec("llama-3.2-1b", 3, 1, 4096, 1, "holdout", zero_init=True, gc=True, offload_param=True),
+    spec("qwen3-4b", 1, 1, 2048, 1, "holdout", gc=True, lora=16, offload=True),
+]
+
 
 def main() -> None:
     import sys
@@ -820,7 +851,7 @@ def main() -> None:
              "call34": CALL34_TRACE, "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38,
              "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42, "call43": CALL43_TRACE,
              "call44": CALL44, "call45": CALL45_TRACE, "call46": CALL46, "call47": CALL47, "call48": CALL48,
-             "call49": CALL49_TRACE, "call50": CALL50, "call51": CALL51}
+             "call49": CALL49_TRACE, "call50": CALL50, "call51": CALL51, "call52": CALL52}
     which = next((a[2:] for a in sys.argv[1:] if a.startswith("--") and a[2:] in calls), "call3")
     rows = calls[which]
     traced = all(s["split"] == "trace" for s in rows)  # allocator histories only: no prediction to write

@@ -88,6 +88,13 @@ fine-tuning at ZeRO-3, world size 1, everything on the GPU, where one fp32 copy 
 fp32 block), to measure how often the warning comes true: the small models, built whole or in zero.Init, with and
 without checkpointing, micro batch 1-4 and 1024-4096 tokens up to 8192 a step, never measured, predicted under 80
 GiB; shuffled with seed 51; four rows per build, one per model. Usage: ``python bench/plan/select_call.py 51 .``
+
+Call 52 (one GPU) tests candidate v19 (branch ``v19``, ``nograd_v19_candidate.patch``) on checkpointed runs at world
+size 1, never measured: ZeRO-1/2 from call 26's pool, and ZeRO-3 from call 46's pool in five kinds (everything on the
+GPU, LoRA r16, the optimizer offloaded, offload_param, LoRA r16 with both offloads; host memory under 28 GiB a
+process), both predictions under 50 GiB; shuffled with seed 52; four ZeRO-1/2 and four ZeRO-3 rows where plan and
+candidate differ by 2% or more, then two of any stage where they differ by less, one per model in each. Usage:
+``python bench/plan/select_call.py 52 /tmp/v19wt``.
 """
 from __future__ import annotations
 
@@ -128,7 +135,8 @@ def _predict(root: str, specs: list) -> list:
 
 FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14",
          37: "pred_gib_v12", 38: "pred_gib", 40: "pred_gib_v15", 42: "pred_gib",
-         44: "pred_gib_v16", 46: "pred_gib_v17", 47: "pred_gib", 48: "pred_gib", 50: "pred_gib_v18", 51: "pred_gib"}
+         44: "pred_gib_v16", 46: "pred_gib_v17", 47: "pred_gib", 48: "pred_gib", 50: "pred_gib_v18", 51: "pred_gib",
+         52: "pred_gib_v19"}
 
 
 def measured_specs(call: int):
@@ -508,6 +516,36 @@ def draw_states_in_logits(call: int) -> list:
     return chosen
 
 
+def draw_checkpointed(call: int, candidate: str) -> list:
+    """Call 52's draw (see the module docstring)."""
+    zero12 = [s for k, s in pool(call) if k[4] == 1 and k[5]]
+    kinds = {"gpu": {}, "lora": dict(lora=16), "opt": dict(offload=True), "param": dict(offload_param=True),
+             "both": dict(lora=16, offload=True, offload_param=True)}
+    zero3 = [s for _, s in _zero3_kinds_pool(
+        call, kinds,
+        lambda s: (s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
+                   s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")), bool(s.get("zero_init")),
+                   bool(s.get("overlap"))),
+        lambda kind: 28) if s.get("gc")]
+    rows = zero12 + zero3
+    plan = _predict(str(HERE.parents[1]), rows)
+    cand = _predict(candidate, rows)
+    table = [(s, a, b) for s, a, b in zip(rows, plan, cand) if max(a, b) < 50]
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    for stage, differ, count in (((1, 2), True, 4), ((3,), True, 4), ((1, 2, 3), False, 2)):
+        here: set = set()
+        for s, a, b in table:
+            if (s["stage"] in stage and (abs(b - a) / a >= 0.02) == differ and s["name"] not in here
+                    and len(here) < count and s not in chosen):
+                here.add(s["name"])
+                chosen.append(s)
+                print(f"z{s['stage']} {s['name']:17s} mb{s['mb']} s{s['seq']} lora={s.get('lora', 0)} "
+                      f"offload={bool(s.get('offload'))} offload_param={bool(s.get('offload_param'))} "
+                      f"zero_init={bool(s.get('zero_init'))}  plan {a:6.2f}  candidate {b:6.2f}")
+    return chosen
+
+
 def draw_world_size_2(call: int) -> list:
     """Call 42's draw (see the module docstring): the plan's predictions only."""
     return _one_per_model(call, 2, 90, 10)
@@ -522,7 +560,8 @@ def main(argv: list) -> int:
         plan_only = {33: draw_zero3_plan, 38: draw_zero3_plan, 42: draw_world_size_2, 47: draw_plan_world_size_1,
                      48: draw_large_both_offloads, 51: draw_states_in_logits}
         with_candidate = {26: draw, 28: draw, 32: draw_zero3, 36: draw_build_cache, 37: draw_world_size_1,
-                          40: draw_zero3_gpu, 44: draw_zero3_offload, 46: draw_zero3_v17, 50: draw_zero3_v18}
+                          40: draw_zero3_gpu, 44: draw_zero3_offload, 46: draw_zero3_v17, 50: draw_zero3_v18,
+                          52: draw_checkpointed}
         if call in plan_only:
             plan_only[call](call)
         else:
@@ -533,7 +572,7 @@ def main(argv: list) -> int:
     for s, p in zip(specs, _predict(candidate, specs)):
         if s.get("split") == "holdout":
             s[field] = round(p, 1)
-            if call in (32, 36, 37, 40, 44, 46, 50):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
+            if call in (32, 36, 37, 40, 44, 46, 50, 52):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
                 s["need_gib"] = round(1.1 * max(p, s["pred_gib"]) + 3)
     path.write_text("".join(json.dumps(s) + "\n" for s in specs))
     print(f"{path}: {field} for {sum(field in s for s in specs)} rows")
