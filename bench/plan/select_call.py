@@ -495,7 +495,14 @@ def draw_states_in_logits(call: int) -> list:
     from make_specs_x2 import spec
     from rows import spec_inputs
 
-    from zeropilot.memory.plan import known_under, make_plan
+    from zeropilot.memory.gpu import zero3_replay
+    from zeropilot.memory.plan import make_plan
+
+    def states_in_logits(inputs) -> bool:  # KNOWN_UNDER["zero3_states_in_logits"] until v19 (call 52) removed it
+        replay = zero3_replay(inputs)
+        logits = 4 * inputs.micro_batch * inputs.seq_len * inputs.arch.vocab
+        return replay is not None and inputs.lora_rank is None and logits >= max(replay["sub_groups"],
+                                                                                 default=logits + 1)
 
     done = {(s.get("name"), s.get("mb"), s.get("seq"), bool(s.get("gc")), bool(s.get("zero_init")))
             for s in measured_specs(call) if s.get("stage") == 3 and s.get("ws", 1) == 1 and not s.get("lora")
@@ -508,7 +515,7 @@ def draw_states_in_logits(call: int) -> list:
         s = spec(name, 3, mb, seq, 1, "holdout", zero_init=zero_init, **({"gc": True} if gc else {}))
         inputs = spec_inputs(s, 139.8)
         plan = make_plan(inputs)
-        if known_under(inputs) == "zero3_states_in_logits" and plan.gpu_peak_bytes < 80 * 2**30:
+        if states_in_logits(inputs) and plan.gpu_peak_bytes < 80 * 2**30:
             table.append((s, plan.gpu_peak_bytes / 2**30))
     random.Random(call).shuffle(table)
     chosen: list = []

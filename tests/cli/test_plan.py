@@ -97,18 +97,22 @@ def test_several_nodes_are_not_judged_without_a_measured_outside_torch_figure(ca
 
 def test_plans_of_a_kind_the_model_under_predicts_say_so(capsys):
     # ZeRO-1/2 where one fp32 copy of the logits is a tenth of the peak or more: whether the step needs one more such
-    # block turns on where a 32 MiB cuBLAS workspace settles (KNOWN_UNDER, -17.4% measured)
+    # block turns on where a 32 MiB cuBLAS workspace settles (KNOWN_UNDER, -13.0% measured)
     large = _json(capsys, "--model", "qwen2.5-0.5b", "--gpus", "1x80GiB", "--stage", "2", "--micro-batch", "8",
                   "--seq-len", "1024", "--gradient-checkpointing")
-    assert any("up to 17% above the plan" in n for n in large["notes"])
+    assert any("up to 13% above the plan" in n for n in large["notes"])
     small = _json(capsys, "--model", "qwen2.5-7b", "--gpus", "1x139.8GiB", "--stage", "2", "--micro-batch", "1",
                   "--seq-len", "512", "--gradient-checkpointing", "--lora-rank", "16")
     assert not any("above the plan" in n for n in small["notes"])
-    # ZeRO-3 full fine-tuning with the optimizer on the GPU where one fp32 logits copy can hold a sub-group's fp32
-    # block (call 41's trace: the first step's AdamW states settled in the logits' released blocks; -10.7% measured)
+    # ZeRO-3 LoRA with parameter offload in zero.Init: -9.1% measured, within what repeated runs of the kind spread
+    lora = ("--model", "mistral-7b", "--gpus", "1x139.8GiB", "--stage", "3", "--micro-batch", "2", "--seq-len",
+            "1024", "--gradient-checkpointing", "--lora-rank", "16", "--offload-optimizer", "cpu")
+    offloaded = _json(capsys, *lora, "--offload-param", "cpu", "--zero-init")
+    assert any("up to 9% above the plan" in n for n in offloaded["notes"])
+    assert any("GiB more in one run than in another" in n for n in offloaded["notes"])
+    assert not any("above the plan" in n for n in _json(capsys, *lora, "--zero-init")["notes"])
+    # ZeRO-3 full fine-tuning in zero.Init with the optimizer on the GPU and 8192 tokens a step: call 40's row was
+    # 10.7% under until v19 replayed checkpointing's forward without autograd (call 41's trace); no note since
     states = _json(capsys, "--model", "qwen2.5-3b", "--gpus", "1x139.8GiB", "--stage", "3", "--micro-batch", "2",
                    "--seq-len", "4096", "--gradient-checkpointing", "--zero-init")
-    assert any("up to 11% above the plan" in n for n in states["notes"])
-    short = _json(capsys, "--model", "qwen2.5-3b", "--gpus", "1x139.8GiB", "--stage", "3", "--micro-batch", "2",
-                  "--seq-len", "1024", "--gradient-checkpointing", "--zero-init")
-    assert not any("above the plan" in n for n in short["notes"])
+    assert not any("above the plan" in n for n in states["notes"])

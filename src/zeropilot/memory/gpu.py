@@ -375,6 +375,29 @@ LAYER_TEMPLATES = {
              "kv2>20 kv2K kv2K q2K *h2>24 h2>33 h4K h4>26 h4>29 h2W h2K *gu2K i2K i2K *h2>33 h2>33",
 }
 
+# The same layer run without autograd, as gradient checkpointing's first forward runs it (``torch.utils.checkpoint``):
+# nothing is saved for the backward, so each tensor is released once its last user is done (UNIT>i throughout) and the
+# layer's output (UNITK, the last) stays as the next layer's input. Read off checkpointed traces the same way: the
+# llama-style layer from Qwen2.5-3B (traces41), Qwen3-1.7B (traces10), Gemma-2-2B (traces39) and Gemma-3-1B (traces27);
+# no checkpointed Phi-3 run was traced, so the fused layer is the llama one with its fused projections (bench/plan/
+# nograd_v19_candidate.patch).
+NO_GRAD_TEMPLATES = {
+    "llama": "h4>3 h4>2 h4>5 h2>5 h2>20 *q2>18 *kv2>18 *kv2>20 q2>13 q1>11 q2>12 q2>13 q2>20 kv2>18 kv1>16 kv2>17 "
+             "kv2>18 kv2>20 q2>20 *h2>21 h2>32 h4>24 h4>23 h4>26 h2>26 h2>31 *i2>28 i2>30 *i2>30 i2>31 *h2>32 h2K",
+    "qwen3": "h4>3 h4>2 h4>5 h2>5 h2>30 *q2>11 q4>9 q4>8 q4>11 q2>11 q2>28 *kv2>17 kv4>15 kv4>14 kv4>17 kv2>17 kv2>28 "
+             "*kv2>30 q2>23 q1>21 q2>22 q2>23 q2>30 kv2>28 kv1>26 kv2>27 kv2>28 kv2>30 q2>30 *h2>31 h2>42 h4>34 h4>33 "
+             "h4>36 h2>36 h2>41 *i2>38 i2>40 *i2>40 i2>41 *h2>42 h2K",
+    "gemma2": "h4>3 h4>2 h4>4 h4>5 h2>20 *q2>18 *kv2>18 *kv2>20 q2>13 q1>11 q2>12 q2>13 q2>20 kv2>18 kv1>16 kv2>17 "
+              "kv2>18 kv2>20 q2>20 *h2>25 h4>23 h4>22 h4>24 h4>25 h2>26 h2>42 h4>29 h4>28 h4>30 h4>31 h2>36 *i2>33 "
+              "i2>35 *i2>35 i2>36 *h2>41 h4>39 h4>38 h4>40 h4>41 h2>42 h2K",
+    "gemma3": "h4>3 h4>2 h4>4 h4>5 h2>31 *q2>13 *kv2>18 *kv2>31 q4>11 q4>10 q4>12 q4>13 q2>28 kv4>16 kv4>15 kv4>17 "
+              "kv4>18 kv2>28 q2>23 q1>21 q2>22 q2>23 q2>31 kv2>28 kv1>26 kv2>27 kv2>28 kv2>31 q2>30 q2>31 *h2>36 h4>34 "
+              "h4>33 h4>35 h4>36 h2>37 h2>53 h4>40 h4>39 h4>41 h4>42 h2>47 *i2>44 i2>46 *i2>46 i2>47 *h2>52 h4>50 "
+              "h4>49 h4>51 h4>52 h2>53 h2K",
+    "fused": "h4>3 h4>2 h4>5 h2>5 h2>18 *qkv2>18 q2>11 q1>9 q2>10 q2>11 q2>18 kv2>16 kv1>14 kv2>15 kv2>16 kv2>18 q2>18 "
+             "*h2>19 h2>29 h4>22 h4>21 h4>24 h2>24 h2>28 *gu2>28 i2>27 i2>28 *h2>29 h2K",
+}
+
 
 def _template(arch) -> str:
     if arch.norms_per_layer >= 4:
@@ -384,43 +407,66 @@ def _template(arch) -> str:
     return "qwen3" if arch.qk_norm else "llama"
 
 
-def layer_tensors(inputs: PlanInputs) -> Tuple[Tuple[float, Optional[int]], ...]:
+def layer_tensors(inputs: PlanInputs, no_grad: bool = False) -> Optional[Tuple[Tuple[float, Optional[int]], ...]]:
     """One decoder layer's forward for the allocator replay: (bytes, the index of the tensor before which it is
     released, or None when the backward keeps it), from :data:`LAYER_TEMPLATES`; eager attention adds its fp32
-    softmax and bf16 copy (kept).
+    softmax and bf16 copy (kept). ``no_grad``: the checkpointed first forward (:data:`NO_GRAD_TEMPLATES`), whose
+    last tensor is the layer's output; None without checkpointing, and with eager attention (not traced).
 
     With LoRA each linear layer's output ``O`` is followed by PEFT's ``result + lora_B(lora_A(x)) * scaling``
     (``peft/tuners/lora/layer.py`` ``Linear.forward``): lora_A's output (rank wide, kept for lora_B's gradient),
     lora_B's output, its scaled copy (lora_B's output released), and the sum, which lives as ``O`` did; ``O`` and the
     scaled copy are released once the sum exists. These transients leave holes of the output's size that small
-    long-lived tensors later fill (call 20's traces).
+    long-lived tensors later fill (call 20's traces). Without autograd lora_A's output goes once lora_B's exists; in
+    zero.Init (fp32 adapters, :func:`lora_fp32_inputs`) the input is first cast to fp32, lora_B's output, the scaled
+    copy and the sum are fp32, and the sum is cast back to ``O``'s dtype, the fp32 input released with it (call 35's
+    Qwen2.5-7B trace).
     """
     a = inputs.arch
     t = inputs.micro_batch * inputs.seq_len
     q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
     inter = a.intermediate if a.moe is None else a.moe.active * a.moe.expert_intermediate + a.moe.shared_intermediate
     per_token = {"h": a.hidden, "q": q, "kv": kv, "i": inter, "qkv": q + 2 * kv, "gu": 2 * inter}
-    ops = LAYER_TEMPLATES[_template(a)].split()
-    parsed = []
+    if no_grad:
+        if not inputs.gradient_checkpointing or inputs.attn == "eager":
+            return None
+        ops = NO_GRAD_TEMPLATES[_template(a)].split()
+    else:
+        ops = LAYER_TEMPLATES[_template(a)].split()
+    fp32_inputs = no_grad and bool(_lora_fp32_copies(inputs))  # zero.Init LoRA: the input cast to fp32 first
+    parsed, outputs_h = [], 0
     for i, op in enumerate(ops):
         unit, until = op.strip("*KW").partition(">")[0], op.partition(">")[2]
         name, width = unit.rstrip("0123456789"), int(unit[len(unit.rstrip("0123456789")):])
         if op.endswith("W"):
             until = str(i + 1) if inputs.lora_rank else ""
-        parsed.append((float(width * t * per_token[name]), int(until) if until else None, op.startswith("*")))
+        reads = "h"  # what the linear layer reads: o_proj the attention's output, down_proj the MLP's
+        if op.startswith("*") and name == "h":
+            reads, outputs_h = ("q" if outputs_h == 0 else "i"), outputs_h + 1
+        parsed.append((float(width * t * per_token[name]), int(until) if until else None, op.startswith("*"),
+                       4.0 * t * per_token[reads]))
+    per_linear = 7 if fp32_inputs else 5
     start, n = [], 0  # where each template tensor's first tensor lands in the expanded layer
-    for _, _, linear in parsed:
+    for _, _, linear, _ in parsed:
         start.append(n)
-        n += 5 if linear and inputs.lora_rank else 1
+        n += per_linear if linear and inputs.lora_rank else 1
     start.append(n)
     out: List[Tuple[float, Optional[int]]] = []
-    for i, (size, until, linear) in enumerate(parsed):
+    for i, (size, until, linear, fp32_input) in enumerate(parsed):
         end = None if until is None else start[min(until, len(parsed))]
         if linear and inputs.lora_rank:
-            k = len(out)  # O, lora_A's output, lora_B's, the scaled copy, the sum
-            out += [(size, k + 5), (2.0 * t * inputs.lora_rank, None), (size, k + 4), (size, k + 5), (size, end)]
+            k = len(out)
+            if fp32_inputs:  # O, the fp32 input, then in fp32: lora_A's output, lora_B's, the scaled copy, the sum;
+                # the sum cast back to O's dtype (``result.to(torch_result_dtype)``)
+                out += [(size, k + 6), (fp32_input, k + 7), (4.0 * t * inputs.lora_rank, k + 4), (2 * size, k + 5),
+                        (2 * size, k + 6), (2 * size, k + 7), (size, end)]
+            else:  # O, lora_A's output, lora_B's, the scaled copy, the sum
+                out += [(size, k + 5), (2.0 * t * inputs.lora_rank, k + 3 if no_grad else None), (size, k + 4),
+                        (size, k + 5), (size, end)]
         else:
             out.append((size, end))
+    if no_grad:
+        return tuple(out)
     if inputs.attn == "eager":
         out += [(4.0 * t * a.heads * inputs.seq_len, None), (2.0 * t * a.heads * inputs.seq_len, None)]
     out += [(float(t * per), None) for per in _lora_fp32_copies(inputs)]  # kept for the adapters' backward
@@ -489,6 +535,7 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
     sizes = [2.0 * n for n in elements]
     build, frozen = ([], sizes) if inputs.lora_rank else (sizes, [])
     layer = layer_tensors(inputs)
+    no_grad_layer = layer_tensors(inputs, no_grad=True)
     h2 = kept_input(inputs)
     edges = (h2, final_norm(inputs))  # the embedding's output; the final norm
     part = trainable / inputs.world_size
@@ -502,6 +549,7 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
     first = _first_reduction(inputs, trainable)
     return dict(build=build, frozen=frozen, trainable=trainable, world_size=inputs.world_size,
                 gpu_optimizer=inputs.offload_optimizer == "none", layer=layer, layers=a.layers,
+                no_grad_layer=no_grad_layer,
                 checkpointed=inputs.gradient_checkpointing, edges=edges,
                 logits_bf16=2.0 * tokens * a.vocab, logits_fp32=4.0 * tokens * a.vocab,
                 output_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden,
@@ -567,7 +615,7 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
     build = [] if inputs.zero_init else sizes + [2.0 * a.vocab * a.hidden] * a.tied
     return dict(build=build, sub_groups=sub_groups,
                 bucket=2.0 * inputs.reduce_bucket_size, grad_partition=2.0 * part if gpu_optimizer else 0.0,
-                layer=layer_tensors(inputs), layers=a.layers,
+                layer=layer_tensors(inputs), layers=a.layers, no_grad_layer=layer_tensors(inputs, no_grad=True),
                 gathered=[] if on_gpu else [[2.0 * x for x in layer] for layer in per_layer],
                 embedding=0.0 if on_gpu else 2.0 * a.vocab * a.hidden,
                 checkpointed=inputs.gradient_checkpointing, edges=(kept_input(inputs), final_norm(inputs)),

@@ -20,7 +20,8 @@ traces show them (``LAYER_TEMPLATES`` in ``memory/gpu.py``).
 What is checked: fed each committed H200 trace's own requests, :class:`Allocator` ends with the segments the
 real allocator had, within 0.2 GiB, on all 29 traces (ZeRO-1/2/3, LoRA, offload; ``tests/memory/
 test_segments.py``), so the policy is right. The synthetic request sequence follows the traces (``bench/plan/
-analyze_trace.py``): each decoder layer's tensors with their lifetimes, and under checkpointing the recompute;
+analyze_trace.py``): each decoder layer's tensors with their lifetimes, and under checkpointing the first forward
+run without autograd (each tensor released after its last use; call 52) and the recompute;
 the two cuBLAS workspaces every trace keeps (one for the forward's thread, one for autograd's); DeepSpeed's
 ``temp_grad_buffer_for_gpu_offload``; Gemma 2's soft-capped logits; the embedding's gradient at the end of
 backward; the fp64 copies DeepSpeed takes for gradient norms. It ends within 2% of 23 of the 29 world-size-1
@@ -204,19 +205,24 @@ def _gather(pool: "Allocator", window: Optional[_Window], key: object,
 def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]], layers: int, checkpointed: bool,
                   edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]],
                   gathered: Sequence[Sequence[float]] = (),
-                  window: Optional[_Window] = None) -> List[Optional[_Block]]:
+                  window: Optional[_Window] = None,
+                  no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> List[Optional[_Block]]:
     """The decoder's forward (arguments as :func:`zero12_reserved`'s); the tensors kept for the backward.
     ``gathered``: per layer, the 16-bit parameters ZeRO-3 gathers before it and releases after it (or, with
-    ``window``, leaves to the window). Under checkpointing a layer's tensors are released once it is done and its
-    output stays as the next one's input (layer 0's input is the embedding's output); the last layer's output is
-    released after the final norm, which keeps its own fp32 copy (call 41's trace)."""
+    ``window``, leaves to the window). Under checkpointing each layer runs as ``no_grad_layer`` (the same layer without
+    autograd: each tensor released after its last use, the output kept as the next layer's input; or, where that is
+    not known, ``layer`` with its tensors released once it is done and its output taken after them); layer 0's input
+    is the embedding's output, and the last layer's output is released after the final norm, which keeps its own fp32
+    copy (call 41's trace)."""
     if checkpointed:
         acts: List[Optional[_Block]] = [None, pool.alloc(edges[0])]  # the embedding's output: layer 0's input
     else:
         acts = [pool.alloc(edges[0])]  # the embedding's output
     for index in range(layers):
         params = _gather(pool, window, index, gathered[index] if gathered else ())
-        if checkpointed:  # the layer's tensors released once it is done; its output kept as the next one's input
+        if checkpointed and no_grad_layer:  # run without autograd: its output is the kept tensor
+            acts += _forward(pool, no_grad_layer)
+        elif checkpointed:  # the layer's tensors released once it is done; its output kept as the next one's input
             for b in _forward(pool, layer):
                 pool.free(b)
             acts.append(pool.alloc(edges[0]))
@@ -288,7 +294,8 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
                     logits_fp32: float, output_grad: float, buckets: Sequence[float], embedding_grad: float = 0.0,
                     tied: bool = False, softcap: bool = False, norm_pieces: Sequence[float] = (),
                     grad_partition: float = 0.0, first_reduction: Tuple[int, float] = (0, 0.0),
-                    steps: int = 2) -> int:
+                    steps: int = 2,
+                    no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> int:
     """Bytes the caching allocator reserves for ZeRO-1/2's large tensors over ``steps`` training steps.
 
     Args:
@@ -299,7 +306,8 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         layer: one decoder layer's forward, tensor by tensor: (bytes, the index of the tensor before which it is
             released, counted on from this layer's first; None: kept for the backward). ``layers`` of them.
         checkpointed: gradient checkpointing: the forward keeps each layer's input only, and the backward runs
-            each layer's forward again before its gradient.
+            each layer's forward again before its gradient; ``no_grad_layer``: the layer's first forward, run without
+            autograd (``memory.gpu.NO_GRAD_TEMPLATES``; None: ``layer``'s tensors, each released with the layer).
         edges: bytes of the embedding's output, and the final norm's forward (as ``layer``).
         logits_bf16 / logits_fp32: the logits in bf16 and one fp32 copy of them; ``softcap``: Gemma 2's final
             soft-capping (three more bf16 logits in the forward, three in the backward).
@@ -337,7 +345,7 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
             if not gpu_optimizer:  # temp_grad_buffer_for_gpu_offload: 16-bit, the largest parameter's size, kept
                 pool.alloc(max(list(build) + list(frozen), default=0))
             pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
-        acts = _forward_pass(pool, layer, layers, checkpointed, edges)
+        acts = _forward_pass(pool, layer, layers, checkpointed, edges, no_grad_layer=no_grad_layer)
         gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap)
         og = pool.alloc(output_grad)  # the output layer's weight gradient
         if step == 0:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
@@ -404,7 +412,8 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
                    norm_pieces: Sequence[float] = (), frozen: Sequence[float] = (), flat: float = 0.0,
                    side_stream: float = 0.0, offload_buckets: Sequence[Sequence[float]] = (),
                    hooked: Sequence[float] = (), live: float = 0.0,
-                   init_gathers: Sequence[Tuple[float, float]] = (), steps: int = 2) -> int:
+                   init_gathers: Sequence[Tuple[float, float]] = (), steps: int = 2,
+                   no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> int:
     """Bytes the caching allocator reserves for ZeRO-3: parameters offloaded with the optimizer on the GPU (full
     fine-tuning) or offloaded too (LoRA, at world size 1), or parameters on the GPU at world size 1 (where nothing is
     gathered) with the optimizer on the GPU or offloaded.
@@ -493,12 +502,17 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
             pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
         window = _Window(pool, live) if live and step else None
         emb = _gather(pool, window, "embedding", [embedding])
-        acts = _forward_pass(pool, layer, layers, checkpointed, edges, gathered, window)
+        acts = _forward_pass(pool, layer, layers, checkpointed, edges, gathered, window, no_grad_layer)
         for b in emb:
             pool.free(b)
         head = _gather(pool, window, "head", [embedding])  # the output layer's weight (tied or not, one size)
         gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap, head)
         head = _gather(pool, window, "head", [embedding])  # gathered again for its backward
+        # LinearFunctionForZeroStage3.backward: the input's gradient first, then the weight's. Under checkpointing it
+        # takes the hole the last layer's output left after the final norm, so the autograd thread's workspace goes
+        # elsewhere (call 41's trace); without it the replay's holes there are not the real ones (the templates keep
+        # the backward's tensors, not their exact lifetimes) and it is left out, as smaller tensors are
+        ig = pool.alloc(edges[0]) if checkpointed else None
         if step == 0:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
             pool.alloc(_CUBLAS_WORKSPACE)
         og = pool.alloc(output_grad)  # the output layer's weight gradient, before it is reduce-scattered
@@ -506,6 +520,7 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
         for b in head:
             pool.free(b)
         pool.free(og)
+        pool.free(ig)
         _backward_pass(pool, acts, layer, checkpointed, edges, gathered, window)
         if window is not None:
             window.release_all()
