@@ -838,6 +838,24 @@ CALL52 = [
     spec("qwen3-4b", 1, 1, 2048, 1, "holdout", gc=True, lora=16, offload=True),
 ]
 
+# Call 53 (one GPU): the plan after v19 (no candidate), on checkpointed runs at world size 1 never measured (call 52's
+# pool), one ZeRO-1/2 and one ZeRO-3 row per layer kind of NO_GRAD_TEMPLATES (the llama-style layer, Qwen3, Gemma 2,
+# Gemma 3, and Phi-3's fused layer, the one written by analogy rather than read off a trace), predicted under 50 GiB.
+# ``bench/plan/select_call.py 53 .`` (seed 53). Reported as they come; pred_gib: the plan at the commit that adds these
+# rows; need_gib as call 32's.
+CALL53 = [
+    spec("llama-3.2-1b", 1, 1, 1024, 1, "holdout", gc=True, lora=8, offload=True),
+    spec("qwen2.5-1.5b", 3, 4, 1024, 1, "holdout", zero_init=False, gc=True, lora=16),
+    spec("qwen3-4b", 2, 8, 1024, 1, "holdout", gc=True, offload=True),
+    spec("qwen3-4b", 3, 4, 2048, 1, "holdout", zero_init=False, gc=True, lora=16, offload=True, offload_param=True),
+    spec("gemma-2-2b", 2, 1, 2048, 1, "holdout", gc=True, lora=16, offload=True),
+    spec("gemma-2-2b", 3, 2, 2048, 1, "holdout", zero_init=True, gc=True, lora=16, offload=True, offload_param=True),
+    spec("gemma-3-1b", 1, 2, 2048, 1, "holdout", gc=True),
+    spec("gemma-3-1b", 3, 1, 4096, 1, "holdout", zero_init=True, gc=True),
+    spec("phi-3-mini", 2, 4, 1024, 1, "holdout", gc=True, lora=8, offload=True),
+    spec("phi-3-mini", 3, 1, 1024, 1, "holdout", zero_init=True, gc=True, lora=16),
+]
+
 
 def main() -> None:
     import sys
@@ -851,7 +869,8 @@ def main() -> None:
              "call34": CALL34_TRACE, "call35": CALL35_TRACE, "call36": CALL36, "call37": CALL37, "call38": CALL38,
              "call39": CALL39_TRACE, "call40": CALL40, "call41": CALL41_TRACE, "call42": CALL42, "call43": CALL43_TRACE,
              "call44": CALL44, "call45": CALL45_TRACE, "call46": CALL46, "call47": CALL47, "call48": CALL48,
-             "call49": CALL49_TRACE, "call50": CALL50, "call51": CALL51, "call52": CALL52}
+             "call49": CALL49_TRACE, "call50": CALL50, "call51": CALL51, "call52": CALL52,
+             "call53": CALL53}
     which = next((a[2:] for a in sys.argv[1:] if a.startswith("--") and a[2:] in calls), "call3")
     rows = calls[which]
     traced = all(s["split"] == "trace" for s in rows)  # allocator histories only: no prediction to write
@@ -863,7 +882,7 @@ def main() -> None:
                 continue
             p = make_plan(spec_inputs(s, 139.8)).gpu_peak_bytes / 2**30
             s["pred_gib"] = round(p, 1)
-            if which in ("call33", "call38", "call47", "call48", "call51"):
+            if which in ("call33", "call38", "call47", "call48", "call51", "call53"):
                 s["need_gib"] = round(1.1 * p + 3)
             if s.get("lora") is None and s["name"] in ("qwen2.5-7b", "llama-3.1-8b", "mistral-7b") \
                     and not s.get("offload"):

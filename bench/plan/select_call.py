@@ -95,6 +95,10 @@ GPU, LoRA r16, the optimizer offloaded, offload_param, LoRA r16 with both offloa
 process), both predictions under 50 GiB; shuffled with seed 52; four ZeRO-1/2 and four ZeRO-3 rows where plan and
 candidate differ by 2% or more, then two of any stage where they differ by less, one per model in each. Usage:
 ``python bench/plan/select_call.py 52 /tmp/v19wt``.
+
+Call 53 (one GPU) is the plan's after v19, on call 52's pool (every row measured before call 53 left out), predicted
+under 50 GiB; shuffled with seed 53; per layer kind of ``memory.gpu.NO_GRAD_TEMPLATES`` (llama-style, Qwen3, Gemma 2,
+Gemma 3, Phi-3's fused) one ZeRO-1/2 and one ZeRO-3 row. Usage: ``python bench/plan/select_call.py 53 .``
 """
 from __future__ import annotations
 
@@ -136,7 +140,7 @@ def _predict(root: str, specs: list) -> list:
 FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14",
          37: "pred_gib_v12", 38: "pred_gib", 40: "pred_gib_v15", 42: "pred_gib",
          44: "pred_gib_v16", 46: "pred_gib_v17", 47: "pred_gib", 48: "pred_gib", 50: "pred_gib_v18", 51: "pred_gib",
-         52: "pred_gib_v19"}
+         52: "pred_gib_v19", 53: "pred_gib"}
 
 
 def measured_specs(call: int):
@@ -523,8 +527,9 @@ def draw_states_in_logits(call: int) -> list:
     return chosen
 
 
-def draw_checkpointed(call: int, candidate: str) -> list:
-    """Call 52's draw (see the module docstring)."""
+def _checkpointed_pool(call: int) -> list:
+    """Calls 52 and 53's pool: checkpointed runs at world size 1 never measured before ``call``, ZeRO-1/2 from
+    call 26's pool and ZeRO-3 from call 46's in five kinds (host memory under 28 GiB a process)."""
     zero12 = [s for k, s in pool(call) if k[4] == 1 and k[5]]
     kinds = {"gpu": {}, "lora": dict(lora=16), "opt": dict(offload=True), "param": dict(offload_param=True),
              "both": dict(lora=16, offload=True, offload_param=True)}
@@ -534,7 +539,33 @@ def draw_checkpointed(call: int, candidate: str) -> list:
                    s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")), bool(s.get("zero_init")),
                    bool(s.get("overlap"))),
         lambda kind: 28) if s.get("gc")]
-    rows = zero12 + zero3
+    return zero12 + zero3
+
+
+def draw_checkpointed_plan(call: int) -> list:
+    """Call 53's draw (see the module docstring): the plan's predictions only."""
+    layer_kind = {"qwen3": "qwen3", "gemma-2": "gemma2", "gemma-3": "gemma3", "phi-3": "fused"}
+    rows = _checkpointed_pool(call)
+    plan = _predict(str(HERE.parents[1]), rows)
+    table = [(s, a) for s, a in zip(rows, plan) if a < 50]
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    for kind in ("llama", "qwen3", "gemma2", "gemma3", "fused"):
+        for zero3 in (False, True):
+            for s, a in table:
+                mine = next((v for k, v in layer_kind.items() if s["name"].startswith(k)), "llama")
+                if mine == kind and (s["stage"] == 3) == zero3:
+                    chosen.append(s)
+                    print(f"{kind:7s} z{s['stage']} {s['name']:17s} mb{s['mb']} s{s['seq']} lora={s.get('lora', 0)} "
+                          f"offload={bool(s.get('offload'))} offload_param={bool(s.get('offload_param'))} "
+                          f"zero_init={bool(s.get('zero_init'))}  plan {a:6.2f}")
+                    break
+    return chosen
+
+
+def draw_checkpointed(call: int, candidate: str) -> list:
+    """Call 52's draw (see the module docstring)."""
+    rows = _checkpointed_pool(call)
     plan = _predict(str(HERE.parents[1]), rows)
     cand = _predict(candidate, rows)
     table = [(s, a, b) for s, a, b in zip(rows, plan, cand) if max(a, b) < 50]
@@ -565,7 +596,7 @@ def main(argv: list) -> int:
     call, candidate = int(argv[0]), argv[1]
     if "--write" not in argv:
         plan_only = {33: draw_zero3_plan, 38: draw_zero3_plan, 42: draw_world_size_2, 47: draw_plan_world_size_1,
-                     48: draw_large_both_offloads, 51: draw_states_in_logits}
+                     48: draw_large_both_offloads, 51: draw_states_in_logits, 53: draw_checkpointed_plan}
         with_candidate = {26: draw, 28: draw, 32: draw_zero3, 36: draw_build_cache, 37: draw_world_size_1,
                           40: draw_zero3_gpu, 44: draw_zero3_offload, 46: draw_zero3_v17, 50: draw_zero3_v18,
                           52: draw_checkpointed}
