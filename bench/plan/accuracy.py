@@ -191,7 +191,8 @@ PREREGISTERED = {("h200x2_call8", "pred_gib"): "call 8 (after the ZeRO-1/2 segme
                  ("h200x2_call50", "pred_gib"): "call 50, the plan it replaced (commit 06a202d)",
                  ("h200x2_call51", "pred_gib"): "call 51, the plan on its zero3_states_in_logits kind (commit 76a3331)",
                  ("h200x2_call52", "pred_gib_v19"): "call 52, candidate v19, adopted (nograd_v19_candidate.patch)",
-                 ("h200x2_call52", "pred_gib"): "call 52, the plan it replaced (commit 407490e)"}
+                 ("h200x2_call52", "pred_gib"): "call 52, the plan it replaced (commit 407490e)",
+                 ("h200x2_call53", "pred_gib"): "call 53, the plan after v19 on checkpointed runs (commit 2a977ad)"}
 
 
 def _preregistered(rows, recs) -> list:
