@@ -202,6 +202,72 @@ def test_zero3_allocator_replay_against_the_allocator_traces():
     assert len(seen) == 22
 
 
+def _step_tensors(trace: str):
+    """The training phase's tensors of 1 MiB or more in a committed trace, in order: their sizes, and for each the
+    number of tensors allocated before its release (None while it is live at the end)."""
+    import gzip
+    import json
+
+    path = next((BENCH / "data").glob(f"traces*/{trace}.json.gz"))
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)
+    index, sizes, until = {}, [], {}
+    for action, addr, size, phase, *_ in events:
+        if phase != "step" or size < 2**20 or action not in ("alloc", "free_completed"):
+            continue
+        if action == "alloc":
+            index[addr] = len(sizes)
+            sizes.append(size)
+        elif addr in index:
+            until[index.pop(addr)] = len(sizes)
+    return sizes, [until.get(i) for i in range(len(sizes))]
+
+
+def test_checkpointed_forward_templates_are_the_traces_own_sequence():
+    """``memory.gpu.NO_GRAD_TEMPLATES`` (v19, call 52): gradient checkpointing's first forward runs each decoder layer
+    without autograd, so each tensor goes once its last user is done. Expanded for a traced run, the template's
+    tensors of 1 MiB or more must occur in that run's allocator history with the same sizes and the same releases
+    (released before the same later tensor; the layer's output, the last, lives on as the next layer's input), once per
+    layer and step: the traces it was read off (Qwen2.5-3B, Qwen3-1.7B, Gemma-2-2B, Gemma-3-1B at 8192 tokens: there
+    its 22 sliding-window layers; the 4 global ones take one copy of the attention's output fewer) and a LoRA run with
+    bf16 adapters (Gemma-2-2B, call 22). zero.Init LoRA's fp32 transients (call 35's Qwen2.5-7B, where parameter
+    offload's gathers interleave with most layers) must match at least once. Not asserted, seen: at 2048 tokens every
+    Gemma-3-1B layer takes that copy fewer, and llama-style LoRA runs show one more 1 MiB tensor after the
+    attention."""
+    sys.path.insert(0, str(BENCH))
+    from rows import spec_inputs
+
+    from zeropilot.memory.gpu import layer_tensors
+
+    want = {"qwen2.5-3b_z3_mb2_s4096_gc_zinit_ws1_frames": 2 * 36, "qwen3-1.7b_z2_mb4_s2048_gc_offload_ws1": 2 * 28,
+            "gemma-2-2b_z3_mb4_s1024_gc_ws1_frames": 2 * 26, "gemma-3-1b_z2_mb8_s1024_gc_ws2": 2 * 22,
+            "gemma-2-2b_z2_mb2_s2048_gc_lora16_ws2": 2 * 26,
+            "qwen2.5-7b_z3_mb1_s1024_gc_lora16_offload_offload_param_zinit_ws1_frames": None}  # None: at least once
+    seen = {}
+    for r, _, _ in _traced_runs():
+        trace = r["spec"]["trace"]
+        if trace not in want or trace in seen:
+            continue
+        inputs = spec_inputs(r["spec"], r["total_gpu_gb"])
+        layer = layer_tensors(inputs, no_grad=True)
+        large = [i for i, (size, _) in enumerate(layer) if size >= 2**20]  # the replay leaves smaller ones out too
+        renumber = {i: k for k, i in enumerate(large)}
+        sizes = [int(layer[i][0]) for i in large]
+        until = [None if layer[i][1] is None else next((renumber[j] for j in large if j >= layer[i][1]), len(large))
+                 for i in large]
+        got_sizes, got_until = _step_tensors(trace)
+        matches = 0
+        for k in range(len(got_sizes) - len(sizes) + 1):
+            if got_sizes[k:k + len(sizes)] != sizes:
+                continue
+            rel = [None if u is None or u - k >= len(sizes) else u - k for u in got_until[k:k + len(sizes)]]
+            assert rel == [None if u is not None and u >= len(sizes) else u for u in until], (trace, k)
+            matches += 1
+        seen[trace] = matches
+        assert matches == want[trace] if want[trace] else matches >= 1, (trace, matches)
+    assert set(seen) == set(want)
+
+
 def test_zero1_and_zero2_and_the_split_of_tokens_reserve_alike_at_world_size_1():
     """Measured on H200s: at world size 1, ZeRO-1 and ZeRO-2 runs of one model and the same tokens per micro-batch
     (micro batch x sequence, SDPA) reserve the same memory, however the tokens are split, to 0.05 GiB (11 groups of
