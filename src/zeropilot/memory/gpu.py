@@ -631,13 +631,14 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
                 side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0)
 
 
-def zero3_segments(inputs: PlanInputs) -> Optional[int]:
+def zero3_segments(inputs: PlanInputs, steps: int = 2) -> Optional[int]:
     """ZeRO-3 of :func:`zero3_replay`'s kinds: bytes the caching allocator reserves, replaying the run's large tensors
-    (``memory/segments.py``); None where :func:`zero3_replay` is."""
+    (``memory/segments.py``), after ``steps`` training steps (0: at the end of the init phase, its peak on every
+    committed trace); None where :func:`zero3_replay` is."""
     args = zero3_replay(inputs)
     if args is None:
         return None
-    return _replay(("zero3",) + tuple(sorted((k, _frozen(v)) for k, v in args.items())))
+    return _replay(("zero3",) + tuple(sorted((k, _frozen(v)) for k, v in dict(args, steps=steps).items())))
 
 
 def _frozen(value):
@@ -720,6 +721,8 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
         init = _init_phase(inputs, params, trainable)
         comps.append(init)
         init_peak = int(init.bytes * c.init_reserved) + non_torch.bytes
+        if segs is not None:  # the replay's segments at the init's end (within 0.1 GiB of the 22 traces' own)
+            init_peak = zero3_segments(inputs, steps=0) + non_torch.bytes
         cache = _build_cache(inputs, counts, trainable, c, phase, act) if segs is None else None  # the replay has it
         if cache is not None:
             comps.insert(comps.index(gap) + 1, cache)
