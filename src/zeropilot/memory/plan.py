@@ -139,16 +139,18 @@ def known_spread(inputs: PlanInputs) -> Optional[str]:
 
 def _notes(inputs: PlanInputs, ckpt: Checkpoint, c: Constants, peak: int) -> List[str]:
     notes = []
-    kind = known_under(inputs, peak)
+    kind, spread = known_under(inputs, peak), known_spread(inputs)
+    if spread is not None:
+        gib, _, why = KNOWN_SPREAD[spread]
+        spread_note = (f"the same configuration reserved up to {gib:.1f} GiB more in one run than in another on H200s "
+                       f"({why}); the plan may be that far off either way")
     if kind is not None:
         pct, what, where = KNOWN_UNDER[kind]
         notes.append(f"{what}: measured peaks ran up to {-pct:.0f}% above the plan on H200 runs not used for "
-                     f"fitting ({where}; bench/plan/results/accuracy.md): keep at least that much headroom")
-    spread = known_spread(inputs)
-    if spread is not None:
-        gib, what, why = KNOWN_SPREAD[spread]
-        notes.append(f"{what}: the same configuration reserved up to {gib:.1f} GiB more in one run than in another "
-                     f"on H200s ({why}); the plan may be that far off either way")
+                     f"fitting ({where}; bench/plan/results/accuracy.md): keep at least that much headroom"
+                     + (f"; {spread_note}" if spread == kind else ""))
+    if spread is not None and spread != kind:
+        notes.append(f"{KNOWN_SPREAD[spread][1]}: {spread_note}")
     if inputs.world_size > 2 and c.nccl_multi_gpu:  # H200 figures; a profile or the flag is the user's own
         notes.append(f"memory outside PyTorch was measured at world sizes 1 and 2; at world size "
                      f"{inputs.world_size} the world-size-2 figure is used (NCCL rings grow little with ranks)")
