@@ -99,6 +99,13 @@ candidate differ by 2% or more, then two of any stage where they differ by less,
 Call 53 (one GPU) is the plan's after v19, on call 52's pool (every row measured before call 53 left out), predicted
 under 50 GiB; shuffled with seed 53; per layer kind of ``memory.gpu.NO_GRAD_TEMPLATES`` (llama-style, Qwen3, Gemma 2,
 Gemma 3, Phi-3's fused) one ZeRO-1/2 and one ZeRO-3 row. Usage: ``python bench/plan/select_call.py 53 .``
+
+Call 54 (prepared in the eleventh pass, not yet run; its world-size-2 rows need two GPUs) tests candidate v20 (branch
+``v20``, ``grad_v20_candidate.patch``): every never-measured run of call 26's ZeRO-1/2 pool (world size 1 and 2) and of
+call 46's ZeRO-3 pool in call 52's five kinds (world size 1, with and without checkpointing), both predictions under
+50 GiB; shuffled with seed 54; four rows each of ZeRO-1/2 at world size 1, ZeRO-3 at world size 1 and ZeRO-1/2 at
+world size 2 where plan and candidate differ by 2% or more, then two of any kind where they differ by less, one per
+model in each. Usage: ``python bench/plan/select_call.py 54 /tmp/v20wt``.
 """
 from __future__ import annotations
 
@@ -140,7 +147,7 @@ def _predict(root: str, specs: list) -> list:
 FIELD = {26: "pred_gib_v11", 28: "pred_gib_v12", 32: "pred_gib_v13", 33: "pred_gib", 36: "pred_gib_v14",
          37: "pred_gib_v12", 38: "pred_gib", 40: "pred_gib_v15", 42: "pred_gib",
          44: "pred_gib_v16", 46: "pred_gib_v17", 47: "pred_gib", 48: "pred_gib", 50: "pred_gib_v18", 51: "pred_gib",
-         52: "pred_gib_v19", 53: "pred_gib"}
+         52: "pred_gib_v19", 53: "pred_gib", 54: "pred_gib_v20"}
 
 
 def measured_specs(call: int):
@@ -563,6 +570,41 @@ def draw_checkpointed_plan(call: int) -> list:
     return chosen
 
 
+def draw_v20(call: int, candidate: str) -> list:
+    """Call 54's draw (see the module docstring)."""
+    zero12 = [s for _, s in pool(call)]
+    kinds = {"gpu": {}, "lora": dict(lora=16), "opt": dict(offload=True), "param": dict(offload_param=True),
+             "both": dict(lora=16, offload=True, offload_param=True)}
+    zero3 = [s for _, s in _zero3_kinds_pool(
+        call, kinds,
+        lambda s: (s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
+                   s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")), bool(s.get("zero_init")),
+                   bool(s.get("overlap"))),
+        lambda kind: 28)]
+    rows = zero12 + zero3
+    plan = _predict(str(HERE.parents[1]), rows)
+    cand = _predict(candidate, rows)
+    table = [(s, a, b) for s, a, b in zip(rows, plan, cand) if max(a, b) < 50]
+    random.Random(call).shuffle(table)
+    chosen: list = []
+    strata = (("world size 1, ZeRO-1/2", lambda s: s["stage"] < 3 and s["ws"] == 1, True, 4),
+              ("world size 1, ZeRO-3", lambda s: s["stage"] == 3, True, 4),
+              ("world size 2, ZeRO-1/2", lambda s: s["ws"] == 2, True, 4),
+              ("any", lambda s: True, False, 2))
+    for label, keep, differ, count in strata:
+        here: set = set()
+        for s, a, b in table:
+            if (keep(s) and (abs(b - a) / a >= 0.02) == differ and s["name"] not in here and len(here) < count
+                    and s not in chosen):
+                here.add(s["name"])
+                chosen.append(s)
+                print(f"{label:22s} z{s['stage']} ws{s['ws']} {s['name']:17s} mb{s['mb']} s{s['seq']} "
+                      f"gc={bool(s.get('gc'))} lora={s.get('lora', 0)} offload={bool(s.get('offload'))} "
+                      f"offload_param={bool(s.get('offload_param'))} zero_init={bool(s.get('zero_init'))}  "
+                      f"plan {a:6.2f}  candidate {b:6.2f}")
+    return chosen
+
+
 def draw_checkpointed(call: int, candidate: str) -> list:
     """Call 52's draw (see the module docstring)."""
     rows = _checkpointed_pool(call)
@@ -599,7 +641,7 @@ def main(argv: list) -> int:
                      48: draw_large_both_offloads, 51: draw_states_in_logits, 53: draw_checkpointed_plan}
         with_candidate = {26: draw, 28: draw, 32: draw_zero3, 36: draw_build_cache, 37: draw_world_size_1,
                           40: draw_zero3_gpu, 44: draw_zero3_offload, 46: draw_zero3_v17, 50: draw_zero3_v18,
-                          52: draw_checkpointed}
+                          52: draw_checkpointed, 54: draw_v20}
         if call in plan_only:
             plan_only[call](call)
         else:
@@ -610,7 +652,7 @@ def main(argv: list) -> int:
     for s, p in zip(specs, _predict(candidate, specs)):
         if s.get("split") == "holdout":
             s[field] = round(p, 1)
-            if call in (32, 36, 37, 40, 44, 46, 50, 52):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
+            if call in (32, 36, 37, 40, 44, 46, 50, 52, 54):  # packing the runs on one GPU (make_specs_x2.py, above CALL32)
                 s["need_gib"] = round(1.1 * max(p, s["pred_gib"]) + 3)
     path.write_text("".join(json.dumps(s) + "\n" for s in specs))
     print(f"{path}: {field} for {sum(field in s for s in specs)} rows")
