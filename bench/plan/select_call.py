@@ -534,19 +534,23 @@ def draw_states_in_logits(call: int) -> list:
     return chosen
 
 
-def _checkpointed_pool(call: int) -> list:
-    """Calls 52 and 53's pool: checkpointed runs at world size 1 never measured before ``call``, ZeRO-1/2 from
-    call 26's pool and ZeRO-3 from call 46's in five kinds (host memory under 28 GiB a process)."""
-    zero12 = [s for k, s in pool(call) if k[4] == 1 and k[5]]
+def _all_kinds_pool(call: int) -> list:
+    """Calls 52-54's pool: runs never measured before ``call``, ZeRO-1/2 from call 26's pool (world size 1 and 2) and
+    ZeRO-3 from call 46's (world size 1) in five kinds (host memory under 28 GiB a process)."""
     kinds = {"gpu": {}, "lora": dict(lora=16), "opt": dict(offload=True), "param": dict(offload_param=True),
              "both": dict(lora=16, offload=True, offload_param=True)}
-    zero3 = [s for _, s in _zero3_kinds_pool(
+    zero3 = _zero3_kinds_pool(
         call, kinds,
         lambda s: (s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
                    s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")), bool(s.get("zero_init")),
                    bool(s.get("overlap"))),
-        lambda kind: 28) if s.get("gc")]
-    return zero12 + zero3
+        lambda kind: 28)
+    return [s for _, s in pool(call)] + [s for _, s in zero3]
+
+
+def _checkpointed_pool(call: int) -> list:
+    """Calls 52 and 53's pool: the checkpointed runs at world size 1 of :func:`_all_kinds_pool`."""
+    return [s for s in _all_kinds_pool(call) if s.get("gc") and s["ws"] == 1]
 
 
 def draw_checkpointed_plan(call: int) -> list:
@@ -572,16 +576,7 @@ def draw_checkpointed_plan(call: int) -> list:
 
 def draw_v20(call: int, candidate: str) -> list:
     """Call 54's draw (see the module docstring)."""
-    zero12 = [s for _, s in pool(call)]
-    kinds = {"gpu": {}, "lora": dict(lora=16), "opt": dict(offload=True), "param": dict(offload_param=True),
-             "both": dict(lora=16, offload=True, offload_param=True)}
-    zero3 = [s for _, s in _zero3_kinds_pool(
-        call, kinds,
-        lambda s: (s.get("name"), s.get("stage"), s.get("mb"), s.get("seq"), s.get("ws", 1), bool(s.get("gc")),
-                   s.get("lora") or 0, bool(s.get("offload")), bool(s.get("offload_param")), bool(s.get("zero_init")),
-                   bool(s.get("overlap"))),
-        lambda kind: 28)]
-    rows = zero12 + zero3
+    rows = _all_kinds_pool(call)
     plan = _predict(str(HERE.parents[1]), rows)
     cand = _predict(candidate, rows)
     table = [(s, a, b) for s, a, b in zip(rows, plan, cand) if max(a, b) < 50]
