@@ -136,3 +136,17 @@ def test_numbers_at_the_edge_of_a_float_give_nulls_not_errors(tmp_path, capsys, 
             assert validate(rep) == [] and rep["a"]["step_seconds"]["count"] == 0
             assert rep["a"]["ranks"][0]["peak_reserved_bytes"] is None and rep["a"]["ranks"][0]["plan_ratio"] is None
     assert main(["report", str(d), "--format", "html", "--out", str(tmp_path / "p.html")]) == 0
+
+
+def test_an_oom_under_an_allocator_limit_without_its_memory_still_renders(tmp_path, capsys):
+    """Found by test_fuzz in CI: an OOM record with an allocator limit but no reserved bytes."""
+    d = tmp_path / "limit"
+    d.mkdir()
+    write_json_lines(d / "rank-0.jsonl", [{"event": "start", "t": 1.0}])
+    (d / "oom-rank-0.json").write_text(json.dumps({"event": "oom", "allocator_limit_bytes": 3692384, "mem": {},
+                                                   "request_bytes": 2 ** 20}))
+    (d / "run.json").write_text("{}")
+    assert main(["report", str(d), "--format", "html"]) == 0
+    page = capsys.readouterr().out
+    assert "the card at the failure" in page and "left under the allocator limit" not in page
+    assert "of the allocator limit" in page

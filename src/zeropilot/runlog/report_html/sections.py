@@ -114,10 +114,10 @@ def mem_bar(m: Dict[str, Any], request: Optional[int], limit: Optional[int]) -> 
     if not total:
         return ""
     reserved = m.get("reserved_bytes")
-    left = (limit - reserved) if limit and reserved is not None else None
+    left = max(limit - reserved, 0) if limit and reserved is not None else None
     parts = [("allocated", m.get("allocated_bytes"), "#1f77b4"),
              ("reserved, not allocated", m.get("unallocated_reserved_bytes"), "#ff7f0e")]
-    parts += ([("left under the allocator limit", max(left, 0), "#e8f5e9")] if limit else
+    parts += ([("left under the allocator limit", left, "#e8f5e9")] if limit else
               [("outside PyTorch", m.get("outside_torch_bytes"), "#7f7f7f"), ("free", m.get("device_free_bytes"), "#e8f5e9")])
     x, rects = 0.0, []
     for name, value, color in parts:
