@@ -25,9 +25,13 @@ FIELDS = ("v", "event", "t", "rank", "step", "seconds", "mem", "mem_before", "me
 EVENTS = st.sampled_from(["start", "init", "step", "save", "load", "oom", "error", "end", "other"])
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
                     st.text(max_size=20))
+#: keys of the nested records (memory, phases, fixes, verdicts) the summary reads, so that partial ones are tried
+NESTED = ("reserved_bytes", "allocated_bytes", "unallocated_reserved_bytes", "device_total_bytes", "device_free_bytes",
+          "device_used_bytes", "outside_torch_bytes", "peak_reserved_bytes", "peak_allocated_bytes", "host_rss_bytes",
+          "expected_bytes", "name", "fix", "why", "kind", "summary", "evidence", "reason", "cause", "alive", "pid",
+          "zero_stage", "error", "age_s", "path")
 VALUES = st.recursive(SCALARS, lambda kids: st.one_of(st.lists(kids, max_size=4),
-                                                      st.dictionaries(st.sampled_from(FIELDS + ("reserved_bytes",
-                                                                      "host_rss_bytes", "name", "fix")), kids,
+                                                      st.dictionaries(st.sampled_from(FIELDS + NESTED), kids,
                                                                       max_size=4)), max_leaves=12)
 RECORD = st.fixed_dictionaries({"event": EVENTS}, optional={f: VALUES for f in FIELDS if f != "event"})
 
