@@ -130,3 +130,21 @@ def test_lora_releases_what_frozen_norms_would_keep_for_their_weights():
     adapters = 7 * 2 * t * 16  # lora_A's output on each of the 7 linear layers, kept for lora_B's gradient
     assert kept(layer_tensors(full)) - kept(layer_tensors(lora)) == 2 * (2 * t * h) - adapters  # a bf16 copy per norm
     assert kept(final_norm(full)) - kept(final_norm(lora)) == 2 * t * h
+
+
+def test_a_ceiling_stops_the_pool_at_the_segment_that_passes_it():
+    from zeropilot.memory.segments import Exceeded
+
+    pool = Allocator()
+    pool.ceiling = 150 * MIB
+    pool.free(pool.alloc(100 * MIB))
+    pool.alloc(60 * MIB)  # in the cached block: nothing new reserved
+    pool.alloc(50 * MIB)  # a new segment: 150 MiB, at the ceiling, not past it
+    assert pool.reserved == 150 * MIB
+    pool.alloc(40 * MIB)  # the cached block's rest
+    try:
+        pool.alloc(MIB)  # a 20 MiB segment
+    except Exceeded as exc:
+        assert pool.reserved == 170 * MIB and exc.args == (170 * MIB,)
+    else:
+        raise AssertionError("a segment past the ceiling was taken")

@@ -10,13 +10,13 @@ reserved. The larger of the two phases is the peak. Formulas and constants: ``do
 
 from __future__ import annotations
 
-import functools
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple
 
 from zeropilot.memory.constants import DEFAULT, GIB, Constants
 from zeropilot.memory.inputs import PlanInputs
-from zeropilot.memory.segments import zero3_reserved, zero12_reserved
+from zeropilot.memory.segments import Exceeded, zero3_reserved, zero12_reserved
 from zeropilot.models.params import ParamCounts, count_params, layer_tensor_sizes, lora_trainable, tensor_sizes
 
 
@@ -564,10 +564,13 @@ def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: 
     What training reserves (the plan's figure for ZeRO-1/2): segments are never given back, and the step's whole fp32
     blocks or the logits' fp32 copies need new ones once the cache is split (the allocator traces).
     """
+    key = _zero12_key(inputs, counts, trainable, c)
+    return None if key is None else _replay(key)
+
+
+def _zero12_key(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[tuple]:
     args = zero12_replay(inputs, counts, trainable, c)
-    if args is None:
-        return None
-    return _replay(tuple(sorted((k, _frozen(v)) for k, v in args.items())))
+    return None if args is None else tuple(sorted((k, _frozen(v)) for k, v in args.items()))
 
 
 def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
@@ -635,10 +638,15 @@ def zero3_segments(inputs: PlanInputs, steps: int = 2) -> Optional[int]:
     """ZeRO-3 of :func:`zero3_replay`'s kinds: bytes the caching allocator reserves, replaying the run's large tensors
     (``memory/segments.py``), after ``steps`` training steps (0: at the end of the init phase, its peak on every
     committed trace); None where :func:`zero3_replay` is."""
+    key = _zero3_key(inputs, steps)
+    return None if key is None else _replay(key)
+
+
+def _zero3_key(inputs: PlanInputs, steps: int = 2) -> Optional[tuple]:
     args = zero3_replay(inputs)
     if args is None:
         return None
-    return _replay(("zero3",) + tuple(sorted((k, _frozen(v)) for k, v in dict(args, steps=steps).items())))
+    return ("zero3",) + tuple(sorted((k, _frozen(v)) for k, v in dict(args, steps=steps).items()))
 
 
 def _frozen(value):
@@ -646,13 +654,47 @@ def _frozen(value):
     return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-@functools.lru_cache(maxsize=512)
-def _replay(args: tuple) -> int:
-    """Remembered by arguments: ``plan --search`` asks for one replay for ZeRO-1 and ZeRO-2, and for variants that
-    differ only where the replay does not look (about 20 ms each)."""
-    if args[:1] == ("zero3",):
-        return zero3_reserved(**dict(args[1:]))
-    return zero12_reserved(**dict(args))
+#: :func:`_replay`'s results by arguments, oldest first (at most ``_REPLAYS_KEPT``)
+_REPLAYS: "OrderedDict[tuple, int]" = OrderedDict()
+_REPLAYS_KEPT = 512
+
+
+def _replay(args: tuple, ceiling: float = float("inf")) -> Optional[int]:
+    """The replay of ``args`` (a ``_zero12_key`` or ``_zero3_key``), remembered: ``plan --search`` asks for one replay
+    for ZeRO-1 and ZeRO-2, and for variants that differ only where the replay does not look (about 20 ms each).
+    None when it would reserve more than ``ceiling`` (:class:`~zeropilot.memory.segments.Exceeded`; not
+    remembered, as the replay stopped there)."""
+    if args in _REPLAYS:
+        _REPLAYS.move_to_end(args)
+        return _REPLAYS[args]
+    try:
+        if args[:1] == ("zero3",):
+            value = zero3_reserved(**dict(args[1:]), ceiling=ceiling)
+        else:
+            value = zero12_reserved(**dict(args), ceiling=ceiling)
+    except Exceeded:
+        return None
+    _REPLAYS[args] = value
+    if len(_REPLAYS) > _REPLAYS_KEPT:
+        _REPLAYS.popitem(last=False)
+    return value
+
+
+def exceeds(inputs: PlanInputs, limit: float, c: Constants = DEFAULT) -> bool:
+    """Whether ``inputs``' GPU peak is surely over ``limit`` bytes, found without the whole plan: the allocator
+    replay (where one applies) plus memory outside PyTorch passes it. :func:`estimate_gpu`'s peak is at least that sum
+    (training's peak is the replay's segments plus memory outside PyTorch), and a replay stops as soon as it passes,
+    so ``plan --search`` spends a few milliseconds, not a whole replay, on most candidates that cannot fit. False
+    means only: not shown this way."""
+    if inputs.stage in (1, 2):
+        counts = count_params(inputs.arch)
+        key = _zero12_key(inputs, counts, trainable_params(inputs, counts), c)
+    else:
+        key = _zero3_key(inputs)
+    if key is None:
+        return False
+    segs = _replay(key, ceiling=limit - _non_torch(inputs, c).bytes)
+    return segs is None or segs + _non_torch(inputs, c).bytes > limit
 
 
 def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from zeropilot.memory.constants import DEFAULT, Constants
+from zeropilot.memory.gpu import exceeds
 from zeropilot.memory.inputs import PlanInputs
 from zeropilot.memory.plan import SAFE_MARGIN, Plan, make_plan
 
@@ -98,11 +99,13 @@ def search(inputs: PlanInputs, limit: int = 5, constants: Constants = DEFAULT
     for variant in _variants(inputs):
         variants.setdefault(_rank(variant), variant)
     # In rank order; each family (offload, stage, recomputation) is shown by its first fit, so the rest of it is not
-    # planned unless nothing fits at all (then every candidate is, to find the smallest peak): fewer replays.
+    # planned unless nothing fits at all (then every candidate is, to find the smallest peak): fewer replays. A
+    # candidate whose allocator replay passes the limit cannot fit; its replay stops there, and it is not planned.
     tried: Dict[Tuple, Candidate] = {}
     best: Dict[Tuple, Candidate] = {}
+    most = gpu_bytes * (1 - SAFE_MARGIN)
     for key in sorted(variants):
-        if key[:3] not in best:
+        if key[:3] not in best and not exceeds(variants[key], most, constants):
             tried[key] = cand = _candidate(variants[key], key, gpu_bytes, constants)
             if cand.fits:
                 best[key[:3]] = cand
@@ -115,7 +118,7 @@ def search(inputs: PlanInputs, limit: int = 5, constants: Constants = DEFAULT
 
 def _candidate(variant: PlanInputs, key: Tuple, gpu_bytes: int, constants: Constants) -> Candidate:
     plan = make_plan(variant, constants)
-    fits = plan.gpu_peak_bytes <= gpu_bytes * (1 - SAFE_MARGIN)
+    fits = plan.gpu_peak_bytes <= gpu_bytes * (1 - SAFE_MARGIN)  # as exceeds() is asked in search()
     return Candidate(plan, fits, key, _reason(variant, plan, gpu_bytes))
 
 

@@ -57,9 +57,16 @@ class _Block:
         self.size, self.free, self.prev, self.next, self.key = size, True, prev, nxt, key  # key: its address
 
 
+class Exceeded(Exception):
+    """A replay given a ``ceiling`` reserved more than it once the run's set-up was done: what it reserves in the end
+    is more still (segments are never given back during training), so ``plan --search`` needs no more of it."""
+
+
 class Allocator:
     """Blocks linked in address order within their segment, free ones in a list sorted by (size, address) for
     best fit, as PyTorch's ``BlockPool`` orders them; ``reserved`` only grows, as without ``empty_cache``.
+    ``ceiling`` (set once the set-up's last ``empty_cache`` is done): a new segment that takes ``reserved`` past it
+    raises :class:`Exceeded`.
 
     Addresses: each new segment lies below the previous ones (what ``cudaMalloc`` gave on the H200 traces), so
     among equal free blocks the newest segment's is taken first.
@@ -67,6 +74,7 @@ class Allocator:
 
     def __init__(self) -> None:
         self.reserved = 0
+        self.ceiling = float("inf")
         self._free: List[Tuple[int, int]] = []
         self._blocks: Dict[int, _Block] = {}
         self._base = 1 << 50
@@ -89,6 +97,8 @@ class Allocator:
         else:
             total = _LARGE_BUFFER if size < _MIN_LARGE else -(-size // _ROUND) * _ROUND
             self.reserved += total
+            if self.reserved > self.ceiling:
+                raise Exceeded(self.reserved)
             self._base -= total + _ROUND
             block = self._new(total, self._base)
         if block.size - size >= _SMALL:
@@ -295,8 +305,12 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
                     tied: bool = False, softcap: bool = False, norm_pieces: Sequence[float] = (),
                     grad_partition: float = 0.0, first_reduction: Tuple[int, float] = (0, 0.0),
                     steps: int = 2,
-                    no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> int:
+                    no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
+                    ceiling: float = float("inf")) -> int:
     """Bytes the caching allocator reserves for ZeRO-1/2's large tensors over ``steps`` training steps.
+
+    Raises:
+        Exceeded: it would reserve more than ``ceiling`` (checked once the set-up has emptied the cache).
 
     Args:
         build: bytes of each trainable tensor as the model is built (freed once flattened).
@@ -326,6 +340,7 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         pool.alloc(size)
     built = [pool.alloc(size) for size in build]
     pool.empty_cache()  # stage_1_and_2.py calls empty_cache() before it flattens each group
+    pool.ceiling = ceiling  # nothing empties the cache from here on
     pool.alloc(2 * trainable)  # the aligned 16-bit flat buffer the parameters become views of
     for b in built:
         pool.free(b)
@@ -413,7 +428,8 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
                    side_stream: float = 0.0, offload_buckets: Sequence[Sequence[float]] = (),
                    hooked: Sequence[float] = (), live: float = 0.0,
                    init_gathers: Sequence[Tuple[float, float]] = (), steps: int = 2,
-                   no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> int:
+                   no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
+                   ceiling: float = float("inf")) -> int:
     """Bytes the caching allocator reserves for ZeRO-3: parameters offloaded with the optimizer on the GPU (full
     fine-tuning) or offloaded too (LoRA, at world size 1), or parameters on the GPU at world size 1 (where nothing is
     gathered) with the optimizer on the GPU or offloaded.
@@ -466,6 +482,10 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
         init_gathers: zero.Init with offload_param: per parameter gathered while the model is built, the bytes of
             the whole and of this rank's partition (transformers' weight initialisation gathers the embedding twice;
             call 35's traces).
+        ceiling: as :func:`zero12_reserved`'s.
+
+    Raises:
+        Exceeded: it would reserve more than ``ceiling`` (checked once the set-up has emptied the cache).
     """
     pool = Allocator()
     built = [pool.alloc(size) for size in build]
@@ -485,6 +505,7 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
             whole, copied = pool.alloc(size), pool.alloc(part)  # _allgather_params_sequential: the buffer, and the
             pool.free(copied)  # rank's partition copied from the CPU
             pool.free(whole)
+    pool.ceiling = ceiling  # nothing empties the cache from here on (the side stream's pool only adds to it)
     converted = None
     for size in sub_groups:
         made = pool.alloc(size)  # fp16_partitioned_groups_flat[i].to(device, fp32)
