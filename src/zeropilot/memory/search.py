@@ -112,8 +112,14 @@ def search(inputs: PlanInputs, limit: int = 5, constants: Constants = DEFAULT
     ranked = sorted(best.values(), key=lambda c: c.rank_key)
     if ranked:
         return ranked[:limit], None
-    return [], min((tried.get(k) or _candidate(v, k, gpu_bytes, constants) for k, v in variants.items()),
-                   key=lambda c: c.plan.gpu_peak_bytes)
+    # nothing fits: the first candidate with the smallest peak; one whose replay passes the smallest so far is not it
+    closest: Optional[Candidate] = None
+    for key, variant in variants.items():
+        if closest is None or not exceeds(variant, closest.plan.gpu_peak_bytes, constants):
+            cand = tried.get(key) or _candidate(variant, key, gpu_bytes, constants)
+            if closest is None or cand.plan.gpu_peak_bytes < closest.plan.gpu_peak_bytes:
+                closest = cand
+    return [], closest
 
 
 def _candidate(variant: PlanInputs, key: Tuple, gpu_bytes: int, constants: Constants) -> Candidate:
