@@ -112,14 +112,17 @@ def search(inputs: PlanInputs, limit: int = 5, constants: Constants = DEFAULT
     ranked = sorted(best.values(), key=lambda c: c.rank_key)
     if ranked:
         return ranked[:limit], None
-    # nothing fits: the first candidate with the smallest peak; one whose replay passes the smallest so far is not it
-    closest: Optional[Candidate] = None
-    for key, variant in variants.items():
-        if closest is None or not exceeds(variant, closest.plan.gpu_peak_bytes, constants):
-            cand = tried.get(key) or _candidate(variant, key, gpu_bytes, constants)
-            if closest is None or cand.plan.gpu_peak_bytes < closest.plan.gpu_peak_bytes:
-                closest = cand
-    return [], closest
+    # nothing fits: the first candidate (in the order tried above) with the smallest peak. One whose replay passes the
+    # smallest so far is not it; the last ones (parameter offload, the smallest micro batches) are the likeliest to be,
+    # so they go first and the others' replays stop early.
+    order = {key: i for i, key in enumerate(variants)}
+    closest: Optional[Tuple[int, int, Candidate]] = None
+    for key in reversed(order):
+        if closest is None or not exceeds(variants[key], closest[0], constants):
+            cand = tried.get(key) or _candidate(variants[key], key, gpu_bytes, constants)
+            closest = min(closest or (cand.plan.gpu_peak_bytes, order[key], cand),
+                          (cand.plan.gpu_peak_bytes, order[key], cand), key=lambda x: x[:2])
+    return [], closest[2] if closest else None
 
 
 def _candidate(variant: PlanInputs, key: Tuple, gpu_bytes: int, constants: Constants) -> Candidate:
