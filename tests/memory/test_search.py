@@ -120,3 +120,8 @@ def test_exceeds_is_exact_where_training_sets_the_peak():
         assert make_plan(inputs).gpu_peak_bytes == peak
     _REPLAYS.clear()
     assert exceeds(_seed(stage=2, hardware=parse_gpus("1x16GiB")), 8 * 2**30) and not _REPLAYS  # stopped early
+
+
+def test_search_refuses_values_out_of_range_before_any_replay():
+    with pytest.raises(InputError, match="micro_batch"):
+        search(_seed(micro_batch=0))

@@ -88,10 +88,11 @@ def search(inputs: PlanInputs, limit: int = 5, constants: Constants = DEFAULT
     ``constants``: the estimator's constants (a hardware profile's, from ``zeropilot calibrate``).
 
     Raises:
-        InputError: no hardware in ``inputs`` (nothing to fit against).
+        InputError: no hardware in ``inputs`` (nothing to fit against), or values out of range.
     """
     from zeropilot.errors import InputError
 
+    inputs.validate()  # before any replay (make_plan validates too, but exceeds() runs first)
     if inputs.hardware is None:
         raise InputError("--search needs the GPUs: pass --gpus COUNTxMEM (e.g. 4x16GiB)")
     gpu_bytes = inputs.hardware.gpu_bytes
