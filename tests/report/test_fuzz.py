@@ -1,6 +1,7 @@
 """Any JSON in any field of a run directory: the report keeps its schema and every renderer finishes.
 
-20 examples in CI; a longer search: ``ZP_FUZZ_EXAMPLES=2000 pytest tests/report/test_fuzz.py``.
+20 examples in CI, the same ones every run; a longer, fresh search:
+``HYPOTHESIS_PROFILE=explore ZP_FUZZ_EXAMPLES=2000 pytest tests/report/test_fuzz.py``.
 """
 
 from __future__ import annotations
