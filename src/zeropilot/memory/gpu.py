@@ -693,8 +693,9 @@ def exceeds(inputs: PlanInputs, limit: float, c: Constants = DEFAULT) -> bool:
         key = _zero3_key(inputs)
     if key is None:
         return False
-    segs = _replay(key, ceiling=limit - _non_torch(inputs, c).bytes)
-    return segs is None or segs + _non_torch(inputs, c).bytes > limit
+    outside = _non_torch(inputs, c).bytes
+    segs = _replay(key, ceiling=limit - outside)
+    return segs is None or segs + outside > limit
 
 
 def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:

@@ -121,8 +121,8 @@ def search(inputs: PlanInputs, limit: int = 5, constants: Constants = DEFAULT
     for key in reversed(order):
         if closest is None or not exceeds(variants[key], closest[0], constants):
             cand = tried.get(key) or _candidate(variants[key], key, gpu_bytes, constants)
-            closest = min(closest or (cand.plan.gpu_peak_bytes, order[key], cand),
-                          (cand.plan.gpu_peak_bytes, order[key], cand), key=lambda x: x[:2])
+            if closest is None or (cand.plan.gpu_peak_bytes, order[key]) < closest[:2]:
+                closest = (cand.plan.gpu_peak_bytes, order[key], cand)
     return [], closest[2] if closest else None
 
 
