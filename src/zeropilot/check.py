@@ -10,7 +10,7 @@ from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 from zeropilot.errors import InputError
 from zeropilot.launch import Launch, load_launch
-from zeropilot.report import CheckResult
+from zeropilot.findings import CheckResult
 from zeropilot.rules import all_rules, run_rules
 from zeropilot.rules.registry import match_selector, select_rules
 
@@ -98,7 +98,7 @@ def check(
 
 
 def _suppress(launch: Launch, findings, rules, per_file_ignores):
-    from zeropilot.report.suppress import apply
+    from zeropilot.findings.suppress import apply
 
     texts = {str(d.path): d.text for d in launch.documents if d.fmt != "flags"}
     texts.update({str(s.path): s.text for s in launch.scripts})

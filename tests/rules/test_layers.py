@@ -1,9 +1,9 @@
 """Import contracts of the layers (read from the source with ``ast``, and by running a check).
 
-- The core (launch, fix, models, memory, rules, report, oracle's parent side) imports no torch, deepspeed,
+- The core (envelope, launch, fix, models, memory, rules, findings, oracle's parent side) imports no torch, deepspeed,
   transformers, accelerate or peft — not even lazily; only ``zeropilot/oracle/worker.py`` does, in its subprocess.
 - Layers import only downwards: errors < checkpoint (its torch-free file names) < launch < fix, models < memory,
-  oracle < rules < report < check, cli. (``checkpoint`` may import torch lazily: it is not core.)
+  oracle < rules < findings < check, cli. (``envelope``, the JSON every command prints, is a leaf.) (``checkpoint`` may import torch lazily: it is not core.)
 """
 
 import ast
@@ -15,9 +15,9 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "zeropilot"
 HEAVY = {"torch", "deepspeed", "transformers", "accelerate", "peft"}
-CORE = ("launch", "fix", "models", "memory", "rules", "report", "oracle")
-LAYER = {"errors": 0, "checkpoint": 1, "launch": 2, "fix": 3, "models": 3, "memory": 4, "oracle": 4, "rules": 5,
-         "report": 6}
+CORE = ("envelope", "launch", "fix", "models", "memory", "rules", "findings", "oracle")
+LAYER = {"errors": 0, "envelope": 0, "checkpoint": 1, "launch": 2, "fix": 3, "models": 3, "memory": 4, "oracle": 4, "rules": 5,
+         "findings": 6}
 ALLOWED_HEAVY = {SRC / "oracle" / "worker.py"}
 
 
@@ -61,7 +61,7 @@ def test_layers_import_only_downwards(package):
 def test_check_run_imports_no_heavy_library(tmp_path):
     """A whole check (every rule, facts, fixes, the text report) leaves torch & co. unimported."""
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3.0}, "train_batch_size": 30}')
-    code = ("import sys; from zeropilot.check import check; from zeropilot.report import text; "
+    code = ("import sys; from zeropilot.check import check; from zeropilot.findings import text; "
             f"r, _ = check([{str(tmp_path)!r}], use_installed=False); text.render(r, colour=False); "
             "print(sorted(m for m in ('torch', 'deepspeed', 'transformers', 'accelerate', 'peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

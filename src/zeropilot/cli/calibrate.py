@@ -51,7 +51,7 @@ def render(profile, path: Path) -> str:
 def document(profile, path: Path) -> dict:
     """``zeropilot.calibrate/1``: the profile's fields, its file format version as ``profile_schema``, and
     ``path``, where it was written (the file itself keeps ``"schema": 1``: it is what ``plan`` loads)."""
-    from zeropilot.report.jsonout import CALIBRATE_SCHEMA, envelope
+    from zeropilot.envelope import CALIBRATE_SCHEMA, envelope
 
     fields = profile.to_dict()
     fields["profile_schema"] = fields.pop("schema")
@@ -61,7 +61,7 @@ def document(profile, path: Path) -> dict:
 def run(args: argparse.Namespace) -> int:
     from zeropilot.memory.profile import file_name, search_dirs
     from zeropilot.calibrate.run import calibrate, write_profile
-    from zeropilot.report.jsonout import dumps
+    from zeropilot.envelope import dumps
 
     profile = calibrate(args.nproc, Path(args.checkpoint_dir), args.disk_mib)
     path = Path(args.out) if args.out else search_dirs()[0] / file_name(profile)

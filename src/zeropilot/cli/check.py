@@ -145,10 +145,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _render(result, fmt: str) -> str:
     if fmt == "json":
-        from zeropilot.report import jsonout
-        return jsonout.render(result)
+        from zeropilot.findings import jsondoc
+        return jsondoc.render(result)
     if fmt == "sarif":
-        from zeropilot.report import sarif
+        from zeropilot.findings import sarif
         return sarif.render(result)
-    from zeropilot.report import text
+    from zeropilot.findings import text
     return text.render(result, colour=text.use_colour(sys.stdout))

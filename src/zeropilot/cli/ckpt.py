@@ -100,7 +100,7 @@ def _inspect(args: argparse.Namespace) -> int:
     report = inspect_checkpoint(args.path, args.tag, trust_pickle=args.trust_pickle,
                                 follow_symlinks=args.follow_symlinks)
     if args.format == "json":
-        from zeropilot.report.jsonout import CKPT_INSPECT_SCHEMA, envelope
+        from zeropilot.envelope import CKPT_INSPECT_SCHEMA, envelope
 
         print(json.dumps(envelope(CKPT_INSPECT_SCHEMA, to_json(report)), indent=2))
     else:

@@ -283,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--write-ds-config needs --search with a configuration that fits")
         _write_json_atomic(args.write_ds_config, deepspeed_config(found[0][0].plan.inputs))
     if args.format == "json":
-        from zeropilot.report.jsonout import PLAN_SCHEMA, dumps, envelope
+        from zeropilot.envelope import PLAN_SCHEMA, dumps, envelope
 
         sys.stdout.write(dumps(envelope(PLAN_SCHEMA, to_dict(plan, found))))
     else:

@@ -64,7 +64,7 @@ def _render(args: argparse.Namespace) -> str:
 
 def render_json(obj: Dict[str, Any]) -> str:
     """``zeropilot.report/1`` (or ``report-compare/1``) in the envelope every command's JSON has."""
-    from zeropilot.report.jsonout import rewrap
+    from zeropilot.envelope import rewrap
 
     return json.dumps(rewrap(obj), indent=2, allow_nan=False) + "\n"
 

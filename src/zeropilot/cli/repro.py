@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     verdict = run_cases([(spec, out.resolve())], timeout=args.timeout, command=["zeropilot", "repro"] + sys.argv[2:],
                         check=check_summary, keep_checkpoints=args.keep_checkpoints)[0]
     if args.format == "json":
-        from zeropilot.report.jsonout import dumps, rewrap
+        from zeropilot.envelope import dumps, rewrap
 
         sys.stdout.write(dumps(rewrap(verdict)))
     else:

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     selected = [c.strip() for c in (args.select or "").split(",") if c.strip()]
     rules = select_rules(all_rules(), selected)
     if args.format == "json":
-        from zeropilot.report.jsonout import RULES_SCHEMA, dumps, envelope
+        from zeropilot.envelope import RULES_SCHEMA, dumps, envelope
 
         sys.stdout.write(dumps(envelope(RULES_SCHEMA, {"rules": [
             {"code": r.code, "name": r.name, "severity": r.severity.value, "summary": r.summary,

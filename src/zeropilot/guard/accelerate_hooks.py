@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from zeropilot.guard import checkpoint
+from zeropilot.guard import checkpoint, oom  # noqa: F401  (oom attaches its observer at the first step: rank.on_step)
 from zeropilot.guard.rank import peek
 
 

@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from zeropilot.guard import checkpoint
+from zeropilot.guard import checkpoint, oom
 from zeropilot.guard.rank import current, peek
 
 
@@ -198,6 +198,4 @@ def attach(engine: Any, seconds: Any = None) -> None:
                  allocator_limit_bytes=telemetry.allocator_limit(sys.modules.get("torch")))
     guard.step = int(getattr(engine, "global_steps", 0) or 0)
     guard.set_phase("idle")
-    from zeropilot.guard import oom
-
     oom.install(guard)

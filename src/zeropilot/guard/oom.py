@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional
 
-from zeropilot.guard import telemetry
+from zeropilot.guard import rank, telemetry
 from zeropilot.guard.rank import RankGuard
 from zeropilot.guard.verdicts import classify_oom
 from zeropilot.runlog.layout import write_json_atomic
@@ -114,6 +114,17 @@ def _dump_snapshot(guard: RankGuard, torch: Any) -> Optional[str]:
 
 def installed() -> bool:
     return _installed
+
+
+def _at_first_step(guard: RankGuard) -> None:
+    """One attempt, at the rank's first step (CUDA is up by then on a GPU rank), for ranks that went live after
+    CUDA started and were not attached at ``deepspeed.initialize`` or ``Trainer`` construction."""
+    if not guard.oom_observer:
+        install(guard)
+        guard.oom_observer = True
+
+
+rank.on_step(_at_first_step)
 
 
 def install(guard: RankGuard) -> bool:

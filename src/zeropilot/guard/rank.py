@@ -22,7 +22,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from zeropilot.runlog.events import EventWriter, event
 from zeropilot.runlog.layout import RunDir, write_json_atomic
@@ -34,6 +34,16 @@ BEAT_S = 0.5
 
 _lock = threading.Lock()
 _guard: Optional["RankGuard"] = None
+# Called with the guard at the end of every optimizer step. Layers above this module register here (the OOM
+# observer attaches at the first step of a rank that went live after CUDA started), so this module imports none
+# of them.
+_step_listeners: List[Callable[["RankGuard"], None]] = []
+
+
+def on_step(listener: Callable[["RankGuard"], None]) -> None:
+    """Call ``listener(guard)`` after each optimizer step's record (once per listener, however often added)."""
+    if listener not in _step_listeners:
+        _step_listeners.append(listener)
 
 
 def _torch() -> Any:
@@ -199,11 +209,8 @@ class RankGuard:
         self.steps_since_save += 1
         self.progress += 1
         self.record("step", step=self.step, seconds=seconds, mem=self.memory())
-        if not self.oom_observer:  # one attempt, at the first step: CUDA is up by then on a GPU rank
-            from zeropilot.guard import oom
-
-            oom.install(self)
-            self.oom_observer = True
+        for listener in _step_listeners:
+            listener(self)
 
     def just_before(self) -> Optional[str]:
         """What happened just before now, in words, for OOM forensics."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from zeropilot.guard import checkpoint
+from zeropilot.guard import checkpoint, oom
 from zeropilot.guard.rank import current, peek
 
 
@@ -73,8 +73,6 @@ def _init(original):
                 self.add_callback(cls())
             guard = current("hf")
             if guard is not None:
-                from zeropilot.guard import oom
-
                 oom.install(guard)
         except Exception as exc:  # noqa: BLE001
             import sys

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from zeropilot import __version__
-from zeropilot.report import CheckResult
+from zeropilot.findings import CheckResult
 
 _LEVELS = {"error": "error", "warning": "warning", "info": "note"}
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

@@ -7,7 +7,7 @@ import textwrap
 from itertools import groupby
 from typing import Callable, List
 
-from zeropilot.report import CheckResult
+from zeropilot.findings import CheckResult
 from zeropilot.rules.registry import Finding
 
 _COLOURS = {"error": "\033[31m", "warning": "\033[33m", "info": "\033[36m", "bold": "\033[1m", "dim": "\033[2m"}

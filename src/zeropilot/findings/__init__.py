@@ -1,4 +1,5 @@
-"""Renderers for check results: ``text`` for people, ``json`` for machines, ``sarif`` for code scanning."""
+"""How ``check`` prints its findings (``text`` for people, ``jsondoc`` for machines, ``sarif`` for code
+scanning) and reads inline suppressions (``suppress``)."""
 
 from __future__ import annotations
 

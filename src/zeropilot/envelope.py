@@ -1,8 +1,8 @@
-"""JSON output: one versioned envelope shared by every command, and the ``check`` payload.
+"""The JSON every command prints: one versioned envelope, its schema names, and the text form.
 
 Every command's JSON starts with ``{"schema": "zeropilot.<command>/<major>", "tool": {...}}``; the major
 number changes only when a field is removed or changes meaning (adding fields does not). The schemas are
-documented in ``docs/json-schema.md``. Other commands build theirs with :func:`envelope`.
+documented in ``docs/json-schema.md``. Commands build theirs with :func:`envelope`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import json
 from typing import Any, Dict
 
 from zeropilot import __version__
-from zeropilot.report import CheckResult
 
 CHECK_SCHEMA = "zeropilot.check/1"
 RULES_SCHEMA = "zeropilot.rules/1"
@@ -43,24 +42,3 @@ def rewrap(document: Dict[str, Any]) -> Dict[str, Any]:
 def dumps(document: Dict[str, Any]) -> str:
     """The JSON text every command prints: indented, UTF-8 kept, one newline at the end."""
     return json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n"
-
-
-def check_payload(result: CheckResult) -> Dict[str, Any]:
-    """The ``zeropilot.check/1`` document (see ``docs/json-schema.md``)."""
-    ws = result.world_size
-    return envelope(CHECK_SCHEMA, {
-        "findings": [f.as_dict() for f in result.findings],
-        "versions": result.versions.as_dict(),
-        "world_size": {"value": ws.value, "reason": ws.reason,
-                       "file": str(ws.file) if ws.file else None, "line": ws.line},
-        "summary": result.summary(),
-        "files": list(result.files),
-        "read_errors": [{"file": e.path, "line": e.line, "col": e.col, "message": e.reason}
-                        for e in result.read_errors],
-        "skipped": [{"file": file, "reason": why} for file, why in result.skipped],
-        "notices": list(result.notices),
-    })
-
-
-def render(result: CheckResult) -> str:
-    return dumps(check_payload(result))
