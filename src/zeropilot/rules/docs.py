@@ -44,7 +44,7 @@ def render_index(rules: List[Rule]) -> str:
 
 
 def render_summary(rules: List[Rule]) -> str:
-    """One line: how many rules, and which have only fixture witnesses (the README's and index.md's first line)."""
+    """One line: how many rules, and which have only fixture witnesses (in the README and at the top of index.md)."""
     fixtures = [r for r in rules if r.witness.startswith("fixture:")]
     return (f"{len(rules)} rules; {len(rules) - len(fixtures)} have a real-library witness, the other "
             f"{len(fixtures)} ({', '.join(r.code for r in fixtures)}) fixture tests that cite the upstream source.")
