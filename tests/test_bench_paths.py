@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: where citations are checked (README.md and docs/ join once they are rewritten)
-CITING = ("src", "tests")
+#: where citations are checked: the front page, the docs, the code, the tests and bench's own READMEs
+CITING = ("README.md", "docs", "src", "tests", "bench")
 TEXT = {".py", ".md", ".json", ".jsonl", ".txt", ".sh", ".yaml", ".yml", ".toml"}
 CITATION = re.compile(r"(?<![\w:])bench/(?:[\w.*\-/]|<[\w-]+>|\{[\w.,-]+\})+")
 
@@ -25,10 +25,16 @@ def _expand(path: str) -> list:
     return ["".join(c) for c in itertools.product(*choices)]
 
 
+def _record(path: Path) -> bool:
+    """bench's measured data and run records (what a past run printed or wrote) cite what existed then."""
+    return path.relative_to(ROOT).parts[0] == "bench" and path.suffix in {".json", ".jsonl", ".txt"}
+
+
 def _citations():
     for base in CITING:
-        for path in sorted((ROOT / base).rglob("*")):
-            if path.suffix in TEXT and path.is_file() and path.stat().st_size < 2**20 and path != Path(__file__):
+        for path in sorted((ROOT / base).rglob("*")) if (ROOT / base).is_dir() else [ROOT / base]:
+            if path.suffix in TEXT and path.is_file() and path.stat().st_size < 2**20 and path != Path(__file__) \
+                    and not _record(path):
                 for line_no, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
                     for match in CITATION.finditer(line):
                         yield f"{path.relative_to(ROOT)}:{line_no}", match.group(0)
