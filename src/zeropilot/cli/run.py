@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from zeropilot.errors import InputError
+from zeropilot.safefile import check_output
 
 DEFAULT_HANG_TIMEOUT_S = 300.0
 MIN_HANG_TIMEOUT_S = 1.0
@@ -42,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _out_dir(out: Optional[Path]) -> Path:
     if out is None:
         out = Path("zeropilot-runs") / time.strftime("%Y%m%d-%H%M%S")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    check_output(out, "dir")  # a file, FIFO or device there: never used as a run directory
+    if out.is_dir() and any(out.iterdir()):
         raise InputError("the run directory exists and is not empty: pick another --out", path=out)
     out.mkdir(parents=True, exist_ok=True)
     return out.resolve()
