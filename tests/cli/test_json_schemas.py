@@ -3,7 +3,8 @@ documents for it: the tables there are parsed, so the documentation and the outp
 
 ``check`` and ``rules`` are covered in ``test_interface.py``, ``repro`` by the seed run of
 ``tests/repro/test_repro_cli.py`` (it calls :func:`assert_documented`), the report's full contract by
-``tests/report`` (``docs/report.schema.json``).
+``tests/report`` (``docs/report.schema.json``). The other schema files (``docs/*.schema.json``) are validated
+here against real output, and their keys against the tables.
 """
 
 from __future__ import annotations
@@ -53,6 +54,29 @@ def assert_documented(doc: dict, schema: str, optional: Iterable[str] = ()) -> N
     assert documented - set(optional) - keys == set(), "documented but not printed"
 
 
+SCHEMA_FILES = sorted((REPO / "docs").glob("*.schema.json"))
+
+
+def schema_errors(doc: dict, file_name: str) -> list:
+    """Errors of ``doc`` against ``docs/<file_name>`` (JSON Schema draft 2020-12)."""
+    from jsonschema import Draft202012Validator
+
+    schema = json.loads((REPO / "docs" / file_name).read_text(encoding="utf-8"))
+    Draft202012Validator.check_schema(schema)
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in Draft202012Validator(schema).iter_errors(doc)]
+
+
+@pytest.mark.parametrize("path", [p for p in SCHEMA_FILES if p.name != "report.schema.json"], ids=lambda p: p.name)
+def test_schema_files_hold_the_documented_keys(path):
+    """A schema file and the table of docs/json-schema.md name the same top-level keys (one contract)."""
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    name = schema["properties"]["schema"]["const"]
+    keys = set(schema["properties"]) - {"schema", "tool"}
+    assert keys == documented_keys()[name]
+    assert set(schema["required"]) == set(schema["properties"]) and schema["additionalProperties"] is False
+
+
 def _zp(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return run_zeropilot(argv, timeout=timeout, env={"DS_ACCELERATOR": "cpu"})
 
@@ -80,6 +104,7 @@ def test_calibrate_json_on_cpu(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
     assert_documented(doc, "zeropilot.calibrate/1")
+    assert schema_errors(doc, "calibrate.schema.json") == []
     assert doc["path"] == str(profile) and doc["vendor"] == "cpu"
     written = json.loads(profile.read_text())  # the file plan loads keeps its own format version
     assert written["schema"] == doc["profile_schema"] == 1
@@ -117,3 +142,78 @@ def test_ckpt_inspect_json(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert_documented(doc, "zeropilot.ckpt-inspect/1")
     assert code == 0 and doc["verdict"] == "ok" and doc["stage"] == 2 and doc["world_size"] == 2
+
+
+def test_rules_json_holds_its_schema(capsys):
+    assert main(["rules", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert schema_errors(doc, "rules.schema.json") == []
+    assert len(doc["rules"]) > 20 and doc["rules"] == sorted(doc["rules"], key=lambda r: r["code"])
+
+
+def test_the_calibrate_schema_accepts_the_shipped_h200_profile(tmp_path):
+    """The schema holds for a GPU profile too (the CPU run above leaves the GPU fields null)."""
+    from zeropilot.cli.calibrate import document
+    from zeropilot.memory.profile import load
+
+    profile = load(str(REPO / "src" / "zeropilot" / "data" / "hardware" / "nvidia-h200-ws1.json"))
+    doc = json.loads(json.dumps(document(profile, tmp_path / "p.json")))
+    assert schema_errors(doc, "calibrate.schema.json") == []
+    assert doc["gpu_name"] == "NVIDIA H200" and doc["outside_torch_bytes"] > 0
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """The fixture checkpoint exported with ``--format json`` (the document and OUT)."""
+    out = tmp_path_factory.mktemp("export") / "out"
+    r = _zp("ckpt", "export", str(CKPT_FIXTURE), str(out), "--format", "json", "--no-progress")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout), out
+
+
+def test_ckpt_export_json(exported):
+    doc, out = exported
+    assert_documented(doc, "zeropilot.ckpt-export/1")
+    assert schema_errors(doc, "ckpt-export.schema.json") == []
+    assert doc["verdict"] == "ok" and doc["out"] == str(out) and doc["problems"] == []
+    assert (out / doc["files"][0]).is_file() and doc["tensors"] > 0 and doc["bytes"] > 0
+
+
+def test_ckpt_verify_json_ok_and_mismatch(exported, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    _doc, out = exported
+    assert main(["ckpt", "verify", str(out), "--against", str(CKPT_FIXTURE), "--format", "json"]) == 0
+    ok = json.loads(capsys.readouterr().out)
+    assert_documented(ok, "zeropilot.ckpt-verify/1")
+    assert schema_errors(ok, "ckpt-verify.schema.json") == []
+    assert ok["verdict"] == "ok" and ok["compared"] > 0 and ok["mismatched"] == []
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    tensors = load_file(str(out / "model.safetensors"))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1
+    save_file(tensors, str(changed / "model.safetensors"))
+    assert main(["ckpt", "verify", str(changed), "--against", str(CKPT_FIXTURE), "--format", "json"]) == 1
+    bad = json.loads(capsys.readouterr().out)
+    assert schema_errors(bad, "ckpt-verify.schema.json") == []
+    assert bad["verdict"] == "mismatch" and bad["mismatched"] == [name]
+
+
+def test_ckpt_export_and_verify_json_of_a_damaged_checkpoint(exported, tmp_path, capsys):
+    import shutil
+
+    _doc, out = exported
+    damaged = tmp_path / "ckpt"
+    shutil.copytree(CKPT_FIXTURE, damaged)
+    (damaged / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    assert main(["ckpt", "export", str(damaged), str(tmp_path / "out"), "--format", "json", "--no-progress"]) == 1
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert schema_errors(doc, "ckpt-export.schema.json") == []
+    assert doc["verdict"] == "damaged" and doc["out"] is None and not (tmp_path / "out").exists()
+    assert any("bf16_zero_pp_rank_1" in p for p in doc["problems"]) and "verdict: DAMAGED" in captured.err
+    assert main(["ckpt", "verify", str(out), "--against", str(damaged), "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert schema_errors(doc, "ckpt-verify.schema.json") == []
+    assert doc["verdict"] == "damaged" and doc["compared"] == 0 and doc["problems"]
