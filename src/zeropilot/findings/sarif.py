@@ -38,7 +38,8 @@ def render(result: CheckResult) -> str:
                 "fullDescription": {"text": r.summary if r else f.name},
                 "help": {"text": r.doc if r else "", "markdown": r.doc if r else ""},
                 "defaultConfiguration": {"level": _LEVELS[(r.severity if r else f.severity).value]},
-                "helpUri": f"docs/rules/{f.code}.md",
+                # no helpUri: SARIF requires an absolute URI there ("format": "uri"), which upload-sarif checks;
+                # `help` above holds the rule's whole page
             })
         res = {"ruleId": f.code, "ruleIndex": index[f.code], "level": _LEVELS[f.severity.value],
                "message": {"text": f.message}, "properties": {"key": f.key, "versions": f.versions}}
