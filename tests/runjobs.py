@@ -216,3 +216,74 @@ def hang_sleep_rank1() -> Job:
 def hang_stale_lock() -> Job:
     """A lock left by a killed op build: every rank waits for it before its first step."""
     return _hangs()["stale_lock"]
+
+
+@dataclass
+class Watched:
+    """A job followed live by ``zeropilot top`` (plain output: stdout is a pipe)."""
+
+    job: Job
+    top_lines: List[str]  # everything top printed
+    live_lines: List[str]  # the lines top printed while ``zeropilot run`` was still running
+    top_rc: Optional[int]
+
+
+def _reader(stream, lines: "queue.Queue") -> None:
+    for line in stream:
+        lines.put(line.rstrip("\n"))
+    lines.put(None)
+
+
+@functools.lru_cache(maxsize=None)
+def hf_trainer_watched() -> Watched:
+    """HF Trainer + ZeRO-2 under torchrun, 2 ranks, 8 steps, a save at step 4, ``report_to=["tensorboard"]``
+    logging every step (event files under ``ckpt/runs``), followed live by ``zeropilot top --interval 0.2``."""
+    import queue
+    import threading
+    import time
+
+    name = "hf_trainer_watched"
+    base = root() / name
+    base.mkdir(parents=True, exist_ok=True)
+    run_dir, ckpt = base / "run", base / "ckpt"
+    cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "hf_train.py"),
+           str(ckpt), "--stage", "2", "--steps", "8", "--save-steps", "4", "--report-to", "tensorboard",
+           "--logging-steps", "1"]
+    argv = [sys.executable, "-m", "zeropilot", "run", "--out", str(run_dir), "--", *cmd]
+    env = job_env(name)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    with open(base / "stdout.txt", "w") as out, open(base / "stderr.txt", "w") as err:
+        job = subprocess.Popen(argv, cwd=str(REPO), env=env, stdout=out, stderr=err, start_new_session=True)
+        top = None
+        try:
+            while not run_dir.is_dir() and job.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            top = subprocess.Popen([sys.executable, "-m", "zeropilot", "top", str(run_dir), "--interval", "0.2"],
+                                   cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, start_new_session=True)
+            lines: "queue.Queue" = queue.Queue()
+            threading.Thread(target=_reader, args=(top.stdout, lines), daemon=True).start()
+            seen, live = [], []
+            while time.monotonic() < deadline:
+                try:
+                    line = lines.get(timeout=1.0)
+                except queue.Empty:
+                    continue
+                if line is None:
+                    break
+                seen.append(line)
+                if job.poll() is None:
+                    live.append(line)
+            top_rc = top.wait(timeout=max(deadline - time.monotonic(), 1))
+            job.wait(timeout=max(deadline - time.monotonic(), 1))
+        finally:
+            for proc in (top, job):
+                if proc is not None:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                    proc.wait()
+    result = Job(run_dir, job.returncode, (base / "stdout.txt").read_text(), (base / "stderr.txt").read_text(), ckpt,
+                 argv)
+    return Watched(result, seen, live, top_rc)
