@@ -226,6 +226,8 @@ class Watched:
     top_lines: List[str]  # everything top printed
     live_lines: List[str]  # the lines top printed while ``zeropilot run`` was still running
     top_rc: Optional[int]
+    json_lines: List[str]  # what ``zeropilot top --format json`` printed, following the same job at the same time
+    json_rc: Optional[int]
 
 
 def _reader(stream, lines: "queue.Queue") -> None:
@@ -237,7 +239,8 @@ def _reader(stream, lines: "queue.Queue") -> None:
 @functools.lru_cache(maxsize=None)
 def hf_trainer_watched() -> Watched:
     """HF Trainer + ZeRO-2 under torchrun, 2 ranks, 8 steps, a save at step 4, ``report_to=["tensorboard"]``
-    logging every step (event files under ``ckpt/runs``), followed live by ``zeropilot top --interval 0.2``."""
+    logging every step (event files under ``ckpt/runs``), followed live by ``zeropilot top --interval 0.2`` and, at
+    the same time, by ``zeropilot top --format json``."""
     import queue
     import threading
     import time
@@ -254,13 +257,17 @@ def hf_trainer_watched() -> Watched:
     deadline = time.monotonic() + JOB_TIMEOUT_S
     with open(base / "stdout.txt", "w") as out, open(base / "stderr.txt", "w") as err:
         job = subprocess.Popen(argv, cwd=str(REPO), env=env, stdout=out, stderr=err, start_new_session=True)
-        top = None
+        top = top_json = None
         try:
             while not run_dir.is_dir() and job.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             top = subprocess.Popen([sys.executable, "-m", "zeropilot", "top", str(run_dir), "--interval", "0.2"],
                                    cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    text=True, start_new_session=True)
+            with open(base / "top.jsonl", "w") as json_out:
+                top_json = subprocess.Popen(
+                    [sys.executable, "-m", "zeropilot", "top", str(run_dir), "--interval", "0.2", "--format", "json"],
+                    cwd=str(REPO), env=env, stdout=json_out, stderr=subprocess.STDOUT, start_new_session=True)
             lines: "queue.Queue" = queue.Queue()
             threading.Thread(target=_reader, args=(top.stdout, lines), daemon=True).start()
             seen, live = [], []
@@ -276,8 +283,9 @@ def hf_trainer_watched() -> Watched:
                     live.append(line)
             top_rc = top.wait(timeout=max(deadline - time.monotonic(), 1))
             job.wait(timeout=max(deadline - time.monotonic(), 1))
+            json_rc = top_json.wait(timeout=max(deadline - time.monotonic(), 1))
         finally:
-            for proc in (top, job):
+            for proc in (top, top_json, job):
                 if proc is not None:
                     try:
                         os.killpg(proc.pid, signal.SIGKILL)
@@ -286,4 +294,21 @@ def hf_trainer_watched() -> Watched:
                     proc.wait()
     result = Job(run_dir, job.returncode, (base / "stdout.txt").read_text(), (base / "stderr.txt").read_text(), ckpt,
                  argv)
-    return Watched(result, seen, live, top_rc)
+    return Watched(result, seen, live, top_rc, (base / "top.jsonl").read_text().splitlines(), json_rc)
+
+
+@functools.lru_cache(maxsize=None)
+def raw_deepspeed_monitor() -> Job:
+    """The raw DeepSpeed example (ZeRO-3, ``deepspeed`` launcher, 2 ranks, 3 steps, a save at step 3) with the
+    job's own monitors on: TensorBoard in ``ckpt/../monitor/tb`` and DeepSpeed's CSV monitor in ``.../csv``."""
+    import json
+
+    base = root() / "raw_deepspeed_monitor"
+    base.mkdir(parents=True, exist_ok=True)
+    config = json.loads((EXAMPLE / "ds_config.json").read_text())
+    config["tensorboard"] = {"enabled": True, "output_path": str(base / "monitor"), "job_name": "tb"}
+    config["csv_monitor"] = {"enabled": True, "output_path": str(base / "monitor"), "job_name": "csv"}
+    (base / "ds_config.json").write_text(json.dumps(config))
+    cmd = _deepspeed(EXAMPLE / "train.py", "--deepspeed_config", str(base / "ds_config.json"),
+                     "--steps", "3", "--save-every", "3", "--save-dir", str(base / "ckpt"))
+    return zeropilot_run("raw_deepspeed_monitor", cmd)

@@ -14,6 +14,8 @@ from zeropilot import __version__
 
 CHECK_SCHEMA = "zeropilot.check/1"
 RULES_SCHEMA = "zeropilot.rules/1"
+EXPLAIN_SCHEMA = "zeropilot.explain/1"
+TOP_SCHEMA = "zeropilot.top/1"
 PLAN_SCHEMA = "zeropilot.plan/1"
 CALIBRATE_SCHEMA = "zeropilot.calibrate/1"
 CKPT_INSPECT_SCHEMA = "zeropilot.ckpt-inspect/1"

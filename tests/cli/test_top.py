@@ -42,6 +42,26 @@ def test_top_follows_both_ranks_of_a_live_job_to_its_verdict():
     assert watched.top_rc == 0
 
 
+@pytest.mark.slow
+def test_top_json_follows_the_same_live_job():
+    """``top --format json`` ran beside the plain one: a valid zeropilot.top/1 document per refresh, both ranks
+    advancing, the final verdict on the last line only."""
+    from tests.cli.test_json_schemas import schema_errors
+
+    watched = hf_trainer_watched()
+    assert watched.json_rc == 0, watched.json_lines[-5:]
+    docs = [json.loads(line) for line in watched.json_lines]
+    assert len(docs) >= 3 and all(schema_errors(d, "top.schema.json") == [] for d in docs)
+    assert docs[-1]["final"]["kind"] == "ok" and all(d["final"] is None for d in docs[:-1])
+    seen = {0: set(), 1: set()}
+    for d in docs[:-1]:
+        for r in d["ranks"]:
+            if r["step"] is not None:
+                seen[r["rank"]].add(r["step"])
+    assert all(len(steps) >= 2 for steps in seen.values()), seen
+    assert [(r["rank"], r["step"], r["ended"]) for r in docs[-1]["ranks"]] == [(0, 8, True), (1, 8, True)]
+
+
 def _in_pty(argv, timeout=60.0) -> bytes:
     """Run ``argv`` with its stdout on a pseudo-terminal; what it wrote there."""
     master, slave = pty.openpty()
@@ -111,6 +131,14 @@ def test_top_once_on_hostile_records(tmp_path, capsys):
     row = next(ln for ln in out.splitlines() if re.match(r"^\s+0\s+1\s", ln))
     assert "ERROR" in row and "2.0G" in row and "3.0G" in row and "4.0G/8.0G 50%" in row
     assert "verdict so far: CRASH (rank 0): ?[2JRuntimeError: boom?" in out
+    from tests.cli.test_json_schemas import schema_errors
+
+    assert main(["top", str(d), "--once", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert schema_errors(doc, "top.schema.json") == []
+    rank = doc["ranks"][0]
+    assert rank["step"] == 1 and rank["reserved_bytes"] == 3 << 30 and rank["host_rss_bytes"] is None
+    assert doc["verdict_so_far"]["kind"] == "crash" and doc["final"] is None
 
 
 def test_top_reads_only_the_tail_of_a_large_file(tmp_path, capsys, monkeypatch):

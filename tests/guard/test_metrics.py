@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -93,7 +94,7 @@ def _write_ranks(root: Path, per_rank: dict) -> Path:
     return root
 
 
-def _step(step: int, seconds, rss: int, peak: int = None) -> dict:
+def _step(step: int, seconds, rss: int, peak: Optional[int] = None) -> dict:
     return {"event": "step", "step": step, "seconds": seconds,
             "mem": {"host_rss_bytes": rss, "peak_reserved_bytes": peak, "allocated_bytes": None}}
 

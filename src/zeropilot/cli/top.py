@@ -35,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--once", action="store_true", help="print the current state once and exit")
     p.add_argument("--plain", action="store_true",
                    help="line output even on a terminal (the default when stdout is not a terminal)")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="json: one zeropilot.top/1 document per refresh, one per line (with --once: one "
+                        "document); docs/json-schema.md")
     p.set_defaults(func=run)
 
 
@@ -129,13 +132,55 @@ def step_line(live, new: Dict[str, Any], now: float) -> str:
             f"rss {_size(mem.get('host_rss_bytes'))}")
 
 
-def _final(live) -> int:
+def rank_json(state, now: float) -> Dict[str, Any]:
+    """One rank's state as ``zeropilot.top/1`` lists it."""
+    from zeropilot.runlog.live import seconds_since
+
+    mem, beat = state.mem, state.heartbeat
+    beat_t = beat.get("t") if isinstance(beat.get("t"), (int, float)) and not isinstance(beat.get("t"), bool) \
+        else None
+    phase = beat.get("phase") if isinstance(beat.get("phase"), str) else None
+    return {"rank": state.rank, "step": state.step, "phase": phase, "event": state.event,
+            "step_seconds": state.step_seconds, "steps_seen": state.steps_seen,
+            "allocated_bytes": mem.get("allocated_bytes"), "reserved_bytes": mem.get("reserved_bytes"),
+            "peak_allocated_bytes": state.peak_allocated, "peak_reserved_bytes": state.peak_reserved,
+            "limit_bytes": state.limit, "outside_torch_bytes": mem.get("outside_torch_bytes"),
+            "host_rss_bytes": mem.get("host_rss_bytes"),
+            "heartbeat_age_s": None if state.ended else seconds_since(beat_t, now),
+            "ended": state.ended, "error": state.error, "oom": state.oom, "skipped_lines": state.skipped_lines}
+
+
+def document(live, now: float, final: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The ``zeropilot.top/1`` document of one refresh (``final``: the run's verdict once it ended)."""
+    from zeropilot.envelope import TOP_SCHEMA, envelope
+
+    command = live.run.get("command")
+    return envelope(TOP_SCHEMA, {
+        "run_dir": str(live.root), "t": now,
+        "command": [str(c) for c in command] if isinstance(command, list) else [],
+        "ended": live.ended, "verdict_so_far": live.verdict_so_far(),
+        "ranks": [rank_json(live.ranks[r], now) for r in sorted(live.ranks)],
+        "final": final, "problems": list(live.problems)})
+
+
+def _json_line(doc: Dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, default=str) + "\n"
+
+
+def _final(live, fmt: str = "text") -> int:
     from zeropilot.runlog import read_run, summarize
     from zeropilot.runlog.text import render
 
     summary = summarize(read_run(live.root))
-    sys.stdout.write("\n" + render(summary))
-    return 0 if summary["verdict"]["kind"] == "ok" else 1
+    verdict = summary["verdict"]
+    if fmt == "json":
+        sys.stdout.write(_json_line(document(live, time.time(), {
+            "kind": verdict.get("kind"), "reason": verdict.get("reason"), "ranks": verdict.get("ranks") or []})))
+    else:
+        sys.stdout.write("\n" + render(summary))
+    return 0 if verdict["kind"] == "ok" else 1
 
 
 def _supervisor_gone(live, since: Dict[str, float], now: float) -> bool:
@@ -152,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0.05 <= args.interval <= 3600:
         raise InputError(f"--interval {args.interval:g}: give seconds between 0.05 and 3600")
     live = LiveRun.open(args.run_dir)
+    if getattr(args, "format", "text") == "json":
+        return _run_json(live, args)
     tty = sys.stdout.isatty() and not args.plain
     out = sys.stdout
     if tty and not args.once:
@@ -189,4 +236,25 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(args.interval)
     except KeyboardInterrupt:
         out.write("\n")
+        return 0
+
+
+def _run_json(live, args: argparse.Namespace) -> int:
+    """``--format json``: a document per refresh (JSON Lines) until the run ends, then one with ``final``."""
+    from zeropilot.envelope import dumps
+
+    out, since = sys.stdout, {}
+    try:
+        while True:
+            live.refresh()
+            now = time.time()
+            if args.once:
+                out.write(dumps(document(live, now)))
+                return 0
+            if live.ended or _supervisor_gone(live, since, now):
+                return _final(live, "json")
+            out.write(_json_line(document(live, now)))
+            out.flush()
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
         return 0
