@@ -129,3 +129,38 @@ def test_off_switch_and_prefix(monkeypatch):
     assert metrics.mode() == "max"
     monkeypatch.setenv(metrics.PREFIX_ENV, "guard/")
     assert metrics.prefix() == "guard/"
+
+
+def test_tokens_per_step_from_the_trainers_own_count():
+    from types import SimpleNamespace
+
+    sink = metrics._Sink()
+    old, metrics._sink = metrics._sink, sink
+    try:
+        assert metrics._tokens_per_step(SimpleNamespace(global_step=2, num_input_tokens_seen=0)) is None  # not counted
+        assert metrics._tokens_per_step(SimpleNamespace(global_step=2, num_input_tokens_seen=256)) is None  # first log
+        assert metrics._tokens_per_step(SimpleNamespace(global_step=6, num_input_tokens_seen=1280)) == 256.0
+    finally:
+        metrics._sink = old
+
+
+def test_the_figures_touch_no_tensor_and_no_collective():
+    """The module reads files only: no torch, no torch.distributed, no deepspeed.comm, not even lazily."""
+    import ast
+
+    tree = ast.parse(Path(metrics.__file__).read_text(encoding="utf-8"))
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {m for m in names if m.split(".")[0] in ("torch", "deepspeed")}, names
+
+
+def test_run_metrics_flag_reaches_the_launch(tmp_path):
+    import sys
+
+    from tests.zp import run_zeropilot
+
+    r = run_zeropilot(["run", "--metrics", "off", "--out", str(tmp_path / "run"), "--", sys.executable, "-c",
+                       f"import os; print('mode', os.environ['{metrics.MODE_ENV}'])"], timeout=120,
+                      env={"DS_ACCELERATOR": "cpu"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "mode off" in r.stdout
