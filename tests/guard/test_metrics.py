@@ -164,3 +164,22 @@ def test_run_metrics_flag_reaches_the_launch(tmp_path):
                       env={"DS_ACCELERATOR": "cpu"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "mode off" in r.stdout
+
+
+def test_callback_adds_figures_once_per_step_on_rank_0_with_a_tracker(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(metrics._sink, "take", lambda consumer: {"zeropilot/host_rss_gib": 1.5})
+    cb = metrics.make_callback_class()()
+
+    def log(report_to, step=3, zero=True, logs=None):
+        logs = {"loss": 1.0} if logs is None else logs
+        cb.on_log(SimpleNamespace(report_to=report_to), SimpleNamespace(global_step=step, is_world_process_zero=zero,
+                                                                        num_input_tokens_seen=0), None, logs=logs)
+        return logs
+
+    assert log([]) == {"loss": 1.0}  # no tracker: nothing added to the console's lines
+    assert log(["tensorboard"], zero=False) == {"loss": 1.0}  # not rank 0
+    assert log(["tensorboard"]) == {"loss": 1.0, "zeropilot/host_rss_gib": 1.5}
+    assert log(["tensorboard"]) == {"loss": 1.0}  # step 3 again (the end-of-training summary): once per step
+    assert log(["tensorboard"], step=4, logs={"eval_loss": 2.0}) == {"eval_loss": 2.0}  # evaluations untouched

@@ -130,6 +130,8 @@ def test_every_command_refuses_special_files_without_waiting(tmp_path, specials)
         "repro --model": ["repro", str(launch), "--cpu", "--nproc", "1", "--model", "X", "--out", str(tmp_path / "r")],
         "report": ["report", "X"],
         "report --compare": ["report", str(run), "--compare", "X"],
+        "top": ["top", "X", "--once"],
+        "top --format json": ["top", "X", "--format", "json"],
         "ckpt inspect": ["ckpt", "inspect", "X"],
         "ckpt export": ["ckpt", "export", "X", str(tmp_path / "never")],
         "ckpt verify": ["ckpt", "verify", "X", "--against", str(CKPT)],

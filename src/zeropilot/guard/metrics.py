@@ -207,6 +207,8 @@ def make_callback_class() -> type:
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not isinstance(logs, dict) or not getattr(state, "is_world_process_zero", False):
                 return
+            if getattr(args, "report_to", None) in (None, [], ["none"], "none"):
+                return  # no tracker: the figures would only lengthen the console's log lines
             step = getattr(state, "global_step", None)
             if not isinstance(step, int) or step <= self.last_step or any(k.startswith("eval_") for k in logs):
                 return  # one set per step: the end-of-training summary and evaluations log at a step already seen
