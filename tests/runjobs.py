@@ -236,10 +236,17 @@ def _reader(stream, lines: "queue.Queue") -> None:
     lines.put(None)
 
 
+def has_mlflow() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("mlflow") is not None
+
+
 @functools.lru_cache(maxsize=None)
 def hf_trainer_watched() -> Watched:
-    """HF Trainer + ZeRO-2 under torchrun, 2 ranks, 8 steps, a save at step 4, ``report_to=["tensorboard"]``
-    logging every step (event files under ``ckpt/runs``), followed live by ``zeropilot top --interval 0.2`` and, at
+    """HF Trainer + ZeRO-2 under torchrun, 2 ranks, 8 steps, a save at step 4, ``report_to=["tensorboard",
+    "mlflow"]`` (MLflow where installed) logging every step (event files under ``ckpt/runs``, MLflow's file store
+    in ``mlruns`` beside ``ckpt``), followed live by ``zeropilot top --interval 0.2`` and, at
     the same time, by ``zeropilot top --format json``."""
     import queue
     import threading
@@ -250,10 +257,13 @@ def hf_trainer_watched() -> Watched:
     base.mkdir(parents=True, exist_ok=True)
     run_dir, ckpt = base / "run", base / "ckpt"
     cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "hf_train.py"),
-           str(ckpt), "--stage", "2", "--steps", "8", "--save-steps", "4", "--report-to", "tensorboard",
-           "--logging-steps", "1"]
+           str(ckpt), "--stage", "2", "--steps", "8", "--save-steps", "4", "--report-to",
+           "tensorboard,mlflow" if has_mlflow() else "tensorboard", "--logging-steps", "1"]
     argv = [sys.executable, "-m", "zeropilot", "run", "--out", str(run_dir), "--", *cmd]
     env = job_env(name)
+    # MLflow offline: its file store in the job's folder (mlflow >= 3 asks for the opt-in)
+    env.update(MLFLOW_TRACKING_URI=(base / "mlruns").as_uri(), MLFLOW_ALLOW_FILE_STORE="true",
+               MLFLOW_EXPERIMENT_NAME="zeropilot-watched")
     deadline = time.monotonic() + JOB_TIMEOUT_S
     with open(base / "stdout.txt", "w") as out, open(base / "stderr.txt", "w") as err:
         job = subprocess.Popen(argv, cwd=str(REPO), env=env, stdout=out, stderr=err, start_new_session=True)
@@ -311,4 +321,5 @@ def raw_deepspeed_monitor() -> Job:
     (base / "ds_config.json").write_text(json.dumps(config))
     cmd = _deepspeed(EXAMPLE / "train.py", "--deepspeed_config", str(base / "ds_config.json"),
                      "--steps", "3", "--save-every", "3", "--save-dir", str(base / "ckpt"))
-    return zeropilot_run("raw_deepspeed_monitor", cmd)
+    # on 2 shared cores under load the ranks' imports alone took 137 s of a 172 s run (the steps: 2 s)
+    return zeropilot_run("raw_deepspeed_monitor", cmd, timeout=1.5 * JOB_TIMEOUT_S)

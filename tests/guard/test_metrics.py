@@ -1,8 +1,8 @@
 """The guard's figures in the job's own trackers (``zeropilot.guard.metrics``).
 
-Real jobs, real writers, read back with TensorBoard's own event reader:
-- HF Trainer + ZeRO-2, 2 ranks under ``zeropilot run``, ``report_to=["tensorboard"]``, logging every step (the job
-  ``zeropilot top`` follows in tests/cli/test_top.py: one live job for both);
+Real jobs, real writers, read back with the trackers' own readers (TensorBoard's event reader, MLflow's client):
+- HF Trainer + ZeRO-2, 2 ranks under ``zeropilot run``, ``report_to=["tensorboard", "mlflow"]`` (MLflow's file
+  store, offline), logging every step (the job ``zeropilot top`` follows in tests/cli/test_top.py: one live job);
 - the raw DeepSpeed example, 2 ranks, with the job's ``monitor_config`` on: TensorBoard and DeepSpeed's CSV monitor.
 Then the folding itself on run directories written here: max over ranks, every rank, off, a custom prefix.
 """
@@ -67,6 +67,26 @@ def test_trainer_report_to_tensorboard_holds_the_figures_of_every_step():
     # the Trainer's own record of its logs is untouched: log_history is copied before the callbacks run
     state = json.loads((job.ckpt_dir / "checkpoint-8" / "trainer_state.json").read_text())
     assert state["log_history"] and not any("zeropilot/" in k for e in state["log_history"] for k in e)
+
+
+@pytest.mark.slow
+def test_trainer_report_to_mlflow_offline_holds_the_same_figures(monkeypatch):
+    """The same job reported to MLflow too (its file store, offline): no code of ours for MLflow, the same keys
+    (MLflow's integration keeps them as logged: ``zeropilot/...``) and values as in TensorBoard."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    job = hf_trainer_watched().job
+    assert job.returncode == 0, job.stderr[-3000:]
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient((job.ckpt_dir.parent / "mlruns").as_uri())
+    experiment = client.get_experiment_by_name("zeropilot-watched")
+    (run,) = client.search_runs([experiment.experiment_id])
+    history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "zeropilot/host_rss_gib")}
+    assert sorted(history) == list(range(1, 9))
+    tb = _scalars(job.ckpt_dir / "runs")["train/zeropilot/host_rss_gib"]
+    assert all(abs(history[s] - tb[s]) <= 1e-6 * tb[s] for s in tb)  # TensorBoard stores float32
+    assert "zeropilot/step_seconds" in run.data.metrics and "loss" in run.data.metrics
 
 
 @pytest.mark.slow
