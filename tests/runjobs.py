@@ -216,3 +216,110 @@ def hang_sleep_rank1() -> Job:
 def hang_stale_lock() -> Job:
     """A lock left by a killed op build: every rank waits for it before its first step."""
     return _hangs()["stale_lock"]
+
+
+@dataclass
+class Watched:
+    """A job followed live by ``zeropilot top`` (plain output: stdout is a pipe)."""
+
+    job: Job
+    top_lines: List[str]  # everything top printed
+    live_lines: List[str]  # the lines top printed while ``zeropilot run`` was still running
+    top_rc: Optional[int]
+    json_lines: List[str]  # what ``zeropilot top --format json`` printed, following the same job at the same time
+    json_rc: Optional[int]
+
+
+def _reader(stream, lines: "queue.Queue") -> None:
+    for line in stream:
+        lines.put(line.rstrip("\n"))
+    lines.put(None)
+
+
+def has_mlflow() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("mlflow") is not None
+
+
+@functools.lru_cache(maxsize=None)
+def hf_trainer_watched() -> Watched:
+    """HF Trainer + ZeRO-2 under torchrun, 2 ranks, 8 steps, a save at step 4, ``report_to=["tensorboard",
+    "mlflow"]`` (MLflow where installed) logging every step (event files under ``ckpt/runs``, MLflow's file store
+    in ``mlruns`` beside ``ckpt``), followed live by ``zeropilot top --interval 0.2`` and, at
+    the same time, by ``zeropilot top --format json``."""
+    import queue
+    import threading
+    import time
+
+    name = "hf_trainer_watched"
+    base = root() / name
+    base.mkdir(parents=True, exist_ok=True)
+    run_dir, ckpt = base / "run", base / "ckpt"
+    cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "hf_train.py"),
+           str(ckpt), "--stage", "2", "--steps", "8", "--save-steps", "4", "--report-to",
+           "tensorboard,mlflow" if has_mlflow() else "tensorboard", "--logging-steps", "1"]
+    argv = [sys.executable, "-m", "zeropilot", "run", "--out", str(run_dir), "--", *cmd]
+    env = job_env(name)
+    # MLflow offline: its file store in the job's folder (mlflow >= 3 asks for the opt-in)
+    env.update(MLFLOW_TRACKING_URI=(base / "mlruns").as_uri(), MLFLOW_ALLOW_FILE_STORE="true",
+               MLFLOW_EXPERIMENT_NAME="zeropilot-watched")
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    with open(base / "stdout.txt", "w") as out, open(base / "stderr.txt", "w") as err:
+        job = subprocess.Popen(argv, cwd=str(REPO), env=env, stdout=out, stderr=err, start_new_session=True)
+        top = top_json = None
+        try:
+            while not run_dir.is_dir() and job.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            top = subprocess.Popen([sys.executable, "-m", "zeropilot", "top", str(run_dir), "--interval", "0.2"],
+                                   cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, start_new_session=True)
+            with open(base / "top.jsonl", "w") as json_out:
+                top_json = subprocess.Popen(
+                    [sys.executable, "-m", "zeropilot", "top", str(run_dir), "--interval", "0.2", "--format", "json"],
+                    cwd=str(REPO), env=env, stdout=json_out, stderr=subprocess.STDOUT, start_new_session=True)
+            lines: "queue.Queue" = queue.Queue()
+            threading.Thread(target=_reader, args=(top.stdout, lines), daemon=True).start()
+            seen, live = [], []
+            while time.monotonic() < deadline:
+                try:
+                    line = lines.get(timeout=1.0)
+                except queue.Empty:
+                    continue
+                if line is None:
+                    break
+                seen.append(line)
+                if job.poll() is None:
+                    live.append(line)
+            top_rc = top.wait(timeout=max(deadline - time.monotonic(), 1))
+            job.wait(timeout=max(deadline - time.monotonic(), 1))
+            json_rc = top_json.wait(timeout=max(deadline - time.monotonic(), 1))
+        finally:
+            for proc in (top, top_json, job):
+                if proc is not None:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                    proc.wait()
+    result = Job(run_dir, job.returncode, (base / "stdout.txt").read_text(), (base / "stderr.txt").read_text(), ckpt,
+                 argv)
+    return Watched(result, seen, live, top_rc, (base / "top.jsonl").read_text().splitlines(), json_rc)
+
+
+@functools.lru_cache(maxsize=None)
+def raw_deepspeed_monitor() -> Job:
+    """The raw DeepSpeed example (ZeRO-3, ``deepspeed`` launcher, 2 ranks, 3 steps, a save at step 3) with the
+    job's own monitors on: TensorBoard in ``ckpt/../monitor/tb`` and DeepSpeed's CSV monitor in ``.../csv``."""
+    import json
+
+    base = root() / "raw_deepspeed_monitor"
+    base.mkdir(parents=True, exist_ok=True)
+    config = json.loads((EXAMPLE / "ds_config.json").read_text())
+    config["tensorboard"] = {"enabled": True, "output_path": str(base / "monitor"), "job_name": "tb"}
+    config["csv_monitor"] = {"enabled": True, "output_path": str(base / "monitor"), "job_name": "csv"}
+    (base / "ds_config.json").write_text(json.dumps(config))
+    cmd = _deepspeed(EXAMPLE / "train.py", "--deepspeed_config", str(base / "ds_config.json"),
+                     "--steps", "3", "--save-every", "3", "--save-dir", str(base / "ckpt"))
+    # on 2 shared cores under load the ranks' imports alone took 137 s of a 172 s run (the steps: 2 s)
+    return zeropilot_run("raw_deepspeed_monitor", cmd, timeout=1.5 * JOB_TIMEOUT_S)

@@ -14,9 +14,13 @@ from zeropilot import __version__
 
 CHECK_SCHEMA = "zeropilot.check/1"
 RULES_SCHEMA = "zeropilot.rules/1"
+EXPLAIN_SCHEMA = "zeropilot.explain/1"
+TOP_SCHEMA = "zeropilot.top/1"
 PLAN_SCHEMA = "zeropilot.plan/1"
 CALIBRATE_SCHEMA = "zeropilot.calibrate/1"
 CKPT_INSPECT_SCHEMA = "zeropilot.ckpt-inspect/1"
+CKPT_EXPORT_SCHEMA = "zeropilot.ckpt-export/1"
+CKPT_VERIFY_SCHEMA = "zeropilot.ckpt-verify/1"
 # ``repro`` and ``report`` (also printed by ``run --format json``) name theirs where their documents are built:
 # ``zeropilot.repro.verdict.SCHEMA`` and ``zeropilot.runlog.summary.REPORT_SCHEMA`` / ``COMPARE_SCHEMA``.
 

@@ -20,16 +20,19 @@ hub = false                      # read unknown model configs from the Hub (HF_E
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from zeropilot import safefile
 from zeropilot.errors import InputError
 
 KEYS = ("select", "extend-select", "ignore", "per-file-ignores", "versions", "world-size", "gpus", "fail-on",
         "hub")
 _SEVERITIES = ("error", "warning", "info")
+MAX_PYPROJECT_BYTES = 16 << 20  # the largest pyproject.toml on PyPI is a few hundred KB
 
 
 @dataclass
@@ -56,12 +59,10 @@ def _toml(path: Path) -> Dict[str, Any]:
             import tomli as tomllib
         except ImportError:
             raise InputError("[tool.zeropilot] needs Python 3.11 or the tomli package to be read", path) from None
+    text = safefile.read_text(path, MAX_PYPROJECT_BYTES)
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", path) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise InputError(f"not valid TOML: {exc}", path) from None
 
 
@@ -71,10 +72,15 @@ _HEADER = re.compile(rb"^[ \t]*\[[ \t]*tool[ \t]*\.[ \t]*zeropilot(?![\w-])", re
 def _mentions_zeropilot(path: Path) -> bool:
     """A cheap look before parsing (``tomllib`` costs check's start-up): is there a ``[tool.zeropilot]`` header?"""
     try:
-        with open(path, "rb") as fh:
-            return _HEADER.search(fh.read(1024 * 1024)) is not None
+        fd = safefile.open_regular(path)
+    except InputError:
+        return False
+    try:
+        return _HEADER.search(os.read(fd, 1024 * 1024)) is not None
     except OSError:
         return False
+    finally:
+        os.close(fd)
 
 
 def find_pyproject(paths: Sequence) -> Optional[Path]:

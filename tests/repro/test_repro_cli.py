@@ -33,9 +33,10 @@ def seed_run(tmp_path_factory):
 @pytest.mark.slow
 def test_seed_resumes_exactly_on_cpu(seed_run):
     v, _ = seed_run
-    from tests.cli.test_json_schemas import assert_documented
+    from tests.cli.test_json_schemas import assert_documented, schema_errors
 
     assert_documented(v, "zeropilot.repro/1")  # the envelope and the keys docs/json-schema.md lists
+    assert schema_errors(v, "repro.schema.json") == []
     assert v["resume_exact"] is True and v["differs"] == []
     assert v["spec"]["stage"] == 3 and v["spec"]["lora"]["rank"] == 16 and v["spec"]["precision"] == "bf16"
     assert [(s["step"], s["rank"]) for s in v["saves"]] == [(4, 0), (4, 1), (8, 0), (8, 1)]

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 from zeropilot.memory.profile import Profile
 from zeropilot.errors import InputError
 from zeropilot.runlog.layout import write_text_atomic
+from zeropilot.safefile import check_output
 
 WORKER_TIMEOUT_S = 240.0
 
@@ -77,7 +78,8 @@ def run_workers(nproc: int, extra_env: Optional[Dict[str, str]] = None, args: Op
 def disk_write_speed(directory: Path, mib: int) -> float:
     """Bytes per second writing ``mib`` MiB to a temporary file in ``directory`` (fsync included)."""
     if not directory.is_dir():
-        raise InputError("checkpoint directory does not exist", directory)
+        raise InputError("checkpoint directory does not exist" if not directory.exists() else
+                         "checkpoint directory is not a folder", directory)
     block = os.urandom(1 << 20) * 8
     fd, tmp = tempfile.mkstemp(prefix=".zeropilot-calibrate-", dir=str(directory))
     try:
@@ -150,7 +152,12 @@ def calibrate(nproc: int, checkpoint_dir: Path, disk_mib: int = 1024) -> Profile
 
 
 def write_profile(profile: Profile, path: Path) -> None:
-    """Write ``profile`` to ``path`` atomically (its folder is created when missing)."""
+    """Write ``profile`` to ``path`` atomically (its folder is created when missing).
+
+    Raises:
+        InputError: a folder, FIFO or device at ``path`` (never replaced), or the write failed.
+    """
+    check_output(path)
     try:
         write_text_atomic(path, json.dumps(profile.to_dict(), indent=2) + "\n")
     except OSError as exc:

@@ -42,6 +42,7 @@ from zeropilot.checkpoint import consistency
 from zeropilot.checkpoint.reconstruct import DamagedCheckpoint, TensorEntry, ZeroState, open_checkpoint
 from zeropilot.checkpoint.safe_load import require_torch
 from zeropilot.checkpoint.terminal import clean
+from zeropilot import safefile
 from zeropilot.errors import InputError
 
 PEFT_PREFIX = "base_model.model."
@@ -181,6 +182,8 @@ def _check_out(out: Path, layout: CheckpointLayout, force: bool) -> None:
             raise InputError(f"OUT is inside the checkpoint folder {inside}: export never writes there", out)
         if target in inside.parents:
             raise InputError(f"OUT contains the checkpoint {inside}: --force would delete it", out)
+    if fsguard.kind_of(out) not in (None, "symlink-dangling", "dir", "file"):
+        safefile.check_output(out, "dir")  # a FIFO, device or socket at OUT: never replaced, even with --force
     if os.path.lexists(out) and not force:
         what = "a symlink (dangling)" if not out.exists() else ("a symlink" if out.is_symlink() else "it")
         raise InputError(f"already exists ({what}): pass --force to replace it", out)
@@ -459,6 +462,8 @@ class _BaseFromDir:
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise InputError("no *.safetensors in the base model folder", folder)
+        for f in files:
+            stw.read_header(f)  # a FIFO, device or garbage file is one line, before safetensors opens it
         self.handles = [safe_open(str(f), framework="pt") for f in files]
         self.where = {k: h for h in self.handles for k in h.keys()}
         self.dropped: List[str] = []

@@ -10,28 +10,25 @@ A checkpoint folder comes from strangers. Whatever it names, zeropilot opens onl
 * at most a stated number of bytes where a file is read into memory (``latest``, JSON side files):
   the limit is checked against the size before reading, and the read stops at the limit anyway.
 
-Hand-written because ``pathlib``/``open`` follow symlinks and block on FIFOs by design.
+Opening regular files without waiting is :mod:`zeropilot.safefile`'s (every reader of zeropilot uses it);
+this module adds the confinement to the checkpoint's folder.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+from zeropilot import safefile
 from zeropilot.errors import InputError
+from zeropilot.safefile import UnsafePathError, kind_of  # noqa: F401 - the names checkpoint/ uses
 
 LATEST_LIMIT = 4096  # DeepSpeed writes the tag name and nothing else
 JSON_LIMIT = 64 << 20  # trainer_state.json of a long run holds its whole log history
 SIDE_FILE_LIMIT = 2 << 30  # tokenizer and config files copied into an export
-
-
-class UnsafePathError(InputError):
-    """A path of a checkpoint that zeropilot refuses to open (a symlink out, a FIFO, a device)."""
 
 
 @dataclass(frozen=True)
@@ -59,25 +56,6 @@ class Confinement:
         return path
 
 
-def kind_of(path: Union[str, Path]) -> Optional[str]:
-    """'file', 'dir', 'symlink-dangling', 'fifo', 'device', 'socket' or None when absent (follows links)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return "symlink-dangling" if os.path.islink(path) else None
-    except OSError:
-        return None
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "device"
-
-
 def open_regular(path: Union[str, Path], confinement: Optional[Confinement] = None) -> int:
     """A read-only descriptor of `path`, which must be a regular file (inside `confinement`).
 
@@ -87,45 +65,14 @@ def open_regular(path: Union[str, Path], confinement: Optional[Confinement] = No
     """
     if confinement is not None:
         confinement.check(path)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:  # a socket, or a FIFO opened without a writer on some systems
-            raise UnsafePathError("not a regular file: refused", path) from None
-        raise InputError(f"cannot open: {exc.strerror or exc}", path) from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            what = "a directory" if stat.S_ISDIR(mode) else ("a FIFO" if stat.S_ISFIFO(mode) else "a device")
-            raise UnsafePathError(f"{what}, not a regular file: refused", path)
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return safefile.open_regular(path)
 
 
 def read_bounded(path: Union[str, Path], limit: int, confinement: Optional[Confinement] = None) -> bytes:
     """The bytes of the regular file `path`; InputError if it holds more than `limit` bytes."""
-    fd = open_regular(path, confinement)
-    try:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            raise InputError(f"{size} bytes: larger than the {limit} bytes such a file ever needs; refused", path)
-        chunks, got = [], 0
-        while got <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - got))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        if got > limit:
-            raise InputError(f"grew past {limit} bytes while being read; refused", path)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    if confinement is not None:
+        confinement.check(path)
+    return safefile.read_bytes(path, limit)
 
 
 def read_json(path: Union[str, Path], confinement: Optional[Confinement] = None, limit: int = JSON_LIMIT) -> dict:

@@ -15,7 +15,7 @@ from zeropilot import __version__
 from zeropilot.errors import InputError
 
 # Imported lazily, in this order, so `zeropilot check` never pays for `ckpt`'s imports.
-_COMMANDS = ("check", "rules", "plan", "ckpt", "report", "run", "repro", "calibrate")
+_COMMANDS = ("check", "rules", "plan", "ckpt", "report", "top", "run", "repro", "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from zeropilot.errors import InputError
+
 GIB = 1024**3
 
 
@@ -63,6 +65,13 @@ def run(args: argparse.Namespace) -> int:
     from zeropilot.calibrate.run import calibrate, write_profile
     from zeropilot.envelope import dumps
 
+    from zeropilot.safefile import check_output, kind_of
+
+    if args.out:
+        check_output(Path(args.out))  # before a minute of measuring, not after
+    if kind_of(args.checkpoint_dir) != "dir":
+        raise InputError("--checkpoint-dir: not a folder" if kind_of(args.checkpoint_dir) else
+                         "--checkpoint-dir: no such folder", args.checkpoint_dir)
     profile = calibrate(args.nproc, Path(args.checkpoint_dir), args.disk_mib)
     path = Path(args.out) if args.out else search_dirs()[0] / file_name(profile)
     write_profile(profile, path)

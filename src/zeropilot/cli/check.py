@@ -21,8 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="versions to assume instead of the installed ones (deepspeed, transformers, "
                         "accelerate, torch, peft, llamafactory)")
     p.add_argument("--world-size", type=int, metavar="N", help="number of training processes")
-    p.add_argument("--format", choices=("text", "json", "sarif"), default="text",
-                   help="json: the versioned zeropilot.check/1 document (docs/json-schema.md)")
+    p.add_argument("--format", choices=("text", "json", "sarif", "github"), default="text",
+                   help="json: the versioned zeropilot.check/1 document (docs/json-schema.md); sarif: SARIF 2.1.0 "
+                        "for code scanning; github: GitHub Actions annotations (::error file=...,line=...::...)")
     p.add_argument("--fail-on", choices=("error", "warning", "info"), default=None,
                    help="lowest severity that makes the exit status 1 (default: error)")
     p.add_argument("--select", metavar="RULES",
@@ -150,5 +151,8 @@ def _render(result, fmt: str) -> str:
     if fmt == "sarif":
         from zeropilot.findings import sarif
         return sarif.render(result)
+    if fmt == "github":
+        from zeropilot.findings import github
+        return github.render(result)
     from zeropilot.findings import text
     return text.render(result, colour=text.use_colour(sys.stdout))

@@ -50,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="merge the LoRA weights into this base model's weights")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--no-progress", action="store_true")
+    _format(p, "zeropilot.ckpt-export/1")
     _common(p)
 
     p = sub.add_parser("verify", help="compare an export with its checkpoint, tensor for tensor")
@@ -57,7 +58,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--against", type=Path, required=True, metavar="PATH")
     p.add_argument("--tag")
     p.add_argument("--load", action="store_true", help="also load OUT with transformers/PEFT and run a forward")
+    _format(p, "zeropilot.ckpt-verify/1")
     _common(p)
+
+
+def _format(p: argparse.ArgumentParser, schema: str) -> None:
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help=f"json: the versioned {schema} document on stdout, a damaged checkpoint included "
+                        "(docs/json-schema.md)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -78,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         return action(args)
     except DamagedCheckpoint as exc:
+        if getattr(args, "format", "text") == "json" and args.ckpt_command != "inspect":
+            sys.stdout.write(_dumps(_damaged_document(args, exc)))
         print(clean(f"verdict: DAMAGED — {exc}:"), file=sys.stderr)
         for f in exc.files:
             print(clean(f"  - {f}"), file=sys.stderr)
@@ -116,6 +126,9 @@ def _export(args: argparse.Namespace) -> int:
                             trust_pickle=args.trust_pickle, progress=False if args.no_progress else None,
                             follow_symlinks=args.follow_symlinks)
     result = export_checkpoint(args.path, args.out, options)
+    if args.format == "json":
+        sys.stdout.write(_dumps(export_document(args.path, result)))
+        return 0
     print(clean(f"wrote {result.product} to {result.out}: {result.tensors} tensors, {result.bytes / 1e9:.3f} GB "
                 f"{result.dtype} in {', '.join(result.files)}"))
     if result.dropped_tied:
@@ -132,6 +145,9 @@ def _verify(args: argparse.Namespace) -> int:
 
     result = verify(args.out, args.against, tag=args.tag, load=args.load, trust_pickle=args.trust_pickle,
                     follow_symlinks=args.follow_symlinks)
+    if args.format == "json":
+        sys.stdout.write(_dumps(verify_document(args.against, result)))
+        return 0 if result.ok else 1
     print(clean(f"compared {result.compared} tensors of {result.out} with {args.against}"))
     for label, names in (("DIFFERENT", result.mismatched), ("missing in OUT", result.missing_in_out),
                          ("not in the checkpoint", result.extra_in_out)):
@@ -143,3 +159,48 @@ def _verify(args: argparse.Namespace) -> int:
         print(clean(f"  load FAILED: {result.load_error}"))
     print("verdict: OK — identical" if result.ok else "verdict: MISMATCH")
     return 0 if result.ok else 1
+
+
+# ---- JSON: zeropilot.ckpt-export/1 and zeropilot.ckpt-verify/1 (docs/json-schema.md, docs/ckpt-*.schema.json) ----
+
+
+def _dumps(document: dict) -> str:
+    """As ``envelope.dumps``, but ASCII: names from a checkpoint may hold C1 controls (``\\x9b``) that JSON
+    leaves raw otherwise (as ``ckpt inspect --format json``)."""
+    return json.dumps(document, indent=2, default=str) + "\n"
+
+
+def export_document(path, result) -> dict:
+    """``zeropilot.ckpt-export/1`` for a written export (every key always present; ``problems`` empty)."""
+    from zeropilot.envelope import CKPT_EXPORT_SCHEMA, envelope
+
+    return envelope(CKPT_EXPORT_SCHEMA, {
+        "verdict": "ok", "path": str(path), "out": str(result.out), "product": result.product,
+        "files": list(result.files), "tensors": result.tensors, "bytes": result.bytes, "dtype": result.dtype,
+        "dropped_tied": list(result.dropped_tied), "copied": list(result.copied), "notes": list(result.notes),
+        "problems": []})
+
+
+def verify_document(against, result) -> dict:
+    """``zeropilot.ckpt-verify/1``: ``verdict`` ``ok`` or ``mismatch`` and what differs."""
+    from zeropilot.envelope import CKPT_VERIFY_SCHEMA, envelope
+
+    return envelope(CKPT_VERIFY_SCHEMA, {
+        "verdict": "ok" if result.ok else "mismatch", "out": str(result.out), "against": str(against),
+        "compared": result.compared, "mismatched": list(result.mismatched),
+        "missing_in_out": list(result.missing_in_out), "extra_in_out": list(result.extra_in_out),
+        "load": result.load, "load_error": result.load_error, "problems": []})
+
+
+def _damaged_document(args: argparse.Namespace, exc) -> dict:
+    """The export or verify document of a damaged checkpoint: ``verdict`` ``damaged``, ``problems`` says why."""
+    from zeropilot.envelope import CKPT_EXPORT_SCHEMA, CKPT_VERIFY_SCHEMA, envelope
+
+    problems = [str(exc)] + [str(f) for f in exc.files]
+    if args.ckpt_command == "export":
+        return envelope(CKPT_EXPORT_SCHEMA, {
+            "verdict": "damaged", "path": str(args.path), "out": None, "product": None, "files": [], "tensors": 0,
+            "bytes": 0, "dtype": None, "dropped_tied": [], "copied": [], "notes": [], "problems": problems})
+    return envelope(CKPT_VERIFY_SCHEMA, {
+        "verdict": "damaged", "out": str(args.out), "against": str(args.against), "compared": 0, "mismatched": [],
+        "missing_in_out": [], "extra_in_out": [], "load": None, "load_error": None, "problems": problems})

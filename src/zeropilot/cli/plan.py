@@ -229,6 +229,9 @@ def _write_json_atomic(path: str, data: dict) -> None:
     target = Path(path)
     if not target.parent.is_dir():
         raise InputError("directory does not exist", target.parent)
+    from zeropilot.safefile import check_output
+
+    check_output(target)
     try:
         write_text_atomic(target, json.dumps(data, indent=2) + "\n", mode=0o644)
     except OSError as exc:

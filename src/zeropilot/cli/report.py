@@ -29,8 +29,9 @@ def _write(text: str, out: Path) -> None:
     folder = out.parent if str(out.parent) else Path(".")
     if not folder.is_dir():
         raise InputError("cannot write the report: no such folder", path=folder)
-    if out.is_dir():
-        raise InputError("cannot write the report: this is a folder", path=out)
+    from zeropilot.safefile import check_output
+
+    check_output(out)  # a folder, a FIFO, a device (/dev/stdout): never replaced; omit --out to print
     try:
         write_text_atomic(out, text, mode=0o644)
     except OSError as exc:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from zeropilot.errors import InputError
+from zeropilot.safefile import check_output
 
 DEFAULT_HANG_TIMEOUT_S = 300.0
 MIN_HANG_TIMEOUT_S = 1.0
@@ -22,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run COMMAND (deepspeed, torchrun, accelerate launch, llamafactory-cli, python) unmodified, "
                     "with zeropilot's guard inside every rank; write the run directory and print its summary.",
         usage="zeropilot run [--out DIR] [--no-check] [--hang-timeout S] [--on-hang report|stop] "
-              "[--memory-history] [--format text|json] -- COMMAND ...")
+              "[--memory-history] [--metrics max|ranks|off] [--format text|json] -- COMMAND ...")
     p.add_argument("--out", type=Path, metavar="DIR", help="run directory (default: zeropilot-runs/<time>)")
     p.add_argument("--no-check", action="store_true", help="start even when `check` finds errors")
     p.add_argument("--hang-timeout", type=float, metavar="S",
@@ -32,6 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="after reporting a hang: let the job run on (report) or end it (stop)")
     p.add_argument("--memory-history", action="store_true",
                    help="record allocation history; an OOM writes a snapshot for PyTorch's memory_viz")
+    p.add_argument("--metrics", choices=("max", "ranks", "off"),
+                   help="the guard's figures in the job's own trackers (the Trainer's report_to, DeepSpeed's "
+                        "monitor) under zeropilot/: the max over ranks (max, the default), also each rank's "
+                        "(ranks), or none (off); docs/metrics.md")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="json: print the report (zeropilot.report/1, as `zeropilot report DIR --format json`); "
                         "the launch's own standard output then goes to standard error")
@@ -42,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _out_dir(out: Optional[Path]) -> Path:
     if out is None:
         out = Path("zeropilot-runs") / time.strftime("%Y%m%d-%H%M%S")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    check_output(out, "dir")  # a file, FIFO or device there: never used as a run directory
+    if out.is_dir() and any(out.iterdir()):
         raise InputError("the run directory exists and is not empty: pick another --out", path=out)
     out.mkdir(parents=True, exist_ok=True)
     return out.resolve()
@@ -121,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
     opts = RunOptions(command=command, out=out, hang_timeout_s=timeout, on_hang=args.on_hang,
                       memory_history=args.memory_history, world_size=world,
                       torch_version=record["versions"].get("torch"))
+    if args.metrics:  # the launch inherits this environment; rank 0's guard reads it
+        from zeropilot.guard.metrics import MODE_ENV
+
+        os.environ[MODE_ENV] = args.metrics
     try:
         with _stdout_to_stderr(args.format == "json"):
             end = supervise(opts, record)

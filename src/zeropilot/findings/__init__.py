@@ -1,5 +1,5 @@
 """How ``check`` prints its findings (``text`` for people, ``jsondoc`` for machines, ``sarif`` for code
-scanning) and reads inline suppressions (``suppress``)."""
+scanning, ``github`` for GitHub Actions annotations) and reads inline suppressions (``suppress``)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ _LEVELS = {"error": "error", "warning": "warning", "info": "note"}
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
-def _uri(file: str) -> str:
+def relative_uri(file: str) -> str:
+    """A finding's file relative to the current directory (the repository root in CI), ``/``-separated."""
     path = Path(file)
     try:
         return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
@@ -37,7 +38,8 @@ def render(result: CheckResult) -> str:
                 "fullDescription": {"text": r.summary if r else f.name},
                 "help": {"text": r.doc if r else "", "markdown": r.doc if r else ""},
                 "defaultConfiguration": {"level": _LEVELS[(r.severity if r else f.severity).value]},
-                "helpUri": f"docs/rules/{f.code}.md",
+                # no helpUri: SARIF requires an absolute URI there ("format": "uri"), which upload-sarif checks;
+                # `help` above holds the rule's whole page
             })
         res = {"ruleId": f.code, "ruleIndex": index[f.code], "level": _LEVELS[f.severity.value],
                "message": {"text": f.message}, "properties": {"key": f.key, "versions": f.versions}}
@@ -45,7 +47,7 @@ def render(result: CheckResult) -> str:
             region = {"startLine": f.line} if f.line else {}
             if f.line and f.col:
                 region["startColumn"] = f.col
-            loc = {"physicalLocation": {"artifactLocation": {"uri": _uri(f.file)}}}
+            loc = {"physicalLocation": {"artifactLocation": {"uri": relative_uri(f.file)}}}
             if region:
                 loc["physicalLocation"]["region"] = region
             res["locations"] = [loc]

@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from zeropilot.guard import checkpoint, oom
+from zeropilot.guard import checkpoint, metrics, oom
 from zeropilot.guard.rank import current, peek
 
 
@@ -199,3 +199,4 @@ def attach(engine: Any, seconds: Any = None) -> None:
     guard.step = int(getattr(engine, "global_steps", 0) or 0)
     guard.set_phase("idle")
     oom.install(guard)
+    metrics.watch_engine(engine)  # the guard's figures in the engine's monitor (monitor_config)

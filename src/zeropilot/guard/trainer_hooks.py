@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from zeropilot.guard import checkpoint, oom
+from zeropilot.guard import checkpoint, metrics, oom
 from zeropilot.guard.rank import current, peek
 
 
@@ -71,6 +71,7 @@ def _init(original):
             handler = getattr(self, "callback_handler", None)
             if handler is not None and not any(isinstance(cb, cls) for cb in handler.callbacks):
                 self.add_callback(cls())
+            metrics.add_to_trainer(self)  # the guard's figures in the Trainer's report_to trackers
             guard = current("hf")
             if guard is not None:
                 oom.install(guard)

@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Tuple
 
+from zeropilot import safefile
 from zeropilot.checkpoint.names import is_checkpoint_dir
 from zeropilot.errors import InputError
 from zeropilot.launch.classify import classify
@@ -183,35 +184,14 @@ def _not_a_launch(path: Path) -> Optional[str]:
 
 
 def read_text(path: Path) -> str:
-    """A file's text, refusing what is not a small UTF-8 text file.
+    """A file's text, refusing what is not a small UTF-8 text file (through :mod:`zeropilot.safefile`).
 
     Raises:
-        InputError: missing, unreadable, a directory, too large, binary, or not UTF-8.
+        InputError: missing, unreadable, not a regular file (a FIFO, device, socket, directory), too large,
+            binary, or not UTF-8.
     """
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
-    except IsADirectoryError:
-        raise InputError("is a directory", path) from None
-    except FileNotFoundError:
-        raise InputError("no such file", path) from None
-    except RuntimeError:
-        raise InputError("symbolic link loop", path) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
-    if len(data) > MAX_FILE_BYTES:
-        raise InputError(f"larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB: not a launch config", path)
-    if b"\x00" in data[:8192]:
-        raise InputError("a binary file, not a text config", path)
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        before = data[:exc.start]
-        line = before.count(b"\n") + 1
-        col = exc.start - (before.rfind(b"\n") + 1) + 1
-        raise InputError(f"not UTF-8 text (byte 0x{data[exc.start]:02x})", path, line, col) from None
+    return safefile.read_text(path, MAX_FILE_BYTES,
+                              too_large=f"larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB: not a launch config")
 
 
 def _read_into(launch: Launch, path: Path, discovered: bool = False) -> Optional[Document]:

@@ -17,8 +17,10 @@ from typing import Dict, Iterable, Optional
 
 from packaging.version import InvalidVersion, Version
 
+from zeropilot import safefile
 from zeropilot.errors import InputError
 
+MAX_REQUIREMENTS_BYTES = 8 << 20  # a pip freeze of a large environment is under 100 KB
 PACKAGES = ("deepspeed", "transformers", "accelerate", "torch", "peft", "llamafactory")
 _DIST_NAMES = {"llamafactory": ("llamafactory", "llamafactory-cli", "llmtuner")}
 _LEADING = re.compile(r"^\s*v?(\d+(?:\.\d+)*)(?:[.+-]?)(.*)$")
@@ -167,10 +169,7 @@ def _installed(name: str, found: Dict[str, str]) -> Optional[str]:
 def read_requirements(path: Path) -> Dict[str, PackageVersion]:
     """Pinned versions (``name==ver``) of the known packages in a requirements / pip freeze file."""
     found: Dict[str, PackageVersion] = {}
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", path) from None
+    text = safefile.read_bytes(path, MAX_REQUIREMENTS_BYTES).decode("utf-8", errors="replace")
     for lineno, line in enumerate(text.splitlines(), 1):
         m = _REQ_LINE.match(line)
         if not m:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from zeropilot import safefile
 from zeropilot.errors import InputError
 from zeropilot.launch.hardware import nvidia_smi
 
@@ -132,14 +133,11 @@ def load(path: str) -> Profile:
         InputError: missing, too large, not JSON, or not a profile.
     """
     p = Path(path)
+    raw = safefile.read_bytes(p, MAX_PROFILE_BYTES, too_large="larger than 1 MiB: not a hardware profile")
     try:
-        if p.stat().st_size > MAX_PROFILE_BYTES:
-            raise InputError("larger than 1 MiB: not a hardware profile", p)
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"cannot read hardware profile: {exc.strerror}", p) from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"hardware profile is not JSON: {exc}", p) from None
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InputError(f"hardware profile is not JSON: {str(exc)[:120]}", p) from None
     return from_dict(data, str(p))
 
 

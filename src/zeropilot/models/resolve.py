@@ -17,18 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from zeropilot import safefile
 from zeropilot.errors import InputError
 from zeropilot.models.arch import Architecture, from_config
 from zeropilot.models.catalogue import lookup, names
 
 
-def _read_json(path: Path) -> Dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read model config: {exc}", path) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"model config is not JSON: {exc.msg}", path, exc.lineno, exc.colno) from None
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few KB; a VLM's with its processor config under 1 MB
+
+
+def read_config(path: Path) -> Dict[str, Any]:
+    """A model's ``config.json`` as a dict (bounded, regular files only).
+
+    Raises:
+        InputError: not a regular file, too large, not JSON or not an object.
+    """
+    data = safefile.read_json(path, MAX_CONFIG_BYTES, what="JSON (a model config)")
     if not isinstance(data, dict):
         raise InputError("model config is not a JSON object", path)
     return data
@@ -36,13 +40,12 @@ def _read_json(path: Path) -> Dict[str, Any]:
 
 def _local(spec: str) -> Optional[Path]:
     path = Path(spec).expanduser()
-    if path.is_dir():
-        if (path / "config.json").is_file():
-            return path / "config.json"
+    kind = safefile.kind_of(path)
+    if kind == "dir":
+        if safefile.kind_of(path / "config.json") not in (None, "symlink-dangling"):
+            return path / "config.json"  # reading refuses a FIFO or a device there, without waiting
         raise InputError("directory has no config.json", path)
-    if path.is_file():
-        return path
-    return None
+    return None if kind in (None, "symlink-dangling") else path
 
 
 def _hf_cache(spec: str) -> Optional[Path]:
@@ -138,10 +141,10 @@ def resolve_model(spec: str, base: Optional[Path] = None, hub: Optional[HubAcces
     for cand in candidates:
         local = _local(cand)
         if local is not None:
-            return from_config(_read_json(local), name=spec, source=str(local))
+            return from_config(read_config(local), name=spec, source=str(local))
     cached = _hf_cache(spec)
     if cached is not None:
-        return from_config(_read_json(cached), name=spec, source=str(cached))
+        return from_config(read_config(cached), name=spec, source=str(cached))
     known = lookup(spec)
     if known is not None:
         return from_config(known, name=spec, source="built-in catalogue")

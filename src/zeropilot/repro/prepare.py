@@ -57,13 +57,12 @@ def _model(settings, model: Optional[str], shrunk: bool, notes: List[str]) -> Tu
 
 def _config_of(spec: str, arch, explicit: bool, settings) -> Dict[str, Any]:
     """The raw config.json fields behind a resolved model (the catalogue's, or the file's)."""
-    import json
-
     from zeropilot.models.catalogue import lookup
+    from zeropilot.models.resolve import read_config
 
     source = getattr(arch, "source", "") or ""
     if source and Path(source).is_file():
-        data = json.loads(Path(source).read_text(encoding="utf-8"))
+        data = read_config(Path(source))
         text = data.get("text_config") if isinstance(data.get("text_config"), dict) else None
         return dict(text or data)
     known = lookup(spec)

@@ -18,6 +18,7 @@ from zeropilot.repro import verdict
 from zeropilot.repro.launcher import run_leg
 from zeropilot.repro.spec import ReproSpec
 from zeropilot.runlog.layout import RUN_SCHEMA, write_json_atomic
+from zeropilot.safefile import check_output
 
 Case = Tuple[ReproSpec, Path]
 
@@ -98,10 +99,9 @@ def clear_run_dir(root: Path) -> None:
     Raises:
         InputError: ``root`` is a file, or a folder with files that are not a repro's.
     """
+    check_output(root, "dir")  # a file, FIFO or device there: never used as the run directory
     if not root.exists():
         return
-    if not root.is_dir():
-        raise InputError("--out is a file, not a folder", path=root)
     if not any(root.iterdir()):
         return
     if not (root / "repro-spec.json").is_file():

@@ -6,11 +6,12 @@ Pure (reads JSON written by :mod:`zeropilot.repro.worker`); no torch. The verdic
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from zeropilot import safefile
+from zeropilot.errors import InputError
 from zeropilot.repro.spec import PARTS, TOLERANCE, ReproSpec
 
 SCHEMA = "zeropilot.repro/1"
@@ -20,10 +21,13 @@ TOLERANCE_WHY = ("GPU kernels may add in a different order from run to run (atom
                  "part left out of a resume (fresh Adam moments, a restarted schedule) differs by far more")
 
 
+MAX_RESULT_BYTES = 256 << 20  # a rank's result: losses and memory per step, a few KB per step
+
+
 def _read(path: Path) -> Optional[Dict[str, Any]]:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = safefile.read_json(path, MAX_RESULT_BYTES)
+    except InputError:
         return None
     return data if isinstance(data, dict) else None
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from zeropilot import safefile
 from zeropilot.errors import InputError
 from zeropilot.runlog.events import MEMORY_FIELDS
 from zeropilot.runlog.layout import RunDir
@@ -101,25 +101,30 @@ def regular_file(path: Path, problems: List[str]) -> bool:
     The guard writes only regular files. A FIFO or a device would block or never end a read, and a
     link could make the report read a file outside the directory the user named.
     """
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        return False
-    if stat.S_ISREG(mode):
-        return True
-    what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
-    problems.append(f"{path.name}: {what}, not read")
+    kind = safefile.kind_of(path, follow_symlinks=False)
+    if kind in (None, "file"):
+        return kind == "file"
+    problems.append(f"{path.name}: {'a symbolic link' if kind == 'symlink' else 'not a regular file'}, not read")
     return False
+
+
+def _open(path: Path, problems: List[str]) -> Optional[int]:
+    """A descriptor of a regular file of the run (no symlink, no FIFO: :mod:`zeropilot.safefile`), or None."""
+    try:
+        return safefile.open_regular(path, follow_symlinks=False)
+    except safefile.UnsafePathError:  # swapped in after regular_file() looked
+        problems.append(f"{path.name}: not a regular file, not read")
+    except InputError as exc:
+        problems.append(f"{path.name}: unreadable ({exc.reason})")
+    return None
 
 
 def _lines(path: Path, problems: List[str]) -> Iterator[Dict[str, Any]]:
     skipped = 0
-    try:
-        fh = open(path, "rb")
-    except OSError as exc:
-        problems.append(f"{path.name}: unreadable ({exc.__class__.__name__})")
+    fd = _open(path, problems)
+    if fd is None:
         return
-    with fh:
+    with os.fdopen(fd, "rb") as fh:
         while True:
             raw = fh.readline(MAX_LINE + 1)
             if not raw:
@@ -173,14 +178,18 @@ def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budg
 
 def read_side_json(path: Path, problems: List[str]) -> Optional[Dict[str, Any]]:
     """A JSON object file of the run directory, or None (with a note) when absent or unreadable."""
+    if not regular_file(path, problems):
+        return None
+    too_large = f"larger than {MAX_SIDE_FILE >> 20} MiB, not read"
     try:
-        if not regular_file(path, problems):
-            return None
-        if path.stat().st_size > MAX_SIDE_FILE:
-            problems.append(f"{path.name}: larger than {MAX_SIDE_FILE >> 20} MiB, not read")
-            return None
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError) as exc:
+        data = json.loads(safefile.read_bytes(path, MAX_SIDE_FILE, follow_symlinks=False, too_large=too_large))
+    except safefile.UnsafePathError:  # swapped in after regular_file() looked
+        problems.append(f"{path.name}: not a regular file, not read")
+        return None
+    except InputError as exc:
+        problems.append(f"{path.name}: " + (too_large if exc.reason == too_large else f"unreadable ({exc.reason})"))
+        return None
+    except (ValueError, RecursionError) as exc:
         problems.append(f"{path.name}: unreadable ({exc.__class__.__name__})")
         return None
     if not isinstance(data, dict):
@@ -191,10 +200,11 @@ def read_side_json(path: Path, problems: List[str]) -> Optional[Dict[str, Any]]:
 
 def read_stack(path: Path, problems: List[str]) -> Optional[str]:
     """The text of a stacks file, at most :data:`MAX_STACK` bytes of it (a note says when cut)."""
-    if not regular_file(path, problems):
+    fd = _open(path, problems) if regular_file(path, problems) else None
+    if fd is None:
         return None
     try:
-        with open(path, "rb") as fh:
+        with os.fdopen(fd, "rb") as fh:
             raw = fh.read(MAX_STACK + 1)
     except OSError as exc:
         problems.append(f"{path.name}: unreadable ({exc.__class__.__name__})")

@@ -1,0 +1,244 @@
+"""The live state of a run, from its run directory only: what ``zeropilot top`` shows while the job runs.
+
+Each refresh reads what the ranks appended to ``rank-N.jsonl`` since the last one (the tail only: a file
+is never read twice, so a refresh costs what was written since), each rank's heartbeat, and whether the
+watchdog or an OOM wrote its verdict. Nothing here talks to the job: no signal, no socket, no ``/proc``.
+Files are opened like every run-directory file (:mod:`zeropilot.safefile`: regular files only, no symlink,
+bounded), and a stranger's directory costs bounded memory: one state per rank, the newest records only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from zeropilot import safefile
+from zeropilot.errors import InputError
+from zeropilot.runlog.layout import RunDir
+from zeropilot.runlog.read import MAX_LINE, MAX_SIDE_FILE
+
+TAIL_START = 4 << 20  # a file larger than this when first seen is read from its last 4 MiB on
+READ_PER_REFRESH = 16 << 20  # bytes of one rank file read per refresh at most (the rest at the next)
+_decode = json.JSONDecoder().decode
+
+
+@dataclass
+class RankLive:
+    """What one rank did so far, as the newest records say."""
+
+    rank: int
+    step: Optional[int] = None
+    step_seconds: Optional[float] = None
+    steps_seen: int = 0
+    mem: Dict[str, Any] = field(default_factory=dict)  # the newest step's (or init's) memory fields
+    peak_reserved: Optional[int] = None  # the largest peak counter seen (a running max of cumulative peaks)
+    peak_allocated: Optional[int] = None
+    limit: Optional[int] = None  # the allocator's cap if set, else the device's memory
+    last_record_t: Optional[float] = None
+    event: Optional[str] = None  # the newest record's kind
+    ended: bool = False
+    error: Optional[str] = None
+    oom: Optional[str] = None  # the OOM verdict's summary, from oom-rank-N.json
+    heartbeat: Dict[str, Any] = field(default_factory=dict)
+    skipped_lines: int = 0
+
+
+class _Tail:
+    """New whole lines of one append-only file, from where the last read stopped."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset: Optional[int] = None  # None: not opened yet
+        self.partial = b""
+        self.skip_first = False  # the next line is the end of a line cut off (tail start, a too-long line)
+        self.started_in_middle = False
+
+    def lines(self) -> List[bytes]:
+        try:
+            fd = safefile.open_regular(self.path, follow_symlinks=False)
+        except InputError:
+            return []
+        try:
+            size = os.fstat(fd).st_size
+            if self.offset is None or size < self.offset:  # first look, or the file was replaced
+                self.offset, self.partial, self.skip_first = 0, b"", False
+                if size > TAIL_START:
+                    self.offset, self.skip_first, self.started_in_middle = size - TAIL_START, True, True
+            os.lseek(fd, self.offset, os.SEEK_SET)
+            data = os.read(fd, min(size - self.offset, READ_PER_REFRESH)) if size > self.offset else b""
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()  # an unfinished last line waits for the next refresh
+        if self.skip_first and lines:
+            lines, self.skip_first = lines[1:], False
+        if len(self.partial) > MAX_LINE:  # never a record: drop it, and its end when it comes
+            self.partial, self.skip_first = b"", True
+        return [ln for ln in lines if ln.strip()]
+
+
+@dataclass
+class LiveRun:
+    """A run directory followed refresh by refresh (:meth:`refresh`)."""
+
+    root: Path
+    ranks: Dict[int, RankLive] = field(default_factory=dict)
+    run: Dict[str, Any] = field(default_factory=dict)
+    hang: Optional[Dict[str, Any]] = None
+    problems: List[str] = field(default_factory=list)
+    _tails: Dict[int, _Tail] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, root: Path) -> "LiveRun":
+        """Follow ``root``; an input error if it is not a folder."""
+        root = Path(root)
+        if safefile.kind_of(root) != "dir":
+            raise InputError("not a run directory (" + ("not a folder" if os.path.lexists(root) else
+                                                        "no such folder") + ")", path=root)
+        return cls(root)
+
+    @property
+    def ended(self) -> bool:
+        """``run.json`` says the launch ended (what ``zeropilot run`` writes last)."""
+        return "ended_at" in self.run or self.run.get("exit_code") is not None
+
+    def refresh(self) -> List[Dict[str, Any]]:
+        """Read what is new; returns the new step records (``rank``, ``step``, ``seconds``) in file order."""
+        d = RunDir(self.root)
+        problems: List[str] = []
+        self.run = _side_json(d.run_file, problems) or self.run
+        new_steps: List[Dict[str, Any]] = []
+        for r in d.ranks("rank"):
+            tail = self._tails.setdefault(r, _Tail(d.events(r)))
+            state = self.ranks.setdefault(r, RankLive(r))
+            for raw in tail.lines():
+                rec = _record(raw)
+                if rec is None:
+                    state.skipped_lines += 1
+                    continue
+                if _apply(state, rec):
+                    new_steps.append({"rank": r, "step": state.step, "seconds": state.step_seconds})
+        for r in d.ranks("heartbeat-rank"):
+            beat = _side_json(d.heartbeat(r), problems)
+            if beat is not None:
+                self.ranks.setdefault(r, RankLive(r)).heartbeat = beat
+        for r in d.ranks("oom-rank"):
+            state = self.ranks.setdefault(r, RankLive(r))
+            if state.oom is None:
+                oom = _side_json(d.oom(r), problems) or {}
+                verdict = oom.get("verdict") if isinstance(oom.get("verdict"), dict) else {}
+                state.oom = str(verdict.get("summary") or "out of memory")
+        if self.hang is None and safefile.kind_of(d.hang_file, follow_symlinks=False) == "file":
+            self.hang = _side_json(d.hang_file, problems)
+        self.problems = problems
+        return new_steps
+
+    def verdict_so_far(self) -> Dict[str, Any]:
+        """``kind`` (``running``, ``hang``, ``oom``, ``crash``, ``ended``), ``ranks`` and ``reason``.
+
+        A hang, an OOM or an error is shown as soon as its file or record appears; the final verdict of an ended
+        run is :func:`zeropilot.runlog.summary.summarize`'s (``zeropilot top`` prints it at the end).
+        """
+        if self.hang is not None:
+            v = self.hang.get("verdict") if isinstance(self.hang.get("verdict"), dict) else {}
+            return {"kind": "hang", "ranks": _ints(v.get("ranks")),
+                    "reason": str(v.get("reason") or "no progress within the hang timeout")}
+        ooms = [s for s in self.ranks.values() if s.oom]
+        if ooms:
+            return {"kind": "oom", "ranks": [s.rank for s in ooms], "reason": ooms[0].oom}
+        errors = [s for s in self.ranks.values() if s.error]
+        if errors:
+            return {"kind": "crash", "ranks": [s.rank for s in errors], "reason": errors[0].error}
+        if self.ended:
+            return {"kind": "ended", "ranks": [], "reason": f"exit status {self.run.get('exit_code')}"}
+        steps = [s.step for s in self.ranks.values() if s.step is not None]
+        if not self.ranks:
+            return {"kind": "running", "ranks": [], "reason": "waiting for the ranks to start"}
+        where = f"step {min(steps)}" + (f"-{max(steps)}" if steps and max(steps) != min(steps) else "") \
+            if steps else "before the first step"
+        return {"kind": "running", "ranks": [], "reason": f"{len(self.ranks)} rank(s), {where}"}
+
+
+def _ints(values: Any) -> List[int]:
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)] if isinstance(values, list) else []
+
+
+def _side_json(path: Path, problems: List[str]) -> Optional[Dict[str, Any]]:
+    """A small JSON object file of the run (run.json, a heartbeat), or None (absent, being replaced, unreadable)."""
+    try:
+        data = json.loads(safefile.read_bytes(path, MAX_SIDE_FILE, follow_symlinks=False))
+    except InputError as exc:
+        if os.path.lexists(path):
+            problems.append(f"{path.name}: {exc.reason}")
+        return None
+    except (ValueError, RecursionError):
+        problems.append(f"{path.name}: not JSON")
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _record(raw: bytes) -> Optional[Dict[str, Any]]:
+    if len(raw) > MAX_LINE:
+        return None
+    try:
+        rec = _decode(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _num(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) > 1e18:
+        return None
+    return value
+
+
+def _int(value: Any) -> Optional[int]:
+    v = _num(value)
+    return int(v) if v is not None else None
+
+
+def _larger(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _apply(state: RankLive, rec: Dict[str, Any]) -> bool:
+    """Fold one record into the rank's state; True for a step record."""
+    kind = rec.get("event")
+    state.event = kind if isinstance(kind, str) else state.event
+    state.last_record_t = _num(rec.get("t")) or state.last_record_t
+    mem = rec.get("mem") if isinstance(rec.get("mem"), dict) else None
+    if kind in ("start", "init"):
+        device = rec.get("device") if isinstance(rec.get("device"), dict) else {}
+        state.limit = _int(rec.get("allocator_limit_bytes")) or _int(device.get("total_bytes")) or state.limit
+    if mem is not None and kind in ("init", "step"):
+        state.mem = {k: _int(v) for k, v in mem.items() if isinstance(k, str)}
+    if mem is not None:
+        state.peak_reserved = _larger(state.peak_reserved, _int(mem.get("peak_reserved_bytes")))
+        state.peak_allocated = _larger(state.peak_allocated, _int(mem.get("peak_allocated_bytes")))
+        if state.limit is None:
+            state.limit = _int(mem.get("device_total_bytes"))
+    if kind == "step":
+        state.step = _int(rec.get("step"))
+        state.step_seconds = _num(rec.get("seconds"))
+        state.steps_seen += 1
+        return True
+    if kind == "end":
+        state.ended = True
+    elif kind == "error":
+        state.error = f"{rec.get('type') or 'error'}: {rec.get('message') or ''}".strip().rstrip(":")
+    return False
+
+
+def seconds_since(value: Optional[float], now: Optional[float] = None) -> Optional[float]:
+    """Seconds from a record's time to now (None when unknown)."""
+    if value is None:
+        return None
+    return max((time.time() if now is None else now) - value, 0.0)
