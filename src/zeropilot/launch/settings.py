@@ -26,25 +26,28 @@ from zeropilot.launch.values import truthy
 #: Every key read here, by topic (``memory.from_launch`` says which it models). LLaMA-Factory's own argument names
 #: are checked against its v0.9.5 dataclasses by ``tests/launch/test_settings_coverage.py``.
 KEYS: Dict[str, Tuple[str, ...]] = {
-    "method": ("finetuning_type", "adapter", "use_peft", "peft_type", "stage", "adapter_name_or_path"),
+    "method": ("finetuning_type", "adapter", "use_peft", "peft_type", "stage", "adapter_name_or_path", "ref_model",
+               "reward_model", "ref_model_quantization_bit", "reward_model_quantization_bit", "reward_model_type",
+               "ppo_buffer_size"),
     "lora": ("lora_rank", "lora_r", "r", "lora_target", "lora_target_modules", "target_modules", "lora_target_linear",
              "additional_target", "modules_to_save", "lora_modules_to_save", "use_dora", "peft_use_dora",
-             "rank_pattern", "lora_alpha", "use_rslora", "pissa_init", "oft_rank", "oft_block_size", "oft_target"),
+             "rank_pattern", "lora_dropout", "pissa_init", "oft_rank"),
     "freeze": ("freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules", "use_llama_pro"),
     "quantization": ("quantization_bit", "quantization_method", "quantization_type", "double_quantization",
                      "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
-                     "use_bnb_nested_quant", "bnb_4bit_quant_storage", "bnb_4bit_compute_dtype"),
+                     "use_bnb_nested_quant", "bnb_4bit_quant_storage"),
     "optimizer": ("optim", "optimizer", "optim_target_modules", "use_galore", "use_apollo", "use_badam",
                   "use_adam_mini", "use_muon", "galore_layerwise", "apollo_layerwise"),
     "loss": ("enable_liger_kernel", "use_liger_kernel", "liger_kernel_config", "liger_fused_linear_cross_entropy",
              "cut_cross_entropy", "use_dft_loss", "use_asft_loss", "use_eaft_loss", "upcast_lmhead_output"),
     "packing": ("packing", "neat_packing", "sample_packing", "padding_free"),
     "parallelism": ("sequence_parallel_size", "sequence_parallel_degree", "context_parallel_size"),
-    "checkpointing": ("use_unsloth_gc", "use_unsloth", "gradient_checkpointing_offload"),
+    "checkpointing": ("use_unsloth_gc", "use_unsloth"),
     "precision": ("fp8", "fp8_backend", "pure_bf16", "upcast_layernorm", "torch_compile"),
-    "model": ("mixture_of_depths", "shift_attn", "rope_scaling", "resize_vocab", "add_tokens", "add_special_tokens",
+    "model": ("mixture_of_depths", "shift_attn", "resize_vocab", "add_tokens", "add_special_tokens",
               "new_special_tokens_config", "use_kt", "use_v1_kernels", "use_mca", "use_hyper_parallel",
-              "freeze_vision_tower", "freeze_multi_modal_projector", "freeze_language_model"),
+              "freeze_vision_tower", "freeze_multi_modal_projector", "freeze_language_model", "image_max_pixels",
+              "video_max_pixels", "video_maxlen", "use_audio_in_video", "low_cpu_mem_usage"),
 }
 _TOPIC = {key: topic for topic, keys in KEYS.items() for key in keys}
 # HF optim names whose states bitsandbytes keeps in 8 bits (transformers' OptimizerNames; LLaMA-Factory passes
@@ -198,7 +201,9 @@ def _method(r: _Reader, doc: Document, v: Dict[str, Any]) -> None:
         r.set("dora", truthy(v.get("use_dora")) or None)
         return
     adapter = v.get("adapter")
-    peft = (truthy(v.get("use_peft")) is True or (isinstance(adapter, str) and adapter.lower() in ("lora", "qlora")))
+    rank = _int(v.get("lora_r")) or _int(v.get("lora_rank"))
+    peft = (truthy(v.get("use_peft")) is True or (isinstance(adapter, str) and adapter.lower() in ("lora", "qlora"))
+            or bool(rank))  # a LoRA rank among HF-style arguments: the script wraps the model in PEFT
     if peft:
         r.set("method", "lora")
         r.set("lora_rank", _int(v.get("lora_r")) or _int(v.get("lora_rank")) or (8 if flavour == "axolotl" else 16))
