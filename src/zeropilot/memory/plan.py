@@ -198,6 +198,11 @@ def unmodelled(inputs: PlanInputs) -> Tuple[Tuple[str, str], ...]:
     if inputs.arch.moe is not None and inputs.quant_bits:
         out.append(("quantization of a mixture-of-experts model", "16-bit expert tensors (only linear layers are "
                                                                   "sized as quantized)"))
+    f = inputs.freeze
+    if f is not None and not inputs.gradient_checkpointing and (f.layers < 0 or f.llama_pro or f.modules != ("all",)):
+        out.append((f"freeze tuning ({src.get('freeze', 'given')}) with frozen modules after trainable ones, "
+                    "without gradient checkpointing", "those frozen modules keep what trained ones keep (they keep "
+                    "less: nothing only a weight's gradient needs; tests/memory/test_settings_witness.py)"))
     if inputs.quant_bits and inputs.offload_param != "none":
         out.append(("a quantized base with offload_param", "the packed weights offloaded like 16-bit ones"))
     return tuple(out)
