@@ -29,7 +29,7 @@ MODELLED: Dict[str, str] = {
     **{k: "quant_bits" for k in ("quantization_bit", "load_in_4bit", "load_in_8bit", "quantization_method")},
     **{k: "double_quant" for k in ("double_quantization", "bnb_4bit_use_double_quant", "use_bnb_nested_quant")},
     **{k: "quant_bits (nf4 and fp4 pack alike)" for k in ("quantization_type", "bnb_4bit_quant_type")},
-    "bnb_4bit_quant_storage": "quant_bits (the storage dtype holds the same packed bytes; check's QNT001 reads it)",
+    "bnb_4bit_quant_storage": "quant_bits (the storage dtype holds the same packed bytes)",
     **{k: "optimizer" for k in ("optim", "optimizer")},
     **{k: "fused_loss" for k in ("enable_liger_kernel", "use_liger_kernel", "liger_kernel_config",
                                  "liger_fused_linear_cross_entropy", "cut_cross_entropy")},
@@ -41,7 +41,7 @@ MODELLED: Dict[str, str] = {
 _RLHF = ("supervised fine-tuning of one model with one sequence per sample (preference and RL stages add a reference "
          "or reward model and paired sequences)")
 _GALORE = ("AdamW's fp32 states for every trainable element (GaLore/APOLLO keep projected states; LLaMA-Factory "
-           "refuses them with DeepSpeed: check's OPT001)")
+           "refuses them with DeepSpeed: check's LF001)")
 _MULTIMODAL = "a text-only model: no vision tower, no image, video or audio tokens"
 
 #: Keys the plan reads but does not model, and what its figure assumes instead.
