@@ -43,6 +43,7 @@ _RLHF = ("supervised fine-tuning of one model with one sequence per sample (pref
 _GALORE = ("AdamW's fp32 states for every trainable element (GaLore/APOLLO keep projected states; LLaMA-Factory "
            "refuses them with DeepSpeed: check's LF001)")
 _MULTIMODAL = "a text-only model: no vision tower, no image, video or audio tokens"
+NOT_MODELLED_OFT = "LoRA-sized adapters on the same modules (OFT's orthogonal blocks are not sized)"
 
 #: Keys the plan reads but does not model, and what its figure assumes instead.
 NOT_MODELLED: Dict[str, str] = {
@@ -51,7 +52,7 @@ NOT_MODELLED: Dict[str, str] = {
     "use_badam": "every trainable element updated at every step (BAdam trains one block at a time)",
     "use_adam_mini": "AdamW's two fp32 states per element (Adam-mini keeps one second moment per block)",
     "use_muon": "AdamW's two fp32 states per element (Muon keeps one momentum for its matrices)",
-    "oft_rank": "LoRA-sized adapters on the same modules (OFT's orthogonal blocks are not sized)",
+    "oft_rank": NOT_MODELLED_OFT,
     "pissa_init": "LoRA's training memory (PiSSA's SVD of every wrapped weight at start-up is not sized)",
     "lora_dropout": "lora_dropout 0 (with dropout each wrapped layer keeps a dropped copy of its input and its mask)",
     "adapter_name_or_path": ("lora_target and lora_rank of this launch (a resumed adapter trains its own "
@@ -83,6 +84,34 @@ NOT_MODELLED: Dict[str, str] = {
     **{k: _MULTIMODAL for k in ("freeze_vision_tower", "freeze_multi_modal_projector", "freeze_language_model",
                                 "image_max_pixels", "video_max_pixels", "video_maxlen", "use_audio_in_video")},
     "low_cpu_mem_usage": "the host loads one copy of the weights per process (without it, a second one)",
+    **{k: NOT_MODELLED_OFT for k in ("oft_block_size", "oft_target", "module_dropout")},
+    **{k: _RLHF for k in ("ref_model_adapters", "reward_model_adapters")},
+    **{k: _MULTIMODAL for k in ("image_min_pixels", "image_do_pan_and_scan", "crop_to_patches", "video_min_pixels",
+                                "video_fps", "audio_sampling_rate")},
+    "label_smoothing_factor": ("the causal-LM loss's logits buffers (label smoothing adds a log-softmax of the whole "
+                               "logits)"),
+    "torch_empty_cache_steps": ("the allocator's cache kept between steps (emptying it every N steps changes what "
+                                "stays reserved)"),
+    "auto_find_batch_size": "the micro batch as given (auto_find_batch_size halves it after each out-of-memory error)",
+    "use_cpu": "training on GPUs (use_cpu trains on the CPU)",
+    "parallelism_config": ("every GPU holds the whole sequence's activations and logits (accelerate's parallelism "
+                           "config splits them)"),
+    **{k: "DeepSpeed ZeRO (FSDP is another backend)" for k in ("fsdp", "fsdp_config")},
+}
+
+#: Keys the plan reads as its own inputs (``memory/from_launch.py``), and the input each sets.
+READ_AS_INPUT: Dict[str, str] = {
+    "model_name_or_path": "the model",
+    **{k: "seq_len" for k in ("cutoff_len", "max_seq_length", "model_max_length", "max_length", "sequence_len")},
+    **{k: "micro_batch" for k in ("per_device_train_batch_size", "micro_batch_size")},
+    "gradient_accumulation_steps": "grad_accum",
+    **{k: "gradient_checkpointing" for k in ("gradient_checkpointing", "activation_checkpointing",
+                                             "disable_gradient_checkpointing")},
+    **{k: "attn" for k in ("attn_implementation", "flash_attn")},
+    "save_total_limit": "save_total_limit", "save_steps": "save_steps", "save_only_model": "save_only_model",
+    "output_dir": "where checkpoints go (free space)",
+    "deepspeed": "the DeepSpeed config (stage, offload, buckets)",
+    **{k: "16-bit mixed precision: bf16 and fp16 are sized alike" for k in ("bf16", "fp16")},
 }
 
 
@@ -239,9 +268,11 @@ def apply_settings(ts: TrainSettings, ds, values: Dict[str, Any], sources: Dict[
 
 
 def modelled_or_named(key: str) -> Optional[str]:
-    """``modelled``, ``not modelled`` or None for a key neither table knows."""
+    """``modelled``, ``not modelled``, ``read as an input`` or None for a key no table knows."""
     if key in MODELLED:
         return "modelled"
     if key in NOT_MODELLED:
         return "not modelled"
+    if key in READ_AS_INPUT:
+        return "read as an input"
     return None

@@ -79,7 +79,8 @@ def _train_args(out: LaunchValues, doc: Document) -> None:
             _set(out, "micro_batch", _int(doc.value(key)), doc, key)
             break
     _set(out, "grad_accum", _int(doc.value("gradient_accumulation_steps")), doc, "gradient_accumulation_steps")
-    gc = truthy(doc.value("gradient_checkpointing"))
+    gc_key = "activation_checkpointing" if doc.has("activation_checkpointing") else "gradient_checkpointing"
+    gc = truthy(doc.value(gc_key))  # transformers 5.24 names it activation_checkpointing too
     if doc.flavour == "llamafactory" and gc is None:
         disabled = truthy(doc.value("disable_gradient_checkpointing"))
         gc = not disabled if disabled is not None else True
@@ -88,7 +89,7 @@ def _train_args(out: LaunchValues, doc: Document) -> None:
         out.sources["gradient_checkpointing"] = (_where(doc, key) if disabled is not None
                                                  else f"{doc.path} (LLaMA-Factory enables it by default)")
     else:
-        _set(out, "gradient_checkpointing", gc, doc, "gradient_checkpointing")
+        _set(out, "gradient_checkpointing", gc, doc, gc_key)
     _set(out, "save_total_limit", _int(doc.value("save_total_limit")), doc, "save_total_limit")
     _set(out, "save_steps", _int(doc.value("save_steps")), doc, "save_steps")
     _set(out, "save_only_model", truthy(doc.value("save_only_model")), doc, "save_only_model")
