@@ -5,7 +5,7 @@
 # a row whose package is missing fails alone, into $OUT/fail.log.
 # usage (repo root on the GPU machine): OUT=/some/dir bash bench/plan/settings/device.sh      (about 4 minutes)
 # writes $OUT/probe.jsonl (one row per setting), $OUT/fail.log, $OUT/versions.json; then, here:
-#   cp probe.jsonl bench/plan/settings/data/h200.jsonl && python bench/plan/settings/compare.py
+#   copy probe.jsonl into this folder's data/ as h200.jsonl, then python bench/plan/settings/compare.py
 here=$(dirname "$0")
 export PYTHONUNBUFFERED=1 DS_ACCELERATOR=cuda PROBE_CKPT=${PROBE_CKPT:-/tmp/zp_settings_ckpt}
 start=$(date +%s)

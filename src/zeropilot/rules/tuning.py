@@ -81,7 +81,8 @@ REFUSALS: List[Refusal] = [
 
 @rule("LF001", "llamafactory-refuses-setting-with-deepspeed", Severity.ERROR, packages=("deepspeed",),
       versions="LLaMA-Factory 0.9.5 (the refusals as its source has them)",
-      witness="tests/rules/test_tuning.py::test_lf001_witness")
+      witness="fixture:tests/rules/test_tuning.py::test_lf001_witness; LLaMA-Factory 0.9.5 hparams/parser.py:377-413 "
+              "and model/model_utils/quantization.py:166-200, run verbatim (the library is not installed)")
 def llamafactory_refuses_setting_with_deepspeed(launch: Launch) -> Iterator[Hit]:
     """A LLaMA-Factory YAML combines DeepSpeed with a setting LLaMA-Factory refuses with it: 8-bit (or HQQ)
     quantization under ZeRO-3, GaLore or APOLLO with any DeepSpeed config, PiSSA initialisation, `pure_bf16`,
