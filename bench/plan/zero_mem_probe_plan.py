@@ -28,7 +28,8 @@ issue 26's settings (``settings/device.sh``; ``settings/specs.py`` ``inputs_of``
   quant          4 or 8: load the model with bitsandbytes (``from_pretrained`` of the random checkpoint
                  ``$PROBE_CKPT``, written by ``--save-random``) as LLaMA-Factory does: compute dtype bf16, nf4,
                  ``double_quant``; under ZeRO-3 no device_map and ``bnb_4bit_quant_storage`` bf16
-                 (``model/model_utils/quantization.py``), else ``device_map={"": rank}``
+                 (``model/model_utils/quantization.py``), else ``device_map={"": rank}``; ``quant_storage``
+                 another storage dtype (``uint8``: bitsandbytes' and transformers' default, a script's)
   liger          ``liger_kernel.transformers.apply_liger_kernel_to_llama()`` before the build, with LLaMA-Factory's
                  arguments for training (its defaults: rope, rms_norm, swiglu, fused linear cross-entropy)
   optim          "adamw_8bit": bitsandbytes' ``AdamW8bit`` as a client optimizer (what the HF Trainer makes of
@@ -136,7 +137,7 @@ def build_quantized():
     if spec["quant"] == 4:
         q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_type="nf4",
                                bnb_4bit_use_double_quant=bool(spec.get("double_quant")),
-                               bnb_4bit_quant_storage=torch.bfloat16)
+                               bnb_4bit_quant_storage=getattr(torch, spec.get("quant_storage", "bfloat16")))
     else:
         q = BitsAndBytesConfig(load_in_8bit=True)
     kw = {} if stage == 3 else {"device_map": {"": LOCAL_RANK}}

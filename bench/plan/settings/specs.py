@@ -8,7 +8,7 @@ all linear layers; full fine-tuning with AdamW):
   LoRA on q_proj,v_proj only (with and without gradient checkpointing); ``modules_to_save`` embed_tokens,lm_head
   (ZeRO-3 and ZeRO-2);
   freeze tuning of the last 2 layers (no checkpointing) and the last 4 (checkpointing); QLoRA 4-bit under ZeRO-2
-  and ZeRO-3; Liger's kernels with LoRA; bitsandbytes' 8-bit AdamW on a full fine-tuning.
+  and ZeRO-3 (and once more under ZeRO-3 with the storage dtype left at uint8: whether it runs); Liger's kernels with LoRA; bitsandbytes' 8-bit AdamW on a full fine-tuning.
 
 Writes ``data/specs.jsonl`` (the specs ``device.sh`` runs; ``pred_gib`` packs them onto the GPU) and
 ``data/predictions.jsonl`` (per row: the plan's allocated, reserved and nvidia-smi peaks, its phase, the trainable
@@ -54,6 +54,8 @@ ROWS = [
      {"stage": 2, "mb": 2, "seq": 2048, "lora": 16, "quant": 4, "double_quant": True, "gc": True}),
     ("qlora_z3", "QLoRA 4-bit, ZeRO-3 (zero.Init, bnb_4bit_quant_storage bf16)",
      {**Z3, "lora": 16, "quant": 4, "double_quant": True, "gc": True}),
+    ("qlora_z3_uint8", "QLoRA 4-bit, ZeRO-3, bnb_4bit_quant_storage left at uint8 (a script's default): does it run?",
+     {**Z3, "lora": 16, "quant": 4, "double_quant": True, "gc": True, "quant_storage": "uint8"}),
     ("liger_lora", "Liger (LLaMA-Factory's enable_liger_kernel) with LoRA on all linear layers",
      {**Z3, "lora": 16, "liger": True, "gc": True}),
     ("full_adamw", "control: full fine-tuning, AdamW, ZeRO-2", {"stage": 2, "mb": 2, "seq": 1024, "gc": True}),
