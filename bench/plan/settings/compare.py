@@ -1,7 +1,8 @@
 """Issue 26: the plan's pre-registered predictions (``data/predictions.jsonl``, ``specs.py``) against the H200
-measurement of the same rows (``device.sh``'s ``probe.jsonl``, committed as ``data/h200.jsonl``), row by row: PyTorch's peak allocated and reserved (the larger of the init and the
-training phase, as ``rows.py`` measures), and the nvidia-smi peak (reserved + memory outside PyTorch, NVML's per
-process figure since the rows ran several at a time). Error = predicted / measured - 1.
+measurement of the same rows (``device.sh``'s ``probe.jsonl``, committed as ``data/h200.jsonl``), row by row:
+PyTorch's peak allocated and reserved (the larger of the init and the training phase, as ``rows.py`` measures), and
+the nvidia-smi peak (reserved + memory outside PyTorch, NVML's per process figure since the rows ran several at a
+time). Error = predicted / measured - 1.
 Usage: python bench/plan/settings/compare.py [MEASURED.jsonl] [--json]
 """
 from __future__ import annotations

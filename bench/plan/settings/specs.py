@@ -8,7 +8,8 @@ all linear layers; full fine-tuning with AdamW):
   LoRA on q_proj,v_proj only (with and without gradient checkpointing); ``modules_to_save`` embed_tokens,lm_head
   (ZeRO-3 and ZeRO-2);
   freeze tuning of the last 2 layers (no checkpointing) and the last 4 (checkpointing); QLoRA 4-bit under ZeRO-2
-  and ZeRO-3 (and once more under ZeRO-3 with the storage dtype left at uint8: whether it runs); Liger's kernels with LoRA; bitsandbytes' 8-bit AdamW on a full fine-tuning.
+  and ZeRO-3 (and once more under ZeRO-3 with the storage dtype left at uint8: whether it runs); Liger's kernels
+  with LoRA; bitsandbytes' 8-bit AdamW on a full fine-tuning.
 
 Writes ``data/specs.jsonl`` (the specs ``device.sh`` runs; ``pred_gib`` packs them onto the GPU) and
 ``data/predictions.jsonl`` (per row: the plan's allocated, reserved and nvidia-smi peaks, its phase, the trainable

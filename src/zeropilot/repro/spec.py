@@ -227,7 +227,8 @@ def _lora(settings: Settings, opts: Options) -> Optional[Dict[str, Any]]:
     # the modules LoRA wraps, as the launch facts read them (lora_target, target_modules, an adapter config, a
     # LoraConfig in a script): a tuple of names, one regular expression, or None for every linear layer
     targets = v.get("lora_targets")
-    target = "all-linear" if targets in (None, "all-linear") else list(targets) if isinstance(targets, tuple) else targets
+    target = ("all-linear" if targets in (None, "all-linear") else list(targets) if isinstance(targets, tuple)
+              else targets)
     return {"rank": int(rank), "alpha": float(alpha), "dropout": float(dropout), "target": target}
 
 

@@ -53,7 +53,8 @@ REFUSALS: List[Refusal] = [
             lambda d, stage: stage == 3 and _quant_bits(d) is not None
             and str(d.value("quantization_method") or "").strip().lower() == "hqq",
             "HQQ quantization is incompatible with DeepSpeed ZeRO-3 or FSDP.",
-            "model/model_utils/quantization.py:199-200", "quantization_method: bnb with quantization_bit: 4, or ZeRO-2"),
+            "model/model_utils/quantization.py:199-200",
+            "quantization_method: bnb with quantization_bit: 4, or ZeRO-2"),
     Refusal("use_galore", lambda d, stage: _on(d, "use_galore"),
             "GaLore and APOLLO are incompatible with DeepSpeed yet.", "hparams/parser.py:400-401",
             "drop use_galore (plain AdamW, or optim: adamw_bnb_8bit for smaller optimizer states), or train "
