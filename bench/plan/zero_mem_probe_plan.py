@@ -21,15 +21,37 @@ A variant of ``../shared/calibration/zero_mem_probe.py`` (same output format) wi
                  _record_memory_history``, no stacks) and write rank 0's events as
                  ``$TRACE_DIR/<trace>.json.gz``: a list of [action, addr, size, phase] (``analyze_trace.py``),
                  and the CUDA stream with ``trace_streams``
+issue 26's settings (``settings/device.sh``; ``settings/specs.py`` ``inputs_of`` gives their plan inputs):
+  targets        LoRA ``target_modules`` (a list of names) instead of all linear layers
+  mts            PEFT ``modules_to_save`` (LLaMA-Factory's ``additional_target``), e.g. ["embed_tokens", "lm_head"]
+  freeze         LLaMA-Factory freeze tuning, ``freeze_trainable_layers`` N, modules ``all`` (no ``lora``): the
+                 parameters named ``.{id}.`` for the last N layer ids (first |N| for N < 0) train, the rest not
+  quant          4 or 8: load the model with bitsandbytes (``from_pretrained`` of the random checkpoint
+                 ``$PROBE_CKPT``, written by ``--save-random``) as LLaMA-Factory does: compute dtype bf16, nf4,
+                 ``double_quant``; under ZeRO-3 no device_map and ``bnb_4bit_quant_storage`` bf16
+                 (``model/model_utils/quantization.py``), else ``device_map={"": rank}``; ``quant_storage``
+                 another storage dtype (``uint8``: bitsandbytes' and transformers' default, a script's)
+  liger          ``liger_kernel.transformers.apply_liger_kernel_to_llama()`` before the build, with LLaMA-Factory's
+                 arguments for training (its defaults: rope, rms_norm, swiglu, fused linear cross-entropy)
+  optim          "adamw_8bit": bitsandbytes' ``AdamW8bit`` as a client optimizer (what the HF Trainer makes of
+                 ``optim: adamw_bnb_8bit``; ``zero_allow_untested_optimizer``)
 and, in the output: ``phase`` of an OOM (init or step), ``host_peak_rss_gb``, ``non_torch_nvml_gb``
 (this process's memory by NVML minus PyTorch's reserved, where NVML answers); snapshots ``built`` (after
 the model is built), ``after_init`` (after ``deepspeed.initialize``: its peaks are the init phase's), then
 the peak counters are reset (``peaks_reset_after_init``: true) so ``steady`` holds the training phase's
 peaks alone; ``host_rss_init_gb`` is the host peak RSS at the end of the init phase.
 Usage: python zero_mem_probe_plan.py '<json spec>'
+       python zero_mem_probe_plan.py --save-random '<model json>' DIR   (a random bf16 checkpoint for ``quant``)
 """
 import json, os, resource, shutil, sys, time
 
+if sys.argv[1] == "--save-random":
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**json.loads(sys.argv[2])), dtype=torch.bfloat16
+                                     ).save_pretrained(sys.argv[3])
+    sys.exit(0)
 spec = json.loads(sys.argv[1])
 if spec.get("alloc_conf"):
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = spec["alloc_conf"]
@@ -93,6 +115,9 @@ if spec.get("offload"):
         ds["zero_force_ds_cpu_optimizer"] = False
 if spec.get("offload_param"):
     ds["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+if spec.get("optim") == "adamw_8bit":  # a client optimizer, as the HF Trainer passes bitsandbytes' to DeepSpeed
+    del ds["optimizer"]
+    ds["zero_allow_untested_optimizer"] = True
 t0 = time.time()
 snaps = []
 phase = "init"
@@ -107,12 +132,43 @@ def mark(name):
         marks.append((len(torch.cuda.memory._snapshot()["device_traces"][LOCAL_RANK]), name))
 
 
+def build_quantized():
+    """LLaMA-Factory's bitsandbytes load (v0.9.5 model/model_utils/quantization.py) of the random checkpoint."""
+    from transformers import BitsAndBytesConfig
+    if spec["quant"] == 4:
+        q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_type="nf4",
+                               bnb_4bit_use_double_quant=bool(spec.get("double_quant")),
+                               bnb_4bit_quant_storage=getattr(torch, spec.get("quant_storage", "bfloat16")))
+    else:
+        q = BitsAndBytesConfig(load_in_8bit=True)
+    kw = {} if stage == 3 else {"device_map": {"": LOCAL_RANK}}
+    return AutoModelForCausalLM.from_pretrained(os.environ["PROBE_CKPT"], quantization_config=q, dtype=torch.bfloat16,
+                                                attn_implementation=spec.get("attn", "sdpa"), **kw)
+
+
+def freeze_tuning(model, n):
+    """LLaMA-Factory's freeze tuning (v0.9.5 model/adapter.py _setup_freeze_tuning), modules ``all``."""
+    layers = cfg.num_hidden_layers
+    ids = range(max(0, layers - n), layers) if n > 0 else range(min(-n, layers))
+    keys = [f".{i:d}." for i in ids]
+    for name, p in model.named_parameters():
+        p.requires_grad_(any(k in name for k in keys))
+
+
 try:
+    if spec.get("liger"):
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+        apply_liger_kernel_to_llama()  # LLaMA-Factory passes no arguments for training (model_utils/liger_kernel.py)
     if spec.get("zero_init") and stage == 3:
         from transformers.integrations import HfDeepSpeedConfig
         deepspeed.init_distributed()
         hf_ds = HfDeepSpeedConfig(ds)  # kept alive: from_config builds inside deepspeed.zero.Init
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=spec.get("attn", "sdpa"))
+        if spec.get("quant"):
+            model = build_quantized()
+        else:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=spec.get("attn", "sdpa"))
+    elif spec.get("quant"):
+        model = build_quantized()
     else:
         with torch.device("cuda"):
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=spec.get("attn", "sdpa"))
@@ -121,7 +177,10 @@ try:
     lora = spec.get("lora")
     if lora:
         from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=2*lora, target_modules="all-linear", task_type="CAUSAL_LM"))
+        model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=2*lora, target_modules=spec.get("targets") or "all-linear",
+                                                 modules_to_save=spec.get("mts"), task_type="CAUSAL_LM"))
+    if spec.get("freeze"):
+        freeze_tuning(model, int(spec["freeze"]))
     numel = lambda p: p.ds_numel if hasattr(p, "ds_numel") else p.numel()
     n_params = sum(numel(p) for p in model.parameters()); n_train = sum(numel(p) for p in model.parameters() if p.requires_grad)
     largest = max(numel(p) for p in model.parameters())
@@ -133,7 +192,12 @@ try:
     else:
         _, g = estimate_zero2_model_states_mem_needs(n_params, int(os.environ["WORLD_SIZE"]), 1, cpu_offload=bool(spec.get("offload")))
     out["ds_estimate_gpu_gb"] = g/GB
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    client = None
+    if spec.get("optim") == "adamw_8bit":
+        import bitsandbytes as bnb
+        client = bnb.optim.AdamW8bit(trained, lr=1e-5)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, optimizer=client, config=ds)
     out["init_s"] = time.time()-t0
     snaps.append(snap("after_init"))
     out["host_rss_init_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2

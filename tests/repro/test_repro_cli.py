@@ -130,3 +130,22 @@ def test_bad_input_is_one_message_and_exit_2(tmp_path, capsys, args, message):
     assert err.startswith("zeropilot: error: ") and err.count("\n") == 1, err
     assert message in err
     assert "Traceback" not in err
+
+
+LF_HEAD = "model_name_or_path: m\nstage: sft\ntemplate: qwen\ndeepspeed: ds.json\noutput_dir: o\n"
+HF_HEAD = "model_name_or_path: m\ndeepspeed: ds.json\noutput_dir: o\nper_device_train_batch_size: 1\n"
+
+
+@pytest.mark.parametrize("files, target", [
+    ({"train.yaml": LF_HEAD + "finetuning_type: lora\nlora_target: q_proj,v_proj\n"}, ["q_proj", "v_proj"]),
+    ({"train.yaml": LF_HEAD + "finetuning_type: lora\n"}, "all-linear"),
+    ({"train.yaml": HF_HEAD + "use_peft: true\nlora_r: 4\nlora_target_modules: [o_proj]\n"}, ["o_proj"]),
+])
+def test_lora_targets_come_from_the_launch_facts(tmp_path, files, target):
+    """repro wraps the modules plan sizes: LLaMA-Factory's lora_target and TRL's lora_target_modules alike."""
+    from zeropilot.launch import load_launch
+    from zeropilot.repro.spec import _lora, launch_settings
+
+    files = {**files, "ds.json": {"zero_optimization": {"stage": 2}}}
+    settings = launch_settings(load_launch([write_files(tmp_path / "l", files)], use_installed=False))
+    assert _lora(settings, Options(cpu=True))["target"] == target

@@ -14,7 +14,9 @@ from typing import Any, Dict, List, Optional
 
 from zeropilot.errors import InputError
 
-_FLAG_FIELDS = {"stage": "--stage", "micro_batch": "--micro-batch", "seq_len": "--seq-len",
+_FLAG_FIELDS = {"stage": "--stage", "lora_targets": "--lora-target", "modules_to_save": "--modules-to-save",
+                "freeze": "--freeze-layers", "quant_bits": "--quantization-bit", "fused_loss": "--fused-loss",
+                "optimizer": "--optim", "micro_batch": "--micro-batch", "seq_len": "--seq-len",
                 "grad_accum": "--grad-accum", "gradient_checkpointing": "--gradient-checkpointing",
                 "offload_optimizer": "--offload-optimizer", "offload_param": "--offload-param",
                 "overlap_comm": "--overlap-comm", "attn": "--attn", "expandable_segments": "--expandable-segments",
@@ -39,7 +41,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--grad-accum", type=int, help="gradient accumulation steps")
     p.add_argument("--seq-len", type=int, help="tokens per sample (cutoff_len)")
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--lora-rank", type=int, help="LoRA rank on all linear layers (0: full fine-tuning)")
+    p.add_argument("--lora-rank", type=int, help="LoRA rank (0: full fine-tuning)")
+    p.add_argument("--lora-target", metavar="NAMES", help="modules LoRA wraps, comma-separated (q_proj,v_proj; all: "
+                                                         "every linear layer, the default)")
+    p.add_argument("--modules-to-save", metavar="NAMES", help="modules trained in full beside LoRA "
+                                                              "(embed_tokens,lm_head)")
+    p.add_argument("--freeze-layers", type=int, metavar="N", help="freeze tuning (LLaMA-Factory): the last N layers "
+                                                                  "train (N < 0: the first |N|)")
+    p.add_argument("--quantization-bit", type=int, choices=[4, 8], help="bitsandbytes quantization of the LoRA base")
+    p.add_argument("--fused-loss", choices=["none", "liger", "cce"], help="a loss that never holds the whole logits")
+    p.add_argument("--optim", choices=["adamw", "adamw_8bit"], help="optimizer states: fp32 AdamW or 8-bit")
     p.add_argument("--offload-optimizer", choices=["none", "cpu", "nvme"])
     p.add_argument("--offload-param", choices=["none", "cpu", "nvme"])
     p.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=None)
@@ -112,6 +123,25 @@ def _flag_values(args: argparse.Namespace) -> Dict[str, Any]:
         del out["stage"]
     if args.lora_rank is not None:
         out["lora_rank"] = args.lora_rank or None
+    if args.lora_target is not None:
+        from zeropilot.launch.settings import names
+
+        targets = names(args.lora_target)
+        out["lora_targets"] = None if targets in ((), ("all",)) else targets
+    if args.modules_to_save is not None:
+        from zeropilot.launch.settings import names
+
+        out["modules_to_save"] = names(args.modules_to_save)
+    if args.freeze_layers is not None:
+        from zeropilot.memory.inputs import Freeze
+
+        out["freeze"], out["lora_rank"] = Freeze(args.freeze_layers), None
+    if args.quantization_bit is not None:
+        out["quant_bits"] = args.quantization_bit
+    if args.fused_loss is not None:
+        out["fused_loss"] = None if args.fused_loss == "none" else args.fused_loss
+    if args.optim is not None:
+        out["optimizer"] = args.optim
     if args.disk_write is not None:
         out["disk_write_bytes_per_s"] = args.disk_write * 1e9
     if args.disk_free is not None:

@@ -16,6 +16,8 @@ API (all pure, no torch)::
         ds.offload_optimizer          # "cpu"/"nvme"/None
     f.for_doc(doc)                    # DsFacts of one config
     f.peft(train_doc)                 # whether the training wraps the model in PEFT
+    f.settings(train_doc)             # TrainSettings: method, LoRA targets, freeze, quantization, optimizer, fused
+                                      # loss and every other memory-relevant key (zeropilot.launch.settings)
     f.hf_pairs                        # (training args, DeepSpeed config) pairs
     truthy("yes")                     # True; the one "is this setting on" helper
 
@@ -31,45 +33,16 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from zeropilot.launch.document import Document, Node
+from zeropilot.launch.values import as_int, truthy  # noqa: F401 - the one "is this setting on" helper, re-exported
 
-# transformers' string_to_bool words, plus YAML 1.1 on/off and env-file conventions.
-_TRUE = frozenset({"true", "t", "1", "yes", "y", "on"})
-_FALSE = frozenset({"false", "f", "0", "no", "n", "off", ""})
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 # LLaMA-Factory's finetuning types that wrap the model in PEFT (its default is lora).
 _PEFT_TYPES = frozenset({"lora", "oft"})
 
 
-def truthy(value: Any) -> Optional[bool]:
-    """Whether a setting is on: booleans, 0/1, and the strings flags, env files and YAML 1.1 use.
-
-    Returns None for anything else (``"auto"``, a mapping, ``None``): the caller decides what unknown means.
-    """
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        low = value.strip().lower()
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-    return None
-
-
 def is_on(node: Optional[Node]) -> bool:
     """A node that exists and is on (:func:`truthy`)."""
     return node is not None and truthy(node.value) is True
-
-
-def as_int(value: Any) -> Optional[int]:
-    """A whole number (``1e9`` counts, ``True`` does not) as an int, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, float) and not (value == value and value.is_integer()):
-        return None
-    return int(value)
 
 
 def is_auto(node: Optional[Node]) -> bool:
@@ -216,6 +189,9 @@ class LaunchFacts:
     world_reason: str = ""
     _scripts_text: str = ""
     _by_doc: Dict[int, DsFacts] = field(default_factory=dict)
+    _adapters: List[Document] = field(default_factory=list)
+    _scripts: List[Any] = field(default_factory=list)
+    _settings: Dict[int, Any] = field(default_factory=dict)
 
     def for_doc(self, doc: Document) -> DsFacts:
         """The facts of a DeepSpeed config of this launch (computed on demand for any other document)."""
@@ -225,14 +201,28 @@ class LaunchFacts:
     def peft(self, train: Document) -> bool:
         return uses_peft(train, self._scripts_text)
 
+    def settings(self, train: Optional[Document]):
+        """The memory-relevant training settings (:class:`zeropilot.launch.settings.TrainSettings`) of the launch
+        whose training arguments are ``train`` (None: only adapter configs and scripts), derived once."""
+        from zeropilot.launch.settings import train_settings
+
+        key = id(train)
+        if key not in self._settings:
+            self._settings[key] = train_settings(train, self._adapters, self._scripts)
+        return self._settings[key]
+
 
 def facts(launch) -> LaunchFacts:
     """The launch's facts, derived once and cached on the launch object."""
     cached = getattr(launch, "_facts", None)
     if cached is not None:
         return cached
+    from zeropilot.launch.settings import is_adapter_config
+
     out = LaunchFacts(world_size=launch.world_size.value, world_reason=launch.world_size.reason,
-                      _scripts_text="\n".join(py.text for py in launch.python_files))
+                      _scripts_text="\n".join(py.text for py in launch.python_files),
+                      _adapters=[d for d in launch.documents if is_adapter_config(d)],
+                      _scripts=list(launch.python_files))
     for doc in launch.ds_configs:
         f = ds_facts(doc, launch.uses_hf_integration(doc))
         out.ds.append(f)

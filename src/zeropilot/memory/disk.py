@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from zeropilot.memory import tuning
 from zeropilot.memory.inputs import PlanInputs
+from zeropilot.models.params import count_params
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class Checkpoint:
 def _excludes_frozen(inputs: PlanInputs) -> "tuple[bool, str]":
     if inputs.exclude_frozen is not None:
         return inputs.exclude_frozen, "as set"
+    if inputs.freeze is not None:
+        return False, ("freeze tuning is no PEFT model: HF Trainer calls save_checkpoint without "
+                       "exclude_frozen_parameters, so the frozen weights are written on every save")
     if inputs.lora_rank is None:
         return True, "full fine-tuning: nothing is frozen"
     if inputs.stage == 3 and not inputs.gather_16bit_on_save:
@@ -64,7 +69,10 @@ def estimate_checkpoint(inputs: PlanInputs, params: int, trainable: int) -> Chec
                           "not resumable (FACTS A)")
     excl, why = _excludes_frozen(inputs)
     frozen_written = 0 if excl else frozen
-    optim = 12 * trainable
+    if frozen_written and inputs.quant_bits is not None:  # the quantized base: its packed bytes and state, in halves
+        packed, state, _ = tuning.frozen_base_bytes(inputs, count_params(inputs.arch), trainable)
+        frozen_written = (packed + state) / 2
+    optim = (4 + tuning.adam_bytes(inputs)) * trainable  # fp32 master + the optimizer's states
     if inputs.stage == 3:
         model = 2 * frozen_written
         per_rank = (model + optim) / n

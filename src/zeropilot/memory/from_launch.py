@@ -28,6 +28,7 @@ class LaunchValues:
         world_size: processes, with ``world_reason``.
         output_dir: where checkpoints go (for free-space checks).
         flavour: ``llamafactory``, ``hf``, ``axolotl`` or None.
+        not_modelled: settings the launch gives that the plan does not model, as (setting, what the figure assumes).
     """
 
     model: Optional[str] = None
@@ -38,6 +39,7 @@ class LaunchValues:
     world_reason: str = ""
     output_dir: Optional[str] = None
     flavour: Optional[str] = None
+    not_modelled: Tuple[Tuple[str, str], ...] = ()
 
 
 def _where(doc: Document, key: str) -> str:
@@ -77,7 +79,8 @@ def _train_args(out: LaunchValues, doc: Document) -> None:
             _set(out, "micro_batch", _int(doc.value(key)), doc, key)
             break
     _set(out, "grad_accum", _int(doc.value("gradient_accumulation_steps")), doc, "gradient_accumulation_steps")
-    gc = truthy(doc.value("gradient_checkpointing"))
+    gc_key = "activation_checkpointing" if doc.has("activation_checkpointing") else "gradient_checkpointing"
+    gc = truthy(doc.value(gc_key))  # transformers 5.24 names it activation_checkpointing too
     if doc.flavour == "llamafactory" and gc is None:
         disabled = truthy(doc.value("disable_gradient_checkpointing"))
         gc = not disabled if disabled is not None else True
@@ -86,8 +89,7 @@ def _train_args(out: LaunchValues, doc: Document) -> None:
         out.sources["gradient_checkpointing"] = (_where(doc, key) if disabled is not None
                                                  else f"{doc.path} (LLaMA-Factory enables it by default)")
     else:
-        _set(out, "gradient_checkpointing", gc, doc, "gradient_checkpointing")
-    _lora(out, doc)
+        _set(out, "gradient_checkpointing", gc, doc, gc_key)
     _set(out, "save_total_limit", _int(doc.value("save_total_limit")), doc, "save_total_limit")
     _set(out, "save_steps", _int(doc.value("save_steps")), doc, "save_steps")
     _set(out, "save_only_model", truthy(doc.value("save_only_model")), doc, "save_only_model")
@@ -103,16 +105,18 @@ def _train_args(out: LaunchValues, doc: Document) -> None:
     out.output_dir = od if isinstance(od, str) else None
 
 
-def _lora(out: LaunchValues, doc: Document) -> None:
-    ftype = doc.value("finetuning_type") or doc.value("adapter")
-    rank = _int(doc.value("lora_rank")) or _int(doc.value("lora_r"))
-    if ftype in ("lora", "qlora") or (doc.flavour != "llamafactory" and rank):
-        key = "lora_rank" if doc.has("lora_rank") else "lora_r" if doc.has("lora_r") else "finetuning_type"
-        out.values["lora_rank"] = rank or 8  # LLaMA-Factory's default lora_rank
-        out.sources["lora_rank"] = _where(doc, key)
-    elif ftype == "full":
-        out.values["lora_rank"] = None
-        out.sources["lora_rank"] = _where(doc, "finetuning_type")
+def _settings(out: LaunchValues, launch: Launch, train: Optional[Document], ds: Optional[Document]) -> None:
+    """The fine-tuning method, what it trains, quantization, the optimizer and a fused loss, as the launch facts read
+    them (:mod:`zeropilot.launch.settings`), and every setting the plan does not model (:mod:`memory.coverage`)."""
+    from zeropilot.memory.coverage import apply_settings
+
+    f = launch.facts()
+    ts = f.settings(train)
+    if train is None and not ts.settings and ts.method == "full":
+        return  # no training arguments, adapter config or script says anything
+    out.not_modelled = apply_settings(ts, f.for_doc(ds) if ds is not None else None, out.values, out.sources)
+    if out.not_modelled:
+        out.values["not_modelled"] = out.not_modelled
 
 
 def _ds_config(out: LaunchValues, doc: Document, hf: Optional[bool]) -> None:
@@ -215,6 +219,7 @@ def values_from_launch(launch: Launch) -> LaunchValues:
         _accelerate(out, launch.accelerate_configs[0])
     if train is not None:
         _train_args(out, train)
+    _settings(out, launch, train, ds)
     _env(out, launch)
     ws = launch.world_size
     out.world_size, out.world_reason = ws.value, ws.reason

@@ -17,7 +17,8 @@ from typing import List, Optional, Tuple
 from zeropilot.memory.constants import DEFAULT, GIB, Constants
 from zeropilot.memory.inputs import PlanInputs
 from zeropilot.memory.segments import Exceeded, zero3_reserved, zero12_reserved
-from zeropilot.models.params import ParamCounts, count_params, layer_tensor_sizes, lora_trainable, tensor_sizes
+from zeropilot.memory import tuning
+from zeropilot.models.params import ParamCounts, count_params, layer_tensor_sizes, tensor_sizes
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,9 @@ class GpuMemory:
 
 
 def trainable_params(inputs: PlanInputs, counts: ParamCounts) -> int:
-    """Parameters with gradients: all of them, or LoRA's adapters on every linear layer."""
-    if inputs.lora_rank is None:
-        return counts.total
-    return lora_trainable(inputs.arch, inputs.lora_rank)
+    """Parameters with gradients (:func:`zeropilot.memory.tuning.trainable_params`): all of them, freeze tuning's
+    layers and modules, or LoRA's adapters (and ``modules_to_save`` copies)."""
+    return tuning.trainable_params(inputs, counts)
 
 
 def _gib(n: float) -> str:
@@ -84,7 +84,9 @@ def _gib(n: float) -> str:
 def _weights(inputs: PlanInputs, counts: ParamCounts, trainable: int) -> List[Component]:
     """16-bit weights: whole on every GPU for stages 0-2, a 1/N slice for stage 3 (none if offloaded).
 
-    With LoRA the base model's weights are all frozen and the adapters come on top of them.
+    With LoRA the base model's weights are all frozen (4 or 8 bits when bitsandbytes quantizes them) and the
+    adapters, and any ``modules_to_save`` copies, come on top of them; with freeze tuning the frozen rest of the model
+    is listed apart from the trainable layers.
     """
     n = inputs.world_size
     if inputs.stage == 3:
@@ -93,11 +95,18 @@ def _weights(inputs: PlanInputs, counts: ParamCounts, trainable: int) -> List[Co
                if share == 0 else f"bf16, ZeRO-3 keeps 1/{n} of each parameter per GPU")
     else:
         share, why = 1.0, f"bf16, ZeRO-{inputs.stage} keeps every parameter on every GPU"
-    out = [Component("weights_trainable", int(2 * trainable * share), "resident",
-                     f"{trainable / 1e6:.1f} M trainable × 2 B, {why}")]
-    if inputs.lora_rank:
-        out.append(Component("weights_frozen", int(2 * counts.total * share), "resident",
-                             f"{counts.total / 1e6:.1f} M frozen base weights × 2 B, {why}"))
+    if inputs.freeze is not None:  # the trainable share of the model, the rest frozen below
+        out = [Component("weights_trainable", int(2 * trainable * share), "resident",
+                         f"{trainable / 1e6:.1f} M trainable (freeze tuning) × 2 B, {why}")]
+    else:
+        out = [Component("weights_trainable", int(2 * trainable * share), "resident",
+                         f"{trainable / 1e6:.1f} M trainable × 2 B, {why}")]
+    partitioned, whole, what = tuning.frozen_base_bytes(inputs, counts, trainable)
+    if what:
+        held = partitioned * share + (whole if share else 0.0)
+        extra = (f"; the quantization state ({whole / 2**20:.0f} MiB) is no parameter: whole on every GPU"
+                 if whole and inputs.stage == 3 and share else "")
+        out.append(Component("weights_frozen", int(held), "resident", f"{what}, {why}{extra}"))
     return out
 
 
@@ -116,13 +125,16 @@ def _grads_and_optimizer(inputs: PlanInputs, trainable: int) -> List[Component]:
                     "(copy_grads_in_partition): no gradient partition on the GPU, only the reduce bucket")
     where = f"on {inputs.offload_optimizer.upper()} (offload_optimizer)" if off else "on the GPU"
     master = 0 if off else 4 * part
-    adam = 0 if off else 8 * part
+    per = tuning.adam_bytes(inputs)
+    adam = 0 if off else per * part
     return [
         Component("gradients", int(2 * grad_share), "resident", grad_why),
         Component("optimizer_master", int(master), "resident",
                   f"fp32 master copy, 4 B × {part / 1e6:.1f} M (1/{n if inputs.stage >= 1 else 1}), {where}"),
         Component("optimizer_states", int(adam), "resident",
-                  f"AdamW exp_avg + exp_avg_sq, 8 B × {part / 1e6:.1f} M, {where}"),
+                  (f"bitsandbytes 8-bit AdamW states, {per:.2f} B × {part / 1e6:.1f} M (two 1-byte states with a "
+                   f"block absmax each), {where}" if inputs.optimizer == "adamw_8bit"
+                   else f"AdamW exp_avg + exp_avg_sq, 8 B × {part / 1e6:.1f} M, {where}")),
     ]
 
 
@@ -181,8 +193,14 @@ def lora_fp32_inputs(inputs: PlanInputs) -> float:
     PEFT keeps adapters in fp32 (``autocast_adapter_dtype``) and casts each wrapped layer's input to
     their dtype, and lora_A saves that copy for backward. DeepSpeed casts every parameter to bf16, adapters
     included, except for a model built inside zero.Init (``_cast_module_mixed_precision`` skips it), so
-    only ZeRO-3 + zero.Init + LoRA pays this (counted with saved-tensor hooks, ``bench/plan/lora_saved.py``).
+    only ZeRO-3 + zero.Init + LoRA pays this (counted with saved-tensor hooks, ``bench/plan/lora_saved.py``). With
+    LoRA on named modules only the wrapped layers make the copies (each its own, weighted by the share of decoder
+    layers where it is wrapped).
     """
+    if not inputs.lora_rank or inputs.stage != 3 or not inputs.zero_init:
+        return 0.0
+    if tuning.wrapped_fraction(inputs) is not None:
+        return float(sum(share * 4 * (width + inputs.lora_rank) for _, width, share in tuning.wrapped_inputs(inputs)))
     return float(sum(_lora_fp32_copies(inputs)))
 
 
@@ -191,6 +209,9 @@ def _lora_fp32_copies(inputs: PlanInputs) -> List[int]:
     lora_A's fp32 output (rank wide, saved by lora_B)."""
     if not inputs.lora_rank or inputs.stage != 3 or not inputs.zero_init:
         return []
+    if tuning.wrapped_fraction(inputs) is not None:  # LoRA on named modules: only where adapters sit
+        kept = [(width, share) for _, width, share in tuning.wrapped_inputs(inputs) if share >= 0.5]
+        return [4 * width for width, _ in kept] + [4 * inputs.lora_rank] * len(kept)
     a = inputs.arch
     q = a.heads * a.head_dim
     inter = a.intermediate if a.moe is None else a.moe.shared_intermediate
@@ -213,19 +234,24 @@ def activation_bytes(inputs: PlanInputs, c: Constants = DEFAULT) -> Tuple[int, s
     if inputs.attn == "eager":
         per_layer += c.eager_bytes * a.heads * inputs.seq_len
     per_layer += lora_fp32_inputs(inputs)
-    full = per_layer * tokens * a.layers
+    layers = tuning.saving_layers(inputs)  # freeze tuning: the frozen layers before the first trainable keep nothing
+    skipped = (f"; the {a.layers - layers} frozen layers before the first trainable one keep nothing (their inputs "
+               "need no gradient)" if layers < a.layers else "")
+    full = per_layer * tokens * layers
     if inputs.gradient_checkpointing:
-        kept = 2 * a.hidden * tokens * a.layers + per_layer * tokens
-        why = (f"checkpointed: {a.layers} layer inputs (2 B × h per token) + one layer recomputed "
-               f"({per_layer:.0f} B/token), {tokens} tokens")
+        kept = 2 * a.hidden * tokens * layers + (per_layer * tokens if layers else 0)
+        why = (f"checkpointed: {layers} layer inputs (2 B × h per token) + one layer recomputed "
+               f"({per_layer:.0f} B/token), {tokens} tokens{skipped}")
         return int(kept * c.fit_act), why
-    why = (f"{per_layer:.0f} B per token per layer × {a.layers} layers × {tokens} tokens ({inputs.attn}"
-           + (", with LoRA's fp32 input copies" if lora_fp32_inputs(inputs) else "") + ")")
+    why = (f"{per_layer:.0f} B per token per layer × {layers} layers × {tokens} tokens ({inputs.attn}"
+           + (", with LoRA's fp32 input copies" if lora_fp32_inputs(inputs) else "") + f"){skipped}")
     return int(full * c.fit_act), why
 
 
 def logits_bytes(inputs: PlanInputs, c: Constants = DEFAULT) -> Tuple[int, str]:
     """Logits and cross-entropy buffers at the loss backward: ``tokens × vocab × bytes``."""
+    if inputs.fused_loss is not None:
+        return tuning.fused_loss_bytes(inputs, tuning.output_trains(inputs))
     a = inputs.arch
     tokens = inputs.micro_batch * inputs.seq_len
     per = c.logits_bytes + (c.softcap_bytes if a.logit_softcap else 0)
@@ -243,7 +269,7 @@ def step_elements(inputs: PlanInputs, counts: ParamCounts, trainable: int) -> fl
     part = trainable / inputs.world_size if inputs.stage >= 1 else trainable
     if inputs.stage != 3:
         return part
-    largest = counts.largest if inputs.lora_rank is None else 0
+    largest = counts.largest if inputs.lora_rank is None and inputs.freeze is None else 0
     return min(part, inputs.sub_group_size + largest / inputs.world_size)
 
 
@@ -253,6 +279,9 @@ def _step_temporaries(inputs: PlanInputs, counts: ParamCounts, trainable: int, c
     elems = step_elements(inputs, counts, trainable)
     where = (f"one sub-group at a time ({elems / 1e6:.0f} M elements; sub_group_size "
              f"{inputs.sub_group_size / 1e6:.0f} M)" if inputs.stage == 3 else "per trainable element of the partition")
+    if inputs.optimizer == "adamw_8bit":  # bitsandbytes' fused 8-bit kernel updates in place
+        return Component("step_temporaries", int(4 * elems), "step",
+                         f"fp32 gradient (4 B; bitsandbytes' 8-bit step makes no temporaries), {where}")
     return Component("step_temporaries", int((4 + c.step_temp) * elems), "step",
                      f"fp32 gradient (4 B) + AdamW foreach temporaries ({c.step_temp:.1f} B), {where}")
 
@@ -298,7 +327,7 @@ def _gap(inputs: PlanInputs, optimizer_bytes: int, transient: int, step_bytes: i
     return Component("allocator_overhead", int(gap), "overhead", why)
 
 
-def _init_phase(inputs: PlanInputs, params: int, trainable: int) -> Component:
+def _init_phase(inputs: PlanInputs, params: int, trainable: int, whole_bytes: Optional[float] = None) -> Component:
     """Bytes allocated while the model is built and ``deepspeed.initialize`` partitions it (ZeRO-3).
 
     Inside ``zero.Init`` each GPU only ever holds its partition; without it the whole 16-bit model is on
@@ -306,14 +335,14 @@ def _init_phase(inputs: PlanInputs, params: int, trainable: int) -> Component:
     the 16-bit gradient buffer (on the GPU unless the optimizer is offloaded).
     """
     n = inputs.world_size
+    whole = 2 * params if whole_bytes is None else whole_bytes  # a quantized base is smaller
     on_gpu_states = 0 if inputs.offload_optimizer != "none" else 6 * trainable / n
-    part_weights = 0 if inputs.offload_param != "none" else 2 * params / n
+    part_weights = 0 if inputs.offload_param != "none" else whole / n
     after = part_weights + on_gpu_states
     if inputs.zero_init:
         return Component("init_peak", int(after), "init",
                          f"built inside zero.Init: 1/{n} of the 16-bit weights, then initialize's fp32 master "
                          "partition and gradient buffer")
-    whole = 2 * params
     return Component("init_peak", int(max(whole, after)), "init",
                      f"no zero.Init: the whole 16-bit model ({whole / GIB:.2f} GiB) on every GPU until "
                      "deepspeed.initialize partitions it; the caching allocator keeps it reserved")
@@ -407,6 +436,11 @@ def _template(arch) -> str:
     return "qwen3" if arch.qk_norm else "llama"
 
 
+# The linear layers of LAYER_TEMPLATES' ``*`` tensors, in order (the llama-style layers and Phi-3's fused one)
+_LINEARS = {"llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+            "fused": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
+
+
 def layer_tensors(inputs: PlanInputs, no_grad: bool = False) -> Optional[Tuple[Tuple[float, Optional[int]], ...]]:
     """One decoder layer's forward for the allocator replay: (bytes, the index of the tensor before which it is
     released, or None when the backward keeps it), from :data:`LAYER_TEMPLATES`; eager attention adds its fp32
@@ -434,6 +468,8 @@ def layer_tensors(inputs: PlanInputs, no_grad: bool = False) -> Optional[Tuple[T
     else:
         ops = LAYER_TEMPLATES[_template(a)].split()
     fp32_inputs = no_grad and bool(_lora_fp32_copies(inputs))  # zero.Init LoRA: the input cast to fp32 first
+    shares = tuning.wrapped_fraction(inputs)  # LoRA on named modules: PEFT's tensors only where adapters sit
+    kinds = iter(_LINEARS["fused" if a.fused else "llama"])
     parsed, outputs_h = [], 0
     for i, op in enumerate(ops):
         unit, until = op.strip("*KW").partition(">")[0], op.partition(">")[2]
@@ -443,7 +479,8 @@ def layer_tensors(inputs: PlanInputs, no_grad: bool = False) -> Optional[Tuple[T
         reads = "h"  # what the linear layer reads: o_proj the attention's output, down_proj the MLP's
         if op.startswith("*") and name == "h":
             reads, outputs_h = ("q" if outputs_h == 0 else "i"), outputs_h + 1
-        parsed.append((float(width * t * per_token[name]), int(until) if until else None, op.startswith("*"),
+        linear = op.startswith("*") and (shares is None or shares.get(next(kinds, ""), 0.0) >= 0.5)
+        parsed.append((float(width * t * per_token[name]), int(until) if until else None, linear,
                        4.0 * t * per_token[reads]))
     per_linear = 7 if fp32_inputs else 5
     start, n = [], 0  # where each template tensor's first tensor lands in the expanded layer
@@ -527,8 +564,8 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
     """ZeRO-1/2: the arguments of :func:`~zeropilot.memory.segments.zero12_reserved` for this launch: its large
     tensors, from the same activation and logits sizes as the estimate. None for ZeRO-3, and with
     ``expandable_segments`` (blocks grow in place; segments are not what sets the peak)."""
-    if inputs.stage not in (1, 2) or inputs.expandable_segments:
-        return None
+    if inputs.stage not in (1, 2) or inputs.expandable_segments or not tuning.replayed(inputs):
+        return None  # tuning.replayed: freeze tuning, quantization, fused losses ... were never traced
     a = inputs.arch
     tokens = inputs.micro_batch * inputs.seq_len
     elements = tensor_sizes(a)
@@ -584,7 +621,7 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
         replayed = inputs.world_size == 1
     else:
         replayed = (not lora and gpu_optimizer) or (lora and not gpu_optimizer and inputs.world_size == 1)
-    if inputs.stage != 3 or inputs.expandable_segments or not replayed:
+    if inputs.stage != 3 or inputs.expandable_segments or not replayed or not tuning.replayed(inputs):
         return None
     a, n = inputs.arch, inputs.world_size
     per_layer = [layer_tensor_sizes(a, i) for i in range(a.layers)]
@@ -707,6 +744,10 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     act, act_why = activation_bytes(inputs, c)
     lg, lg_why = logits_bytes(inputs, c)
     backward = [Component("activations", act, "backward", act_why), Component("logits", lg, "backward", lg_why)]
+    if inputs.quant_bits is not None:
+        backward.append(Component("dequant_buffer", tuning.dequant_bytes(inputs), "backward",
+                                  "bitsandbytes dequantizes each quantized matrix to 16 bits for its matmul: the "
+                                  "largest one's copy"))
     step = _step_temporaries(inputs, counts, trainable, c)
     if inputs.stage in (1, 2):
         # ZeRO-1/2 release the gradient partition and the reduce buckets after each step (0.19.8,
@@ -715,7 +756,7 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
         resident = [replace(x, phase="gradients") if x.name in ("gradients", "zero_buffers") else x for x in resident]
     late = sum(x.bytes for x in resident if x.phase == "gradients")
     resident_bytes = sum(x.bytes for x in resident if x.phase == "resident")
-    backward_bytes = act + lg
+    backward_bytes = sum(x.bytes for x in backward)
     phase = "backward" if backward_bytes >= late + step.bytes else "step"
     allocated = resident_bytes + max(backward_bytes, late + step.bytes)
     opt = sum(x.bytes for x in resident if x.name.startswith("optimizer_"))
@@ -761,7 +802,11 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
     train_peak = reserved + non_torch.bytes
     init_peak = 0
     if inputs.stage == 3:
-        init = _init_phase(inputs, params, trainable)
+        quantized = None
+        if inputs.quant_bits is not None:
+            packed, state, _ = tuning.frozen_base_bytes(inputs, counts, trainable)
+            quantized = packed + state + 2 * trainable
+        init = _init_phase(inputs, params, trainable, quantized)
         comps.append(init)
         init_peak = int(init.bytes * c.init_reserved) + non_torch.bytes
         if segs is not None:  # the replay's segments at the init's end (within 0.1 GiB of the 22 traces' own)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple, Union
 
 from zeropilot.errors import InputError
 from zeropilot.models.arch import Architecture
@@ -57,6 +57,29 @@ def parse_gpus(text: str, nodes: int = 1) -> Hardware:
 
 
 @dataclass(frozen=True)
+class Freeze:
+    """LLaMA-Factory's freeze (partial-parameter) tuning: which decoder layers and modules train
+    (:func:`zeropilot.models.trainable.freeze_trainable` applies its rules).
+
+    Attributes:
+        layers: ``freeze_trainable_layers``: the last N layers (N > 0) or the first ``|N|`` (N < 0).
+        modules: ``freeze_trainable_modules`` (``all``, or names such as ``mlp``, ``self_attn``).
+        extra: ``freeze_extra_modules`` outside the decoder layers (``embed_tokens``, ``lm_head``, ``norm``).
+        llama_pro: ``use_llama_pro``: every ``num_layers / N``-th layer instead (the expanded blocks).
+    """
+
+    layers: int = 2
+    modules: Tuple[str, ...] = ("all",)
+    extra: Tuple[str, ...] = ()
+    llama_pro: bool = False
+
+
+QUANT_BITS = (4, 8)
+OPTIMIZERS = ("adamw", "adamw_8bit")
+FUSED_LOSSES = ("liger", "cce")
+
+
+@dataclass(frozen=True)
 class PlanInputs:
     """Everything the estimator reads. Pure data: build it from flags, a launch, or both.
 
@@ -68,7 +91,21 @@ class PlanInputs:
         seq_len: tokens per sample (``cutoff_len``, ``max_seq_length``): the longest batch sets the peak.
         grad_accum: gradient accumulation steps (keeps the global batch in ``--search``).
         gradient_checkpointing: activation recomputation on (non-reentrant, per decoder layer).
-        lora_rank: LoRA rank on all linear layers, None for full fine-tuning.
+        lora_rank: LoRA rank, None without LoRA (full or freeze tuning).
+        lora_targets: the modules LoRA wraps: None for all linear layers, names PEFT matches (``("q_proj",
+            "v_proj")``), or one regular expression.
+        lora_rank_pattern: PEFT's per-module ranks, (pattern, rank) pairs.
+        dora: DoRA adapters (a magnitude vector per wrapped layer).
+        modules_to_save: modules PEFT copies as trainable beside LoRA (``additional_target``): whole trainable
+            copies, with fp32 master weights and AdamW states.
+        freeze: LLaMA-Factory's freeze tuning (:class:`Freeze`), None otherwise.
+        quant_bits: bitsandbytes quantization of the frozen base (4: QLoRA, 8), None without.
+        double_quant: 4-bit: the scales quantized again (``bnb_4bit_use_double_quant``).
+        fused_loss: ``liger`` (Liger's fused linear cross-entropy) or ``cce`` (cut cross-entropy): the loss never
+            holds the whole logits.
+        optimizer: ``adamw`` (two fp32 states per element) or ``adamw_8bit`` (bitsandbytes: two 8-bit states).
+        not_modelled: settings the launch gives that the plan does not model, as (setting with where it is, what the
+            figure assumes instead): listed with the plan, which is then approximate.
         offload_optimizer / offload_param: ``none``, ``cpu`` or ``nvme``.
         torch_adam: an offloaded optimizer is torch's AdamW (the config's ``optimizer.params.torch_adam``, or a
             client optimizer allowed by ``zero_force_ds_cpu_optimizer: false``) rather than DeepSpeed's CPUAdam,
@@ -110,6 +147,15 @@ class PlanInputs:
     grad_accum: int = 1
     gradient_checkpointing: bool = False
     lora_rank: Optional[int] = None
+    lora_targets: Union[None, str, Tuple[str, ...]] = None
+    lora_rank_pattern: Tuple[Tuple[str, int], ...] = ()
+    dora: bool = False
+    modules_to_save: Tuple[str, ...] = ()
+    freeze: Optional[Freeze] = None
+    quant_bits: Optional[int] = None
+    double_quant: bool = False
+    fused_loss: Optional[str] = None
+    optimizer: str = "adamw"
     offload_optimizer: str = "none"
     offload_param: str = "none"
     torch_adam: bool = False
@@ -135,6 +181,7 @@ class PlanInputs:
     disk_free_bytes: Optional[int] = None
     world: int = 1
     flavour: Optional[str] = None
+    not_modelled: Tuple[Tuple[str, str], ...] = ()
     sources: Dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -161,6 +208,14 @@ class PlanInputs:
                 bad.append(f"{name} {getattr(self, name)} (at least 1)")
         if self.lora_rank is not None and self.lora_rank < 1:
             bad.append(f"lora_rank {self.lora_rank} (at least 1)")
+        if self.freeze is not None and self.lora_rank is not None:
+            bad.append("freeze tuning and LoRA together (one fine-tuning method)")
+        if self.quant_bits is not None and (self.quant_bits not in QUANT_BITS or self.lora_rank is None):
+            bad.append(f"quantization to {self.quant_bits} bits: bitsandbytes quantizes to 4 or 8 bits, and only "
+                       "adapters train on a quantized model (LLaMA-Factory and PEFT refuse full or freeze tuning)")
+        if self.optimizer not in OPTIMIZERS or (self.fused_loss is not None and self.fused_loss not in FUSED_LOSSES):
+            bad.append(f"optimizer {self.optimizer!r} ({', '.join(OPTIMIZERS)}) or fused loss {self.fused_loss!r} "
+                       f"({', '.join(FUSED_LOSSES)})")
         for name in ("offload_optimizer", "offload_param"):
             if getattr(self, name) not in OFFLOAD_DEVICES:
                 bad.append(f"{name} {getattr(self, name)!r} (none, cpu, nvme)")

@@ -24,11 +24,13 @@ class Verdict:
             (the allocated peak alone is larger than the GPU), or ``unknown`` (no hardware given).
         headroom_bytes: GPU memory minus the predicted peak (negative: short by that much).
         message: one line for people.
+        approximate: the launch gives settings the plan does not model (``PlanInputs.not_modelled``).
     """
 
     kind: str
     headroom_bytes: Optional[int]
     message: str
+    approximate: bool = False
 
 
 def verdict_of(gpu: GpuMemory, gpu_bytes: Optional[int], nodes: int = 1, outside_nodes: int = 1) -> Verdict:
@@ -85,6 +87,7 @@ class Plan:
     after_save_extra_bytes: int
     notes: Tuple[str, ...]
     host_verdict: Verdict = Verdict("unknown", None, "host RAM unknown")
+    not_modelled: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def gpu_peak_bytes(self) -> int:
@@ -114,7 +117,7 @@ KNOWN_UNDER = {
 
 def known_under(inputs: PlanInputs, peak: Optional[int] = None) -> Optional[str]:
     """The :data:`KNOWN_UNDER` kind this launch belongs to, if any (``peak``: the plan's GPU peak, if known)."""
-    if inputs.stage in (1, 2) and not inputs.expandable_segments:
+    if inputs.stage in (1, 2) and not inputs.expandable_segments and inputs.fused_loss is None:
         logits = 4 * inputs.micro_batch * inputs.seq_len * inputs.arch.vocab
         if logits >= 0.1 * (peak if peak is not None else estimate_gpu(inputs).peak_bytes):
             return "zero12_large_logits"
@@ -179,6 +182,52 @@ def _notes(inputs: PlanInputs, ckpt: Checkpoint, c: Constants, peak: int) -> Lis
     return notes
 
 
+def unmodelled(inputs: PlanInputs) -> Tuple[Tuple[str, str], ...]:
+    """What the plan does not model of ``inputs``, as (setting, what the figure assumes): the launch's settings it
+    does not model (:attr:`PlanInputs.not_modelled`) and the combinations of modelled ones it does not."""
+    out = list(inputs.not_modelled)
+    src = inputs.sources
+    if inputs.fused_loss == "liger" and not inputs.gradient_checkpointing:
+        out.append((f"fused_loss: liger ({src.get('fused_loss', 'given')}) without gradient checkpointing",
+                    "transformers' RMSNorm, SwiGLU and RoPE activations (Liger's kernels, which it patches in too, "
+                    "save fewer: the figure is high by up to a few GiB without checkpointing)"))
+    if inputs.arch.moe is not None and inputs.lora_targets not in (None, "all-linear"):
+        out.append((f"lora_targets: {inputs.lora_targets} on a mixture-of-experts model",
+                    "adapters on the named linear layers only (PEFT rewrites MLP names onto the fused expert tensors, "
+                    "which are not counted)"))
+    if inputs.arch.moe is not None and inputs.quant_bits:
+        out.append(("quantization of a mixture-of-experts model", "16-bit expert tensors (only linear layers are "
+                                                                  "sized as quantized)"))
+    f = inputs.freeze
+    if f is not None and not inputs.gradient_checkpointing and (f.layers < 0 or f.llama_pro or f.modules != ("all",)):
+        out.append((f"freeze tuning ({src.get('freeze', 'given')}) with frozen modules after trainable ones, "
+                    "without gradient checkpointing", "those frozen modules keep what trained ones keep (they keep "
+                    "less: nothing only a weight's gradient needs; tests/memory/test_settings_witness.py)"))
+    if inputs.quant_bits:  # pre-registered H200 rows, bench/plan/settings: measured above the figure
+        out.append((f"quant_bits: {inputs.quant_bits} ({src.get('quant_bits', 'given')})",
+                    "bitsandbytes' packed weights and one dequantized matrix at a time (QLoRA on H200 measured "
+                    "30-33% above this figure at ZeRO-2 and ZeRO-3: bench/plan/settings; the rest is not yet "
+                    "accounted for)"))
+    if inputs.optimizer == "adamw_8bit":
+        out.append((f"optimizer: adamw_8bit ({src.get('optimizer', 'given')})",
+                    "two one-byte states per element and no step temporaries (a full fine-tuning at ZeRO-2 on H200 "
+                    "measured 24% above this figure: bench/plan/settings)"))
+    if inputs.quant_bits and inputs.offload_param != "none":
+        out.append(("a quantized base with offload_param", "the packed weights offloaded like 16-bit ones"))
+    return tuple(out)
+
+
+def approximate(verdict: Verdict, inputs: PlanInputs) -> Verdict:
+    """The verdict, saying it is approximate when the launch gives settings the plan does not model
+    (:func:`unmodelled`, listed with the plan)."""
+    missing = unmodelled(inputs)
+    if not missing:
+        return verdict
+    keys = ", ".join(dict.fromkeys(setting.split(" (")[0] for setting, _ in missing))
+    return Verdict(verdict.kind, verdict.headroom_bytes,
+                   f"{verdict.message} — approximate: {keys} not modelled (see 'Not modelled')", approximate=True)
+
+
 def make_plan(inputs: PlanInputs, c: Constants = DEFAULT) -> Plan:
     """The plan for ``inputs``.
 
@@ -193,9 +242,10 @@ def make_plan(inputs: PlanInputs, c: Constants = DEFAULT) -> Plan:
     verdict = verdict_of(gpu, hw.gpu_bytes if hw else None, hw.nodes if hw else 1, c.outside_nodes)
     extra, _ = _after_save(inputs, gpu)
     notes = _notes(inputs, ckpt, c, gpu.peak_bytes)
+    verdict = approximate(verdict, inputs)
     if gpu.peak_phase == "init":
         notes.insert(0, f"the init phase sets the peak ({gpu.init_peak_bytes / GIB:.1f} GiB against training's "
                         f"{gpu.train_peak_bytes / GIB:.1f} GiB): the model is built whole on every GPU before "
                         "deepspeed.initialize partitions it — build it inside deepspeed.zero.Init")
     return Plan(inputs, gpu, host, ckpt, verdict, extra, tuple(notes),
-                host_verdict_of(host, inputs.host_mem_bytes))
+                host_verdict_of(host, inputs.host_mem_bytes), unmodelled(inputs))

@@ -13,8 +13,11 @@ _LABELS = {"weights_trainable": "weights (trainable)", "weights_frozen": "weight
            "zero_buffers": "ZeRO buffers", "activations": "activations", "logits": "logits + loss buffers",
            "step_temporaries": "optimizer step temporaries", "allocator_overhead": "allocator overhead",
            "build_cache": "build's cached blocks", "replay_adjustment": "replay below the fit",
-           "non_torch": "outside PyTorch", "init_peak": "init phase (allocated)"}
-_FIELDS = ("stage", "micro_batch", "seq_len", "grad_accum", "gradient_checkpointing", "lora_rank",
+           "non_torch": "outside PyTorch", "init_peak": "init phase (allocated)",
+           "dequant_buffer": "dequantized weight"}
+_FIELDS = ("stage", "micro_batch", "seq_len", "grad_accum", "gradient_checkpointing", "lora_rank", "lora_targets",
+           "lora_rank_pattern", "dora", "modules_to_save", "freeze", "quant_bits", "double_quant", "fused_loss",
+           "optimizer",
            "offload_optimizer", "offload_param", "overlap_comm", "reduce_bucket_size", "prefetch_bucket_size",
            "attn", "expandable_segments", "save_total_limit", "gather_16bit_on_save", "save_only_model",
            "disk_write_bytes_per_s", "collective_timeout_s", "zero_init", "sub_group_size", "max_live_parameters",
@@ -25,14 +28,37 @@ def _gib(n: float) -> str:
     return f"{n / GIB:6.2f} GiB"
 
 
+def _training(p: PlanInputs, plan: Plan) -> str:
+    """What trains, in words: ``LoRA r8 on q_proj,v_proj: 6.8 M trainable``, ``freeze tuning ...``."""
+    trainable = f"{plan.gpu.trainable / 1e6:.1f} M trainable"
+    if p.freeze is not None:
+        f = p.freeze
+        which = (f"every {p.arch.layers // max(f.layers, 1)}th layer (LLaMA Pro)" if f.llama_pro
+                 else f"last {f.layers} layers" if f.layers > 0 else f"first {-f.layers} layers")
+        modules = "" if f.modules == ("all",) else f" ({','.join(f.modules)})"
+        extra = f" + {','.join(f.extra)}" if f.extra else ""
+        return f"freeze tuning, {which}{modules}{extra}: {trainable}"
+    if not p.lora_rank:
+        return "full fine-tuning"
+    kind = f"QLoRA {p.quant_bits}-bit" if p.quant_bits == 4 else (f"LoRA on an {p.quant_bits}-bit base"
+                                                                 if p.quant_bits else "LoRA")
+    targets = ("" if p.lora_targets in (None, "all-linear") else f" on {p.lora_targets}" if isinstance(
+        p.lora_targets, str) else f" on {','.join(p.lora_targets)}")
+    copies = f" + trainable copies of {','.join(p.modules_to_save)}" if p.modules_to_save else ""
+    return f"{'Do' if p.dora else ''}{kind} r{p.lora_rank}{targets}{copies}: {trainable}"
+
+
 def _headline(p: PlanInputs, plan: Plan) -> str:
     a = p.arch
-    train = (f"LoRA r{p.lora_rank}: {plan.gpu.trainable / 1e6:.1f} M trainable" if p.lora_rank
-             else "full fine-tuning")
+    train = _training(p, plan)
     hw = p.hardware.name if p.hardware else "GPUs not given"
     bits = [f"ZeRO-{p.stage}", f"micro batch {p.micro_batch} x {p.seq_len} tokens"]
     if p.gradient_checkpointing:
         bits.append("gradient checkpointing")
+    if p.fused_loss:
+        bits.append({"liger": "Liger fused cross-entropy", "cce": "cut cross-entropy"}[p.fused_loss])
+    if p.optimizer != "adamw":
+        bits.append("8-bit AdamW")
     if p.offload_optimizer != "none":
         bits.append(f"optimizer offload {p.offload_optimizer}")
     if p.offload_param != "none":
@@ -69,6 +95,9 @@ def render_text(plan: Plan, candidates: Optional[Tuple[List[Candidate], Optional
                f"+{plan.after_save_extra_bytes / GIB:.2f} GiB.")
     for note in plan.notes:
         out.append(f"Note: {note}")
+    if plan.not_modelled:
+        out += ["", "Not modelled (the figures above are approximate):"]
+        out += [f"  {setting} — the figure assumes {assumes}" for setting, assumes in plan.not_modelled]
     out += ["", "Inputs:"] + [f"  {name} = {getattr(p, name)}  ({p.sources.get(name, 'default')})"
                               for name in _FIELDS]
     out.append(f"  model = {p.arch.name}  ({p.arch.source or 'given'})")
@@ -97,6 +126,17 @@ def _search_text(p: PlanInputs, ranked: List[Candidate], closest: Optional[Candi
     return out
 
 
+def _plain(value):
+    """An input as JSON-ready data (the freeze settings as a mapping, tuples as lists)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
 def to_dict(plan: Plan, candidates: Optional[Tuple[List[Candidate], Optional[Candidate]]] = None) -> Dict:
     """The plan as JSON-ready data (``gpu_peak_bytes`` per GPU and the breakdown)."""
     p = plan.inputs
@@ -113,7 +153,7 @@ def to_dict(plan: Plan, candidates: Optional[Tuple[List[Candidate], Optional[Can
         "peak_phase": plan.gpu.peak_phase,
         "breakdown": {c.name: {"bytes": c.bytes, "phase": c.phase, "reason": c.reason} for c in plan.gpu.components},
         "verdict": {"kind": plan.verdict.kind, "headroom_bytes": plan.verdict.headroom_bytes,
-                    "message": plan.verdict.message},
+                    "message": plan.verdict.message, "approximate": plan.verdict.approximate},
         "init_peak_bytes": plan.gpu.init_peak_bytes, "train_peak_bytes": plan.gpu.train_peak_bytes,
         "host_verdict": {"kind": plan.host_verdict.kind, "headroom_bytes": plan.host_verdict.headroom_bytes,
                          "message": plan.host_verdict.message},
@@ -125,7 +165,8 @@ def to_dict(plan: Plan, candidates: Optional[Tuple[List[Candidate], Optional[Can
                        "reason": k.reason},
         "after_save_extra_bytes": plan.after_save_extra_bytes,
         "notes": list(plan.notes),
-        "inputs": {name: getattr(p, name) for name in _FIELDS},
+        "not_modelled": [{"setting": setting, "assumes": assumes} for setting, assumes in plan.not_modelled],
+        "inputs": {name: _plain(getattr(p, name)) for name in _FIELDS},
         "sources": dict(p.sources),
     }
     if candidates is not None:

@@ -199,7 +199,7 @@ def launch_settings(launch) -> Settings:
                                ("warmup_ratio", "warmup_ratio", 0.0), ("warmup_steps", "warmup_steps", 0),
                                ("weight_decay", "weight_decay", 0.0), ("max_grad_norm", "max_grad_norm", 1.0),
                                ("lora_alpha", "lora_alpha", None), ("lora_dropout", "lora_dropout", 0.0),
-                               ("lora_target", "lora_target", "all"), ("seed", "seed", 42)):
+                               ("seed", "seed", 42)):
         value, where = _train_value(train, key, default)
         values[name] = value
         if where:
@@ -224,11 +224,11 @@ def _lora(settings: Settings, opts: Options) -> Optional[Dict[str, Any]]:
         return None
     alpha = _num(v.get("lora_alpha")) or 2 * rank  # LLaMA-Factory's default: 2 x rank
     dropout = _num(v.get("lora_dropout")) or 0.0
-    target = v.get("lora_target") or "all"
-    if isinstance(target, str) and target.strip() in ("all", "all-linear"):
-        target = "all-linear"
-    elif isinstance(target, str):
-        target = [t.strip() for t in target.split(",") if t.strip()]
+    # the modules LoRA wraps, as the launch facts read them (lora_target, target_modules, an adapter config, a
+    # LoraConfig in a script): a tuple of names, one regular expression, or None for every linear layer
+    targets = v.get("lora_targets")
+    target = ("all-linear" if targets in (None, "all-linear") else list(targets) if isinstance(targets, tuple)
+              else targets)
     return {"rank": int(rank), "alpha": float(alpha), "dropout": float(dropout), "target": target}
 
 

@@ -1,0 +1,86 @@
+"""Issue 26: the plan's pre-registered predictions (``data/predictions.jsonl``, ``specs.py``) against the H200
+measurement of the same rows (``device.sh``'s ``probe.jsonl``, committed as ``data/h200.jsonl``), row by row:
+PyTorch's peak allocated and reserved (the larger of the init and the training phase, as ``rows.py`` measures), and
+the nvidia-smi peak (reserved + memory outside PyTorch, NVML's per process figure since the rows ran several at a
+time). Error = predicted / measured - 1.
+Usage: python bench/plan/settings/compare.py [MEASURED.jsonl] [--json]
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from rows import _measured  # noqa: E402
+
+from zeropilot.memory.inputs import GIB  # noqa: E402
+
+
+def _peaks(r: dict) -> dict:
+    snaps = {s["tag"]: s for s in r.get("snaps", [])}
+    phases = [snaps[t] for t in ("after_init", "steady") if t in snaps]
+    out = {"allocated": max(s["peak_alloc"] for s in phases), "reserved": max(s["peak_reserved"] for s in phases)}
+    peak = _measured(r)
+    if peak is not None:
+        out["peak"] = peak / GIB
+    return out
+
+
+def _err(pred: float, meas: float) -> float:
+    return round(100 * (pred / meas - 1), 1)
+
+
+def compare(preds: list, measured: dict) -> list:
+    """One record per pre-registered row: predicted, measured and error for each quantity (None: not measured)."""
+    out = []
+    for p in preds:
+        rec = {"row": p["row"], "what": p["what"], "not_modelled": p["not_modelled"]}
+        r = measured.get(p["row"])
+        rec["status"] = "not run" if r is None else r.get("status", "?")
+        m = _peaks(r) if r is not None and r.get("status") == "ok" else {}
+        for q in ("allocated", "reserved", "peak"):
+            pred = p[f"predicted_{q}_gib"]
+            rec[q] = {"predicted": pred, "measured": round(m[q], 3) if q in m else None,
+                      "error_pct": _err(pred, m[q]) if q in m else None}
+        if r is not None:
+            rec["trainable"] = {"predicted": p["trainable"], "measured": r.get("n_trainable")}
+        out.append(rec)
+    return out
+
+
+def render(recs: list) -> str:
+    lines = ["| row | status | allocated pred / meas (err) | reserved pred / meas (err) | peak pred / meas (err) | "
+             "trainable pred / meas |", "|---|---|---|---|---|---|"]
+    cell = lambda x: ("—" if x["measured"] is None else
+                      f"{x['predicted']:.2f} / {x['measured']:.2f} ({x['error_pct']:+.1f}%)")
+    for r in recs:
+        t = r.get("trainable") or {}
+        lines.append(f"| {r['row']} | {r['status']} | {cell(r['allocated'])} | {cell(r['reserved'])} | "
+                     f"{cell(r['peak'])} | {t.get('predicted', '—')} / {t.get('measured', '—')} |")
+    errs = [abs(r["peak"]["error_pct"]) for r in recs if r["peak"]["error_pct"] is not None]
+    if errs:
+        lines += ["", f"peak: {len(errs)} rows measured, median abs error {statistics.median(errs):.1f}%, "
+                      f"max {max(errs):.1f}%"]
+    return "\n".join(lines)
+
+
+def main(argv) -> int:
+    args = [a for a in argv if not a.startswith("--")]
+    path = args[0] if args else str(HERE / "data" / "h200.jsonl")
+    preds = [json.loads(x) for x in (HERE / "data" / "predictions.jsonl").read_text().splitlines() if x]
+    measured = {}
+    for line in open(path):
+        if line.strip():
+            r = json.loads(line)
+            measured[r["spec"].get("row")] = r
+    recs = compare(preds, measured)
+    print(render(recs) if "--json" not in argv else json.dumps(recs, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
