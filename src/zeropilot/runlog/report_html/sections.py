@@ -95,13 +95,37 @@ def ops(summary: Dict[str, Any], kind: str) -> str:
 
 
 def _fixes(fixes: List[Dict[str, Any]]) -> str:
+    """Ranked fixes: each with its predicted peak against the limit and whether it fits (or "not ranked")."""
     if not fixes:
         return ""
-    items = "".join(f"<li><b>{esc(f['fix'])}</b>" + (f" (saves about {gib(f['expected_bytes'])})"
-                                                     if f.get("expected_bytes") else "")
-                    + (f"<br><span class=why>{esc(f['why'])}</span>" if f.get("why") else "") + "</li>"
-                    for f in fixes)
-    return f'<h4>fixes, best first</h4><ol class="fixes">{items}</ol>'
+    items = []
+    for f in fixes:
+        pred = ""
+        if f.get("predicted_peak_bytes") is not None:
+            verdict = {True: '<b class="fits">fits</b>', False: '<b class="nofit">does not fit</b>'}.get(f.get("fits"), "")
+            pred = (f" → predicted peak {gib(f['predicted_peak_bytes'])}"
+                    + (f" of {gib(f['limit_bytes'])}" if f.get("limit_bytes") else "") + (f": {verdict}" if verdict else ""))
+        elif f.get("ranked") is False:
+            pred = ' <span class="why">(not ranked: from the OOM record, the plan does not predict it)</span>'
+        elif f.get("expected_bytes"):
+            pred = f" (saves about {gib(f['expected_bytes'])})"
+        where = f"<br><span class=why>where: {esc(f['applies_to'])}</span>" if f.get("applies_to") else ""
+        why = f"<br><span class=why>{esc(f['why'])}</span>" if f.get("why") else ""
+        items.append(f"<li><b>{esc(f['fix'])}</b>{pred}{where}{why}</li>")
+    return f'<h4>fixes, best first</h4><ol class="fixes">{"".join(items)}</ol>'
+
+
+def frames_list(where: List[str], recorded: Optional[List[Dict[str, Any]]]) -> str:
+    """The frames worth reading (the user's and the model's, and the innermost), library plumbing folded."""
+    from zeropilot.runlog.frames import display, folded_line
+
+    shown, folded = display(where, recorded)
+    if not shown:
+        return ""
+    items = "".join(f"<li><code>{esc(f)}</code></li>" for f in shown)
+    fold = (f'<details class="folded"><summary>{esc(folded_line(folded))}</summary><ol class=frames>'
+            + "".join(f"<li><code>{esc(f)}</code></li>" for f in folded) + "</ol></details>") if folded else ""
+    return f"<ol class=frames>{items}</ol>{fold}"
 
 
 def mem_bar(m: Dict[str, Any], request: Optional[int], limit: Optional[int]) -> str:
@@ -147,18 +171,19 @@ def oom(summary: Dict[str, Any]) -> str:
         mem_rows = [[esc(k.replace("_bytes", "").replace("_", " ")), gib(val) if k.endswith("_bytes") else _e(val)]
                     for k, val in m.items() if val is not None]
         evidence = "".join(f"<li>{esc(e)}</li>" for e in v["evidence"])
-        frames = "".join(f"<li><code>{esc(f)}</code></li>" for f in o["where"])
+        frames = frames_list(o["where"], o.get("frames"))
         parts.append(
             f'<div class="oom" data-rank="{o["rank"]}"><h3>rank {o["rank"]}: out of memory at step {_e(o["step"])} '
             f'({_e(o["phase"])}), asked for {gib(o["request_bytes"])}</h3>'
             f'<p class="kind">{_e(v["kind"])}: {_e(v["summary"])}</p>'
-            + (f"<p>just before: {esc(o['just_before'])}</p>" if o["just_before"] else "")
+            + (f"<p>just before: {esc(o['just_before'])}</p>" if o["just_before"] and not any(
+                str(e).startswith("just before:") for e in v["evidence"]) else "")
             + (f"<h4>the card at the failure</h4>{mem_bar(m, o['request_bytes'], o['allocator_limit_bytes'])}"
                if m.get("device_total_bytes") or o["allocator_limit_bytes"] else "")
             + (f"<h4>evidence</h4><ul>{evidence}</ul>" if evidence else "")
             + _fixes(o["fixes"])
             + (f"<h4>memory at the failure</h4>{table(['field', 'value'], mem_rows, 'mem')}" if mem_rows else "")
-            + (f"<h4>where</h4><ol class=frames>{frames}</ol>" if frames else "")
+            + (f"<h4>where</h4>{frames}" if frames else "")
             + (f"<p>memory snapshot (PyTorch memory_viz): <code>{esc(o['snapshot'])}</code></p>"
                if o["snapshot"] else "") + "</div>")
     return "".join(parts)
