@@ -111,6 +111,7 @@ class RankGuard:
         self.activity = 0  # grows when the main thread's call stack changed since the last beat
         self._main_ident = threading.main_thread().ident
         self._fingerprint: Any = None
+        self._fr_done = time.time()  # flight-recorder requests older than this were answered (or predate us)
         self._stop = threading.Event()
         self._stacks_fh = None
         self._install_stack_dump()
@@ -198,6 +199,33 @@ class RankGuard:
                 return
             self._sample()
             self.beat()
+            self._dump_flight_recorder_if_asked()
+
+    def _dump_flight_recorder_if_asked(self) -> None:
+        """The watchdog touched ``.fr-request``: write this rank's flight recorder (gloo has no dump pipe).
+
+        One ``stat`` per beat when nothing is asked. The dump is PyTorch's own
+        (``torch._C._distributed_c10d._dump_fr_trace``), read by ``guard.flight`` without unpickling code."""
+        try:
+            asked = os.stat(self.dir.fr_request).st_mtime
+        except OSError:
+            return
+        if asked <= self._fr_done:
+            return
+        self._fr_done = asked
+        torch = _torch()
+        try:
+            c10d = torch._C._distributed_c10d if torch is not None else None
+            dump = getattr(c10d, "_dump_fr_trace", None)
+            if dump is None or not torch.distributed.is_initialized():
+                return
+            data = dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+            tmp = str(self.dir.gloo_trace(self.rank)) + ".tmp"
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, self.dir.gloo_trace(self.rank))
+        except Exception:  # noqa: BLE001 - a dump that fails leaves the stacks to tell
+            pass
 
     # -- records ------------------------------------------------------------------------------
     def record(self, kind: str, **fields: Any) -> None:

@@ -218,10 +218,28 @@ def _flag(value: Any) -> Optional[bool]:
     return value if isinstance(value, bool) else None
 
 
-def _locks(value: Any) -> List[Dict[str, Any]]:
+def locks(value: Any) -> List[Dict[str, Any]]:
+    """Op-build locks: ``{path, age_s, op, state (live | stale), ours, pid}`` (older records: the first two)."""
     if not isinstance(value, list):
         return []
-    return [{"path": text(x.get("path")), "age_s": num(x.get("age_s"))} for x in value[:MAX_ITEMS] if isinstance(x, dict)]
+    return [{"path": text(x.get("path")), "age_s": num(x.get("age_s")), "op": text(x.get("op")),
+             "state": text(x.get("state")), "ours": _flag(x.get("ours")), "pid": integer(x.get("pid"))}
+            for x in value[:MAX_ITEMS] if isinstance(x, dict)]
+
+
+def builds(value: Any) -> List[Dict[str, Any]]:
+    """Op builds the watchdog waited for (progress, not a hang): ``{op, folder, seconds, compilers}``."""
+    if not isinstance(value, list):
+        return []
+    out = []
+    for b in value[:MAX_ITEMS]:
+        if isinstance(b, dict):
+            secs = num(b.get("seconds"))
+            if secs is None and num(b.get("last_t")) is not None and num(b.get("first_t")) is not None:
+                secs = num(b["last_t"] - b["first_t"])
+            out.append({"op": text(b.get("op")), "folder": text(b.get("folder")), "seconds": secs,
+                        "compilers": texts(b.get("compilers"))})
+    return out
 
 
 def _flight_summary(value: Any) -> Optional[Dict[str, Any]]:
@@ -246,10 +264,11 @@ def hang(record: Dict[str, Any]) -> Dict[str, Any]:
         "timeout_s": num(record.get("timeout_s")),
         "action": text(record.get("action")),
         "ranks": ranks[:MAX_ITEMS],
-        "locks": _locks(record.get("locks")),
+        "locks": locks(record.get("locks")),
+        "builds": builds(record.get("builds")),
         "flight_recorder": texts(record.get("flight_recorder")),
         "flight_recorder_summary": _flight_summary(record.get("flight_recorder_summary")),
-        "verdict": {"ranks": ints(v.get("ranks")), "where": texts(v.get("where")),
+        "verdict": {"class": text(v.get("class")), "ranks": ints(v.get("ranks")), "where": texts(v.get("where")),
                     "reason": text(v.get("reason")), "cause": text(v.get("cause")), "fixes": fixes(v.get("fixes")),
                     "ranks_detail": texts(v.get("ranks_detail"))},
     }

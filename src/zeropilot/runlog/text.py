@@ -211,14 +211,16 @@ def _hang(summary: Dict[str, Any]) -> List[str]:
     v = h["verdict"]
     lines = [f"HANG: {clean(v['reason'] or 'no progress')} (timeout {secs(h['timeout_s'])}, action {clean(h['action'])})"]
     if v.get("cause"):
-        lines.append(f"  cause: {clean(v['cause'])}")
+        lines.append(f"  cause" + (f" ({clean(v['class'])})" if v.get("class") else "") + f": {clean(v['cause'])}")
     for r in h["ranks"]:
         odd = " <- stuck" if r["rank"] in v["ranks"] else ""
         dead = " (process gone)" if r.get("alive") is False else ""
         waits = f", in {clean(r['where'][-1])}" if r.get("where") else ""
         lines.append(f"  rank {r['rank']}: phase {clean(r['phase'])} at step {r['step']}{waits}{dead}{odd}")
     for lock in h.get("locks") or []:
-        lines.append(f"  op-build lock: {clean(lock['path'])} ({secs(lock['age_s'])} old)")
+        state = {"live": ", a build is working on it", "stale": ", no live build holds it"}.get(lock.get("state") or "", "")
+        lines.append(f"  op-build lock: {clean(lock['path'])} ({secs(lock['age_s'])} old{state}"
+                     + (", taken by this job" if lock.get("ours") else "") + ")")
     fr = h.get("flight_recorder_summary") or {}
     if fr.get("text"):
         lines += [f"  flight recorder: {clean(ln)}" for ln in fr["text"].splitlines()[:8]]
@@ -227,6 +229,18 @@ def _hang(summary: Dict[str, Any]) -> List[str]:
         # faulthandler writes the most recent call first: the first frames are where the rank waits
         lines += [f"    rank {rank} stack: {clean(ln)}" for ln in stacks.get(rank, [])[:4]]
     return lines + _fixes(v.get("fixes") or [])
+
+
+def _machine(summary: Dict[str, Any]) -> List[str]:
+    """Op builds the watchdog waited for, and the locks zeropilot run removed after the job."""
+    lines = []
+    for b in summary.get("builds") or []:
+        lines.append(f"op build {clean(b['op'])}: the watchdog waited for it ({secs(b['seconds'])} of compiling seen: "
+                     f"{clean(', '.join(b['compilers'][:3]))}): progress, not a hang")
+    for lock in summary.get("locks_removed") or []:
+        lines.append(f"removed op-build lock {clean(lock['path'])} (age {secs(lock['age_s'])}): this job's build took it "
+                     "and was stopped before it gave it back; the next launch builds afresh")
+    return lines
 
 
 def _environment(summary: Dict[str, Any]) -> List[str]:
@@ -246,6 +260,7 @@ def render(summary: Dict[str, Any]) -> str:
         lines += _oom(o)
     if summary.get("hang"):
         lines += _hang(summary)
+    lines += _machine(summary)
     lines += _environment(summary)
     lines += [f"note: {clean(p)}" for p in summary.get("problems") or []]
     lines.append(f"run directory: {clean(summary['run_dir'])}")

@@ -111,6 +111,7 @@ def render(records: RunRecords, summary: Dict[str, Any]) -> str:
         sections.facts(summary),
         section("oom", "Out of memory", sections.oom(summary) if summary["ooms"] else None),
         section("hang", "Hang", sections.hang(summary) if summary["hang"] else None),
+        section("builds", "Op builds and locks", sections.machine(summary)),
         section("memory", "Memory, all ranks", overview),
         section("ranks", "Peaks per rank against the plan", sections.ranks(summary)),
         section("memory-per-rank", "Memory per rank over time", per_rank or None),

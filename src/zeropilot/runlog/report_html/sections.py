@@ -212,8 +212,11 @@ def _hang_extras(h: Dict[str, Any]) -> str:
     """Op-build locks and the NCCL flight recorder's reading, where the watchdog found them."""
     out = ""
     if h["locks"]:
-        out += "<h4>op-build locks</h4>" + table(["lock", "age"], [[f"<code>{_e(x['path'])}</code>", secs(x["age_s"])]
-                                                                   for x in h["locks"]], "locks")
+        out += "<h4>op-build locks</h4>" + table(["lock", "age", "state", "taken by this job"], [
+            [f"<code>{_e(x['path'])}</code>", secs(x["age_s"]), _e(x.get("state")),
+             {True: "yes", False: "no", None: "-"}[x.get("ours")]] for x in h["locks"]], "locks")
+    if h.get("builds"):
+        out += "<h4>op builds the watchdog waited for</h4>" + builds_table(h["builds"])
     fr = h["flight_recorder_summary"]
     if fr and fr["text"]:
         out += f"<h4>NCCL flight recorder</h4><pre>{esc(fr['text'])}</pre>"
@@ -271,6 +274,23 @@ def environment(summary: Dict[str, Any]) -> str:
     vers = [[esc(k), esc(v)] for k, v in sorted((summary.get("versions") or {}).items())]
     return (table(["setting", "value"], rows, "env") if rows else "<p>no environment recorded</p>") + \
         (table(["package", "version"], vers, "versions") if vers else "")
+
+
+def builds_table(builds: List[Dict[str, Any]]) -> str:
+    return table(["op", "compiling seen for", "compilers"], [[_e(b["op"]), secs(b["seconds"]),
+                                                              esc(", ".join(b["compilers"][:4]))] for b in builds], "builds")
+
+
+def machine(summary: Dict[str, Any]) -> Optional[str]:
+    """Op builds the watchdog waited for, and op-build locks zeropilot run removed after the job."""
+    out = ""
+    if summary.get("builds"):
+        out += "<p>op builds are progress, not a hang: the watchdog waited for these</p>" + builds_table(summary["builds"])
+    if summary.get("locks_removed"):
+        out += ("<p>op-build locks this job's build took and was stopped before giving back, removed at the end "
+                "(the next launch builds afresh)</p>" + table(["lock", "age"], [
+                    [f"<code>{_e(x['path'])}</code>", secs(x["age_s"])] for x in summary["locks_removed"]], "locks"))
+    return out or None
 
 
 def problems(summary: Dict[str, Any]) -> Optional[str]:
