@@ -9,6 +9,7 @@ one of ``long_seq`` tokens. ``cap_gib`` emulates a card of that size (the alloca
 the process holds outside PyTorch, via ``torch.cuda.set_per_process_memory_fraction``). ``max_len`` truncates
 every sample (the fix ``cap sequences at N tokens``); ``mb``/``ga``/``gc``/``offload_opt``/``offload_param``: the
 Trainer's batch, accumulation, gradient checkpointing and ZeRO offloads. Prints ``RESULT {json}`` on rank 0.
+Without CUDA it runs on the CPU (``use_cpu``, gloo): a smoke run of the same code (``DS_ACCELERATOR=cpu``).
 """
 
 import json
@@ -59,25 +60,34 @@ def collate(rows):
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
+CUDA = torch.cuda.is_available()
+
+
+def sync():
+    if CUDA:
+        torch.cuda.synchronize()
+
+
 class StepTimes(TrainerCallback):
     def __init__(self):
         self.times, self.t = [], None
 
     def on_step_begin(self, args, state, control, **kw):
-        torch.cuda.synchronize()
+        sync()
         self.t = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kw):
-        torch.cuda.synchronize()
+        sync()
         self.times.append(time.perf_counter() - self.t)
 
 
 def main():
     spec = json.loads(sys.argv[1])
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    deepspeed.init_distributed()  # before the model: ZeRO-3 builds it inside zero.Init
-    if spec.get("cap_gib"):
+    if CUDA:
+        torch.cuda.set_device(local)
+    deepspeed.init_distributed(dist_backend=None if CUDA else "gloo")  # before the model: ZeRO-3's zero.Init
+    if spec.get("cap_gib") and CUDA:
         torch.zeros(1, device="cuda")
         free, total = torch.cuda.mem_get_info()
         outside = total - free - torch.cuda.memory_reserved()
@@ -90,6 +100,7 @@ def main():
           "train_batch_size": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
           "zero_optimization": zero, "zero_force_ds_cpu_optimizer": False}
     args = TrainingArguments(output_dir=spec.get("out_dir", "/tmp/hf_long_batch"), deepspeed=ds, bf16=True,
+                             use_cpu=not CUDA,
                              per_device_train_batch_size=spec.get("mb", 1),
                              gradient_accumulation_steps=spec.get("ga", 1), max_steps=spec.get("steps", 6),
                              gradient_checkpointing=bool(spec.get("gc")), save_strategy="no", logging_steps=1000,
@@ -108,7 +119,7 @@ def main():
         warm = timer.times[spec.get("warmup", 2):]
         print("RESULT " + json.dumps({"spec": spec, "step_seconds": timer.times,
                                       "median_s": sorted(warm)[len(warm) // 2] if warm else None,
-                                      "peak_reserved": torch.cuda.max_memory_reserved()}), flush=True)
+                                      "peak_reserved": torch.cuda.max_memory_reserved() if CUDA else None}), flush=True)
 
 
 if __name__ == "__main__":
