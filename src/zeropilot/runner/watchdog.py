@@ -2,7 +2,7 @@
 
 It reads heartbeats (``heartbeat-rank-N.json``) and the size of every ``rank-N.jsonl``; progress is
 any change of either. An op build is progress too: when the deadline comes while a compiler of this job
-(``/proc``: same session, :mod:`zeropilot.runner.procs`) is alive and using CPU, or the build folder changed, the
+(``/proc``: the job's session and the descendants of its first process, :mod:`zeropilot.runner.procs`) is alive and using CPU, or the build folder changed, the
 deadline moves on by another timeout and the build is recorded (``builds`` in run.json) instead of a hang. On a
 hang it asks every live rank for its stacks (faulthandler's signal, see :mod:`zeropilot.guard.rank`) and its
 flight recorder (NCCL: its dump pipe; gloo: the guard's heartbeat thread, on ``.fr-request``), waits a moment
@@ -60,7 +60,7 @@ class Watchdog:
         self.action = action
         self.world_size = world_size
         self.env = env
-        self.session = session  # the job's session id (the supervisor's child): its compilers are ours
+        self.session = session  # the job's first process (and session): its compilers are ours
         self.last_key: Tuple = ()
         self.last_change = time.time()
         self.fired = False
@@ -92,11 +92,19 @@ class Watchdog:
         limit = self.timeout_s if key else max(self.timeout_s, STARTUP_GRACE_S)
         if now - self.last_change < limit:
             return None
-        if self.building(now):
-            self.last_change = now  # an op build is progress: another timeout from here
+        if self.building(now) or self.finished():
+            self.last_change = now  # an op build is progress; ranks that all ended wait for their launcher
             return None
         self.fired = True
         return self.fire()
+
+    def finished(self) -> bool:
+        """Every rank (all ``world_size`` of them, where known) ended its work (phase ``exit``): the launcher is
+        ending the job, which is not a hang (a slow interpreter teardown on a loaded machine takes seconds)."""
+        beats = self._beats()
+        if not beats or (self.world_size and len(beats) < self.world_size):
+            return False
+        return all(hb.get("phase") == "exit" for hb in beats.values())
 
     def _op_folder(self, cwd: Optional[str]) -> Optional[str]:
         """The op build folder a compiler works in: PyTorch runs ninja (and so the compiler) in it; None when the
@@ -110,7 +118,7 @@ class Watchdog:
         return None
 
     def building(self, now: Optional[float] = None) -> bool:
-        """Whether an op build of this job made progress since the last look: a compiler of the job's session used
+        """Whether an op build of this job made progress since the last look: a compiler of the job used
         CPU (or appeared), or its build folder changed. Records it in :attr:`builds`."""
         if self.session is None:
             return False
