@@ -216,3 +216,41 @@ def hang_sleep_rank1() -> Job:
 def hang_stale_lock() -> Job:
     """A lock left by a killed op build: every rank waits for it before its first step."""
     return _hangs()["stale_lock"]
+
+
+BUILD_FLAGS = ["--no-check", "--hang-timeout", "3", "--on-hang", "stop"]
+
+
+@functools.lru_cache(maxsize=None)
+def op_build_stopped_then_next() -> tuple:
+    """A real JIT op build (``jobs/build_op.py``, 2 ranks) stopped by SIGTERM to ``zeropilot run`` while it
+    holds its lock, then the next launch on the same ``TORCH_EXTENSIONS_DIR``, whose build outlasts its 3 s hang
+    timeout. Returns (stopped Job, next Job)."""
+    import time
+
+    env = job_env("op_build")
+    base = root() / "op_build_stopped"
+    base.mkdir(parents=True, exist_ok=True)
+    run_dir = base / "run"
+    cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "build_op.py")]
+    argv = [sys.executable, "-m", "zeropilot", "run", "--out", str(run_dir), *BUILD_FLAGS, "--", *cmd]
+    proc = subprocess.Popen(argv, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.time() + JOB_TIMEOUT_S
+        locks = run_dir / "build-locks.jsonl"
+        while time.time() < deadline and proc.poll() is None:
+            if locks.exists() and "acquired" in locks.read_text():
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # as `timeout`, a scheduler or a user's kill would
+        out, err = proc.communicate(timeout=60)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    stopped = Job(run_dir, proc.returncode, out, err, base / "ckpt", argv)
+    cmd[4] = str(free_port())
+    nxt = zeropilot_run("op_build_next", cmd, BUILD_FLAGS, env=env)
+    return stopped, nxt

@@ -79,6 +79,10 @@ class Watchdog:
                 parts.append((r, os.path.getsize(self.dir.events(r))))
             except OSError:
                 pass
+        try:  # an op-build lock taken or given back by the job is progress too
+            parts.append(("build-locks", os.path.getsize(self.dir.build_locks)))
+        except OSError:
+            pass
         return tuple(parts)
 
     def poll(self) -> Optional[Dict]:
@@ -117,9 +121,25 @@ class Watchdog:
                 return cwd
         return None
 
+    def _held_folders(self) -> List[str]:
+        """Build folders whose lock a live process of this job took and has not given back (``build-locks.jsonl``)."""
+        from zeropilot.guard.locks import taken
+
+        return [os.path.dirname(p) for p, rec in taken(self.dir.root).items() if _alive(rec.get("pid"))]
+
+    def _folder_changed(self, folder: str) -> bool:
+        try:
+            mtime = max((e.stat().st_mtime for e in os.scandir(folder)), default=0.0)
+        except OSError:
+            mtime = 0.0
+        changed = mtime > self._build_mtime.get(folder, -1.0)
+        self._build_mtime[folder] = mtime
+        return changed
+
     def building(self, now: Optional[float] = None) -> bool:
-        """Whether an op build of this job made progress since the last look: a compiler of the job used
-        CPU (or appeared), or its build folder changed. Records it in :attr:`builds`."""
+        """Whether an op build of this job made progress since the last look: a compiler of the job used CPU (or
+        appeared), or a build folder changed (one a compiler of the job works in, or whose lock a live process of
+        the job holds: it writes ``build.ninja`` before the compiler starts). Records it in :attr:`builds`."""
         if self.session is None:
             return False
         now = time.time() if now is None else now
@@ -129,28 +149,22 @@ class Watchdog:
         for c in comps:
             pid, t = int(c["pid"]), int(c["ticks"])
             ticks[pid] = t
-            if t > self._ticks.get(pid, -1):
-                progressed = True
-            folder = self._op_folder(c.get("cwd"))
-            if folder is not None:
-                try:
-                    mtime = max((e.stat().st_mtime for e in os.scandir(folder)), default=0.0)
-                except OSError:
-                    mtime = 0.0
-                if mtime > self._build_mtime.get(folder, -1.0):
-                    progressed = True
-                self._build_mtime[folder] = mtime
+            progressed = progressed or t > self._ticks.get(pid, -1)
         self._ticks = ticks
-        if not comps or not progressed:
+        folders = {f for f in (self._op_folder(c.get("cwd")) for c in comps) if f} | set(self._held_folders())
+        for folder in sorted(folders):
+            progressed = self._folder_changed(folder) or progressed
+        if not progressed:
             return False
-        for c in comps:
-            folder = self._op_folder(c.get("cwd")) or str(c.get("cwd"))
+        for folder in sorted(folders) or [str(c.get("cwd")) for c in comps[:1]]:
             b = self.builds.setdefault(folder, {"op": os.path.basename(folder), "folder": folder, "first_t": now,
                                                 "last_t": now, "compilers": []})
             b["last_t"] = now
-            name = f"{c['comm']} (pid {c['pid']})"
-            if name not in b["compilers"] and len(b["compilers"]) < 20:
-                b["compilers"].append(name)
+            for c in comps:
+                name = f"{c['comm']} (pid {c['pid']})"
+                if self._op_folder(c.get("cwd")) in (folder, None) and name not in b["compilers"] \
+                        and len(b["compilers"]) < 20:
+                    b["compilers"].append(name)
         return True
 
     def live_dirs(self) -> List[str]:
