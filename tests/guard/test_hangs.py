@@ -54,7 +54,11 @@ def _waits_on_lock(rank):
 
 def test_a_lock_our_live_holder_sits_on_is_a_stalled_build_naming_the_holder_not_a_stale_lock():
     lock = {"path": "/e/op/lock", "age_s": 40.0, "state": "live", "holder_rank": "0", "holder_pid": 7}
-    v = hang_verdict([_waits_on_lock(1)], 2, 30.0, [lock])
+    holder = RankState(0, phase="init", step=0, alive=True, frames=[
+        {"file": "/work/train.py", "line": 9, "func": "main"},
+        {"file": "/sp/torch/utils/cpp_extension.py", "line": 2893, "func": "_run_ninja_build"},
+        {"file": "/usr/lib/python3.11/subprocess.py", "line": 1196, "func": "communicate"}])
+    v = hang_verdict([holder, _waits_on_lock(1)], 2, 30.0, [lock])
     assert v["class"] == "build_stalled" and v["ranks"] == [0] and "taken by rank(s) 0" in v["cause"]
     v = hang_verdict([_waits_on_lock(0), _waits_on_lock(1)], 2, 30.0, [dict(lock, state="stale", holder_rank=None)])
     assert v["class"] == "stale_lock" and v["ranks"] == [0, 1] and v["fixes"][0].endswith("/e/op/lock")
