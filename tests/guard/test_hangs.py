@@ -62,3 +62,11 @@ def test_a_lock_our_live_holder_sits_on_is_a_stalled_build_naming_the_holder_not
     assert v["class"] == "build_stalled" and v["ranks"] == [0] and "taken by rank(s) 0" in v["cause"]
     v = hang_verdict([_waits_on_lock(0), _waits_on_lock(1)], 2, 30.0, [dict(lock, state="stale", holder_rank=None)])
     assert v["class"] == "stale_lock" and v["ranks"] == [0, 1] and v["fixes"][0].endswith("/e/op/lock")
+
+
+def test_zero3s_own_gather_is_a_collective():
+    frames = [{"file": "/work/train.py", "line": 82, "func": "main"},
+              {"file": "/sp/deepspeed/runtime/engine.py", "line": 4954, "func": "save_checkpoint"},
+              {"file": "/sp/deepspeed/runtime/zero/partition_parameters.py", "line": 2112,
+               "func": "_allgather_params_coalesced"}]
+    assert collective(frames) == "_allgather_params_coalesced"

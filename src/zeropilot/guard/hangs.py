@@ -36,6 +36,9 @@ _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barr
                 "monitored_barrier", "_all_gather_base", "all_gather_into_tensor", "reduce_scatter_tensor",
                 "all_to_all_single", "_reduce_scatter_base")
 _COMM_FILES = ("torch/distributed/", "deepspeed/comm/", "torch/nn/parallel/", "deepspeed/runtime/comm/")
+#: DeepSpeed's own wrappers that wait on a collective's handle (ZeRO-3's parameter gather waits in
+#: ``partition_parameters._allgather_params_coalesced``, below which only C++ runs)
+_DS_COLLECTIVE = re.compile(r"all_?gather|reduce_?scatter|all_?reduce|barrier|broadcast")
 _DATA_FILES = ("torch/utils/data/", "accelerate/data_loader.py", "transformers/data/data_collator.py",
                "datasets/arrow_dataset.py", "datasets/iterable_dataset.py")
 _DATA_FUNCS = ("__getitem__", "__getitems__", "__iter__", "__next__")
@@ -88,6 +91,8 @@ def collective(frames: List[Dict[str, Any]]) -> Optional[str]:
         if "file_baton" in path:
             return "build lock (torch.utils.file_baton)"
         if any(p in path for p in _COMM_FILES) and f["func"].lstrip("_") in names:
+            return f["func"]
+        if "deepspeed/" in path and _DS_COLLECTIVE.search(f["func"].lower()):
             return f["func"]
     return None
 
