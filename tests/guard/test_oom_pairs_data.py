@@ -1,6 +1,6 @@
 """Real OOMs on an H200 and their re-runs with the first fix zeropilot printed (``bench/guard/device_oom_pairs.sh``).
 
-The run directories are committed under ``bench/guard/data/oom_pairs/`` (the script's tarball unpacked there:
+The run directories are committed under ``data/oom_pairs/`` in bench's guard folder (the script's tarball unpacked:
 ``oom_pairs.json``, ``<name>/`` and ``<name>-fixed/``). Each pair: the first run ran out of memory with the
 expected class, the first fix is the one a DeepSpeed expert would pick, and the re-run with it ended without an
 OOM under the same cap. The classifier, run here on the record, gives the verdict and first fix the guard wrote
@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "bench" / "guard" / "data" / "oom_pairs"
 SUMMARY = DATA / "oom_pairs.json"
 pytestmark = pytest.mark.skipif(not SUMMARY.exists(), reason=(
-    "bench/guard/data/oom_pairs/ is not committed yet: bash bench/guard/device_oom_pairs.sh OUT on one H200, then "
-    "tar xzf OUT/oom_pairs_runs.tar.gz -C bench/guard/data"))
+    f"{DATA.relative_to(REPO)} is not committed yet: bash bench/guard/device_oom_pairs.sh OUT on one H200, then "
+    f"tar xzf OUT/oom_pairs_runs.tar.gz -C {DATA.parent.relative_to(REPO)}"))
 #: the first fix a DeepSpeed expert picks, by the key of the fix record (a combination: keys joined by "+")
 EXPERT = {"hf-long-batch": {"seq_len_outlier"}, "ds-micro-batch": {"micro_batch", "gradient_checkpointing"},
           "ds-full-ft-optimizer": {"offload_optimizer"}, "ds-save-spike": {"gather_16bit_on_save"},
