@@ -17,6 +17,7 @@ RULES_SCHEMA = "zeropilot.rules/1"
 PLAN_SCHEMA = "zeropilot.plan/1"
 CALIBRATE_SCHEMA = "zeropilot.calibrate/1"
 CKPT_INSPECT_SCHEMA = "zeropilot.ckpt-inspect/1"
+CKPT_UNIVERSAL_SCHEMA = "zeropilot.ckpt-universal/1"
 # ``repro`` and ``report`` (also printed by ``run --format json``) name theirs where their documents are built:
 # ``zeropilot.repro.verdict.SCHEMA`` and ``zeropilot.runlog.summary.REPORT_SCHEMA`` / ``COMPARE_SCHEMA``.
 
