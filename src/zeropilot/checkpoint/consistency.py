@@ -349,7 +349,7 @@ def check_group_states(world: int, optims: List[OptimizerStates], stage: int) ->
     for rank, o in enumerate(optims):
         for g, (entry, flat) in enumerate(zip(o.group_states, o.flat)):
             have = [k for k, v in entry.items() if _is_tensor(v) and len(getattr(v, "shape", ())) >= 1]
-            if have != names:
+            if set(have) != set(names):  # the order may differ: DeepSpeed's universal loader fills them from a set
                 raise DamagedCheckpoint(f"rank {rank}, group {g}: the optimizer keeps {', '.join(have) or 'nothing'} "
                                         f"per element, rank 0's group 0 {', '.join(names) or 'nothing'}", [o.path])
             sizes = {flat.numel, flat.numel + _pad(o, g)}
