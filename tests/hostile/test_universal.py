@@ -15,7 +15,7 @@ import zipfile
 
 import pytest
 
-from tests.hostile.conftest import Z2, Z3, SECRET, resave, run_cli
+from tests.hostile.conftest import SECRET, Z2, Z3, resave, run_cli
 from tests.hostile.test_inconsistent import _adam_step, _rename_param, _uneven
 from tests.hostile.test_pickles import _plant
 
@@ -68,7 +68,9 @@ CASES = {
     "exp-avg-of-two-dimensions": (Z2, OPT.format(0), _moment(lambda t: t.view(2, -1)), 1, ["exp_avg", "flat"]),
     "a-moment-missing-on-one-rank": (Z3, OPT.format(1), _drop_moment, 1, ["rank 1", "exp_avg_sq"]),
     "elastic-base-optimizer-state": (Z2, "*optim_states.pt", _elastic, 2, ["elastic"]),
-    "state-of-a-group-that-does-not-exist": (Z2, OPT.format(0), _extra_group, 2, ["parameter groups"]),
+    "state-of-a-group-that-does-not-exist": (Z2, "*optim_states.pt", _extra_group, 2, ["parameter groups"]),
+    "state-of-one-more-group-on-rank-0": (Z2, OPT.format(0), _extra_group, 1, ["rank 1", "1 parameter group",
+                                                                               "rank 0's for 2"]),
     "adam-step-of-another-step": (Z2, OPT.format(1), _adam_step(1), 1, ["rank 1", "step"]),
 }
 
@@ -207,4 +209,5 @@ def test_the_secret_never_reaches_the_output(case):
     assert ran.rc == 0, ran.stderr
     for dirpath, _dirs, files in os.walk(c.out):
         for name in files:
-            assert SECRET not in (open(os.path.join(dirpath, name), "rb").read())
+            with open(os.path.join(dirpath, name), "rb") as f:
+                assert SECRET not in f.read()

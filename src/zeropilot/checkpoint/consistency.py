@@ -289,6 +289,9 @@ def _check_optimizers(world: int, optims: List[OptimizerStates]) -> None:
             raise DamagedCheckpoint(f"rank {rank}: field optimizer_state_dict.partition_count is "
                                     f"{o.partition_count}, not {world}: written by a run of another size "
                                     "(files of two runs mixed in one tag folder?)", [o.path])
+        if len(o.steps) != len(ref.steps):
+            raise DamagedCheckpoint(f"rank {rank}: the optimizer keeps state for {len(o.steps)} parameter group(s), "
+                                    f"rank 0's for {len(ref.steps)}: optimizer files of different runs", [o.path])
         if o.steps != ref.steps:
             raise DamagedCheckpoint(f"rank {rank}: the optimizer's step is {_fmt(o.steps)}, rank 0's is "
                                     f"{_fmt(ref.steps)}: optimizer files of different steps", [o.path])
