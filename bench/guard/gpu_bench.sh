@@ -1,5 +1,5 @@
 #!/bin/bash
-# The guard on two H200s: the seed scenario, each OOM class, a hang over NCCL, overhead.
+# The guard on two H200s: the seed scenario, each OOM class, a hang over NCCL, the guard's cost per step.
 # Usage (GPU machine, repository root): bash bench/guard/gpu_bench.sh OUT   -> OUT/log.txt, OUT/runs.tar.gz
 set -u
 OUT=$1; R=$OUT/runs; mkdir -p $R
@@ -24,18 +24,9 @@ section hang  # save on rank 0 only, NCCL, flight recorder
 FAULTS_BACKEND=nccl timeout 100 $ZP --hang-timeout 12 --on-hang stop --out $R/hang-nccl -- torchrun --nproc_per_node 2 --master_port $(port) tests/guard/jobs/ds_faults.py --fault save-rank0-only --save-dir /tmp/hang_ck --deepspeed_config tests/guard/jobs/ds_config.json > $R/hang-nccl.out 2>&1
 tail -25 $R/hang-nccl.out; ls -la $R/hang-nccl
 
-section overhead  # paired runs, guard and plain at the same time on the two GPUs, swapped each round
-OV='{"size":"qwen0.5b","stage":2,"mb":4,"seq":1024,"steps":30,"warmup":5}'
-for round in 1 2 3; do
-  if [ $((round % 2)) = 1 ]; then g=0; p=1; else g=1; p=0; fi
-  CUDA_VISIBLE_DEVICES=$g timeout 120 $ZP --out $R/overhead-guard-$round -- torchrun --nproc_per_node 1 --master_port $(port) $T "$OV" > $R/overhead-guard-$round.out 2>&1 &
-  CUDA_VISIBLE_DEVICES=$p timeout 120 torchrun --nproc_per_node 1 --master_port $(port) $T "$OV" > $R/overhead-plain-$round.out 2>&1 &
-  wait
-  grep -h RESULT $R/overhead-guard-$round.out $R/overhead-plain-$round.out | cut -c1-60
-done
+section hook-cost  # the guard's own work per optimizer step, in the rank (paired overhead: overhead_ab.sh)
 CUDA_VISIBLE_DEVICES=0 timeout 60 $ZP --out $R/hook-cost -- python3 bench/guard/hook_cost.py > $R/hook-cost.out 2>&1
 grep RESULT $R/hook-cost.out
 section done
-rm -rf $R/overhead-guard-*/stacks-rank-*.txt 2>/dev/null
 tar czf $OUT/runs.tar.gz -C $OUT runs
 ls -la $OUT

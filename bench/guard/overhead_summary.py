@@ -3,7 +3,7 @@
 Usage: python bench/guard/overhead_summary.py DIR
 
 Two layouts:
-  guard-N.out / plain-N.out            (overhead.sh, overhead_x2.sh): pair N, median warm step of each.
+  guard-N.out / plain-N.out            (the first pass's overhead.sh, in git history): pair N, median warm step.
   guard-gG-sS.out / plain-gG-sS.out    (overhead_ab.sh): GPU G, time slot S. The estimate compares guard and
       plain on the same GPU (the ABBA order balances drift in time): per GPU, the mean log median step of its
       guard runs minus that of its plain runs, then the mean over GPUs. Its uncertainty comes from the spread

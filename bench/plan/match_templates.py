@@ -1,7 +1,7 @@
 """How often each traced run's allocator history contains its layer template, tensor for tensor (issue 14, eleventh
 pass).
 
-For every committed trace (``data/traces*``) the template of its configuration (``memory.gpu.layer_tensors``: with
+For every committed trace (``data/traces/``) the template of its configuration (``memory.gpu.layer_tensors``: with
 autograd, and under checkpointing also without, ``NO_GRAD_TEMPLATES``) is expanded, its tensors of 1 MiB or more kept,
 and looked for in the training phase's allocations: where the sizes occur in a row, the releases are compared (each
 tensor released before the same later tensor; kept ones, and those released past the layer, still live after it).
@@ -62,21 +62,19 @@ def compare(sizes, until, got_sizes, got_until):
 
 def main(argv) -> int:
     root = Path(argv[0]).resolve() if argv else HERE.parents[1]
-    sys.path[:0] = [str(root / "src"), str(HERE), str(HERE.parents[1])]
+    sys.path[:0] = [str(root / "src"), str(HERE)]
     # imported first: rows.py puts this checkout's src ahead on the path
     layer_tensors = importlib.import_module("zeropilot.memory.gpu").layer_tensors
-    from rows import spec_inputs
-
-    from tests.memory.test_accuracy_bench import _step_tensors, _traced_runs
+    from rows import spec_inputs, step_tensors, traced_runs
 
     seen = set()
-    for r, _, _ in _traced_runs():
+    for r, _, _ in traced_runs():
         trace = r["spec"]["trace"]
         if trace in seen:
             continue
         seen.add(trace)
         inputs = spec_inputs(r["spec"], r["total_gpu_gb"])
-        got_sizes, got_until = _step_tensors(trace)
+        got_sizes, got_until = step_tensors(trace)
         for label, layer in (("autograd", layer_tensors(inputs)), ("no_grad", layer_tensors(inputs, no_grad=True))):
             if layer is None:
                 continue

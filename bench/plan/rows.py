@@ -1,26 +1,39 @@
-"""The measured rows of the plan benchmark, their split, and the plan inputs each one stands for.
+"""The measured rows of the plan benchmark (``data/rows.jsonl``), their split, and the plan inputs each one stands for.
 
-Rows come from ``../shared/calibration/measured_h200.jsonl`` (the calibration file, as copied into
-``data/calibration_h200.jsonl`` so the committed results stay reproducible; ``calibration_drift()`` says
-when the shared file beside the clone has changed since)
-and from this folder's own H200 runs (``data/h200_call*.jsonl``, made with ``zero_mem_probe_plan.py``).
+``data/rows.jsonl`` holds one line per measured run, in the order the results list them:
+  source  where the run comes from: ``calibration`` (``../shared/calibration/measured_h200.jsonl``, copied here so
+          the committed results stay reproducible; ``calibration_drift()`` says when the shared file beside the
+          clone has changed since), ``h200_callN`` (device call N on one H200) or ``h200x2_callN`` (on two H200s),
+          ``h200x2_issue5`` (the first world-size-2 runs);
+  split   which figures the row counts in (below);
+  spec    the probe's input (``zero_mem_probe_plan.py``: model config, ZeRO settings, ``ws``; issue-14 rows carry the
+          split and the predictions, ``pred_gib*``, written into the spec and committed before the run);
+  and what the probe measured: ``status`` (``phase``: where an OOM struck), ``snaps`` (allocator counters in GiB
+  after the build, after ``deepspeed.initialize`` and in training), ``non_torch_gb`` / ``non_torch_nvml_gb`` (memory
+  outside PyTorch: device-wide, and NVML's per process), ``host_peak_rss_gb``, ``ds_estimate_gpu_gb`` (DeepSpeed's
+  own estimator), ``step_s``, ``ckpt_bytes`` of the save runs, ``versions``. A world-size-2 run is its rank 0's row
+  (both ranks measure alike). ``python bench/plan/rows.py add SOURCE OUT/probe.jsonl`` appends a device call's
+  results; ``python bench/plan/rows.py specs SOURCE`` prints a source's specs, to measure them again.
 
 Splits:
   tuning    the calibration file's rows: the only rows the fitted constants saw (``fit.py``).
   holdout   our own runs of the calibration file's architectures (Qwen2.5, Llama 3.2), not tuned on.
   new-arch  our own runs of architectures absent from the calibration file (Gemma 2/3, Phi-3,
             Mistral, Qwen3, Llama 3.1 8B), not tuned on.
-  (Runs of data/h200_call2.jsonl ran up to four at a time, packed by predicted peak: their memory
-  outside PyTorch is NVML's per-process figure, ``non_torch_nvml_gb``.)
+  (Runs of h200_call2 ran up to four at a time, packed by predicted peak: their memory outside PyTorch is NVML's
+  per-process figure, ``non_torch_nvml_gb``.)
   capped    runs under a memory cap (emulated 16/24 GiB cards): scored on the fits/OOM verdict.
-  x2-fit / x2-holdout  issue 14's runs on 2 x H200 (data/h200x2_call*.jsonl, world size 1 and 2, ZeRO-3
-            with and without zero.Init, 7-8B full fine-tuning, offload): the split is in each spec,
-            chosen before the run (make_specs_x2.py); only x2-fit rows fit the issue-14 constants.
-  trace     calls 7, 10, 11: rows measured before, run again with the caching allocator's history recorded
-            (``analyze_trace.py``); neither fitted nor scored.
+  x2-fit / x2-holdout  issue 14's runs on 2 x H200 (world size 1 and 2, ZeRO-3 with and without zero.Init, 7-8B
+            full fine-tuning, offload): the split is in each spec, chosen before the run; only x2-fit rows fit the
+            issue-14 constants (``fit.py --x2``). x2-repeat: four older rows measured again (call 5).
+  trace     rows measured again with the caching allocator's history recorded (``data/traces/<spec trace>.json.gz``,
+            ``analyze_trace.py``); neither fitted nor scored.
+  ws2-issue5  issue 5's three runs at world size 2 (model built on the GPU), seen while the NCCL term was set, never
+            fitted; scored apart.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from dataclasses import dataclass
@@ -34,11 +47,12 @@ sys.path.insert(0, str(ROOT / "src"))
 from zeropilot.memory.inputs import GIB, Hardware, PlanInputs  # noqa: E402
 from zeropilot.models.arch import from_config  # noqa: E402
 
+ROWS = HERE / "data" / "rows.jsonl"
+TRACES = HERE / "data" / "traces"
 SHARED = ROOT.parent / "shared" / "calibration" / "measured_h200.jsonl"
-LOCAL_COPY = HERE / "data" / "calibration_h200.jsonl"
-OWN = sorted((HERE / "data").glob("h200_call*.jsonl"))
-X2 = sorted((HERE / "data").glob("h200x2_call*.jsonl"))
 CALIBRATED_NAMES = {"qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.2-3b"}
+#: what a probe's result line carries that no figure or test reads (the rank: a row is rank 0's)
+DROPPED = ("rank", "world_size", "gpus", "error", "largest_param")
 
 
 @dataclass
@@ -102,11 +116,12 @@ def _measured(r: dict) -> Optional[int]:
     return int((steady["peak_reserved"] + nt) * GIB)
 
 
-def _split(r: dict, source: str) -> str:
+def split_of(r: dict, source: str) -> str:
+    """The split of a new row: a cap, a trace, or the split its spec was given before the run, else by source."""
     s = r["spec"]
     if s.get("cap_gib"):
         return "capped"
-    if s.get("trace"):  # calls 7, 10, 11: rows measured again with the allocator's history recorded
+    if s.get("trace"):  # rows measured again with the allocator's history recorded
         return "trace"
     if "split" in s:  # issue-14 rows: the split was written into the spec before it was measured
         return "x2-" + s["split"]
@@ -115,25 +130,93 @@ def _split(r: dict, source: str) -> str:
     return "holdout" if s.get("name") in CALIBRATED_NAMES else "new-arch"
 
 
+def row_of(result: dict, source: str) -> Optional[dict]:
+    """A probe's result line as a row of data/rows.jsonl (None for rank 1 and above)."""
+    if result.get("rank", 0) != 0:
+        return None
+    row = {"source": source, "split": split_of(result, source)}
+    row.update((k, v) for k, v in result.items() if k not in DROPPED + ("source", "split"))
+    return row
+
+
+def raw_rows() -> List[dict]:
+    return [json.loads(line) for line in ROWS.read_text().splitlines() if line.strip()]
+
+
 def calibration_drift() -> Optional[str]:
-    """A warning when ../shared/calibration/measured_h200.jsonl differs from the copy used here."""
-    if SHARED.is_file() and SHARED.read_bytes() != LOCAL_COPY.read_bytes():
-        return f"note: {SHARED} differs from {LOCAL_COPY}; copy it over and rerun fit.py and accuracy.py"
+    """A warning when ../shared/calibration/measured_h200.jsonl differs from the rows copied here."""
+    if not SHARED.is_file():
+        return None
+    shared = [row_of(json.loads(x), "calibration") for x in SHARED.read_text().splitlines() if x.strip()]
+    if shared != [r for r in raw_rows() if r["source"] == "calibration"]:
+        return (f"note: {SHARED} differs from the calibration rows of {ROWS}; add them again and rerun fit.py and "
+                "accuracy.py")
     return None
 
 
 def load_rows() -> List[Row]:
     """Every measured row, calibration first."""
-    files = [("calibration", LOCAL_COPY)] + [(p.stem, p) for p in OWN + X2]
     rows = []
-    for source, path in files:
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            if r.get("rank", 0) != 0:
-                continue  # ranks of one world-size-2 run measure alike (bench/multigpu); rank 0 stands for it
-            inputs = spec_inputs(r["spec"], r.get("total_gpu_gb", 139.8))
-            rows.append(Row(source, _split(r, source), r, inputs, _measured(r), r.get("status") == "ok",
-                            r["spec"].get("cap_gib")))
+    for r in raw_rows():
+        inputs = spec_inputs(r["spec"], r.get("total_gpu_gb", 139.8))
+        rows.append(Row(r["source"], r["split"], r, inputs, _measured(r), r.get("status") == "ok",
+                        r["spec"].get("cap_gib")))
     return rows
+
+
+def trace_events(trace: str) -> list:
+    """A traced run's allocator history: [action, addr, size, phase, ...] per event (``zero_mem_probe_plan.py``)."""
+    with gzip.open(TRACES / f"{trace}.json.gz", "rt") as f:
+        return json.load(f)
+
+
+def traced_runs():
+    """Every row whose allocator history was recorded: the row, and the bytes of segments its allocator held at the
+    end of the init phase and at the end of training."""
+    for r in raw_rows():
+        if r["spec"].get("trace"):
+            grown = [(e[2] if e[0] == "segment_alloc" else -e[2], e[3]) for e in trace_events(r["spec"]["trace"])
+                     if e[0] in ("segment_alloc", "segment_free")]
+            yield r, sum(g for g, phase in grown if phase == "init"), sum(g for g, _ in grown)
+
+
+def step_tensors(trace: str):
+    """The training phase's tensors of 1 MiB or more in a trace, in order: their sizes, and for each the number of
+    tensors allocated before its release (None while it is live at the end)."""
+    index, sizes, until = {}, [], {}
+    for action, addr, size, phase, *_ in trace_events(trace):
+        if phase != "step" or size < 2**20 or action not in ("alloc", "free_completed"):
+            continue
+        if action == "alloc":
+            index[addr] = len(sizes)
+            sizes.append(size)
+        elif addr in index:
+            until[index.pop(addr)] = len(sizes)
+    return sizes, [until.get(i) for i in range(len(sizes))]
+
+
+def main(argv) -> int:
+    """``add SOURCE RESULTS.jsonl``: append a device call's probe results; ``specs SOURCE``: print its specs."""
+    if len(argv) == 3 and argv[0] == "add":
+        source, path = argv[1], Path(argv[2])
+        if any(r["source"] == source for r in raw_rows()):
+            print(f"{ROWS} already has rows of {source}", file=sys.stderr)
+            return 1
+        new = [row_of(json.loads(x), source) for x in path.read_text().splitlines() if x.strip()]
+        new = [r for r in new if r is not None]
+        tmp = ROWS.with_suffix(".tmp")
+        tmp.write_text(ROWS.read_text() + "".join(json.dumps(r) + "\n" for r in new))
+        tmp.replace(ROWS)
+        print(f"{len(new)} rows of {source} added to {ROWS}; rerun accuracy.py")
+        return 0
+    if len(argv) == 2 and argv[0] == "specs":
+        specs = [r["spec"] for r in raw_rows() if r["source"] == argv[1]]
+        sys.stdout.writelines(json.dumps(s) + "\n" for s in specs)
+        return 0 if specs else 1
+    print(__doc__.split("\n\n")[0] + "\nUsage: python bench/plan/rows.py add SOURCE RESULTS.jsonl | specs SOURCE",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

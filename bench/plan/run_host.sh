@@ -1,6 +1,10 @@
 #!/bin/bash
-# One device call on nvidia-h200 (issue 14, ninth pass): host_rss_probe.py on each spec of a file, one after another.
-# Usage, repository root, wheels on PYTHONPATH: bash bench/plan/run_host.sh specs/call29_host.jsonl OUT
+# One device call on nvidia-h200 (issue 14, calls 29-31): host_rss_probe.py on each spec of a file, one after another.
+# OUT/probe_N.json is spec N's result line, OUT/host_N.log its host-side events (kept as data/host/callM_probe_N.json
+# and callM_host_N.log). The specs of call 29 again:
+#   grep -h '^RESULT' bench/plan/data/host/call29_probe_*.json | cut -c8- | python3 -c \
+#     'import json,sys; [print(json.dumps(json.loads(x)["spec"])) for x in sys.stdin]' > SPECS
+# Usage, repository root, wheels on PYTHONPATH: bash bench/plan/run_host.sh SPECS OUT
 set -u
 SPECS=$1; OUT=$2; export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 i=0

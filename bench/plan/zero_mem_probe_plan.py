@@ -3,7 +3,8 @@
 A variant of ``../shared/calibration/zero_mem_probe.py`` (same output format) with, in the spec:
   cap_gib        emulate a card of this size: the allocator gets ``cap_gib - non_torch`` via
                  ``torch.cuda.set_per_process_memory_fraction`` (non_torch = 1.30 GiB ZeRO-1/2,
-                 1.68 GiB ZeRO-3, FACTS F; 1.77 / 2.05 GiB per rank at world size 2, bench/multigpu);
+                 1.68 GiB ZeRO-3, FACTS F; 1.77 / 2.05 GiB per rank at world size 2, the ws2-issue5 rows
+                 of data/rows.jsonl);
                  the limit is recorded as ``cap_alloc_gib``
   alloc_conf     PYTORCH_CUDA_ALLOC_CONF for the run (e.g. "expandable_segments:True")
   offload_param  ZeRO-3 parameter offload to CPU
@@ -68,7 +69,7 @@ stage = spec["stage"]; mb = spec["mb"]; seq = spec["seq"]
 total_gb = torch.cuda.get_device_properties(LOCAL_RANK).total_memory / GB
 out = dict(spec=spec, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 if spec.get("cap_gib"):
-    multi = int(os.environ["WORLD_SIZE"]) > 1  # FACTS F and bench/multigpu: outside PyTorch per rank
+    multi = int(os.environ["WORLD_SIZE"]) > 1  # FACTS F and the ws2-issue5 rows: outside PyTorch per rank
     cap_alloc = spec["cap_gib"] - ((2.05 if multi else 1.68) if stage == 3 else (1.77 if multi else 1.30))
     torch.cuda.set_per_process_memory_fraction(cap_alloc / total_gb)
     out["cap_alloc_gib"] = cap_alloc

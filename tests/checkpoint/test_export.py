@@ -107,7 +107,7 @@ def test_sharded_export_writes_an_index_transformers_loads(checkpoints, tmp_path
 
 
 def test_zero_to_fp32_shards_of_zero2_each_hold_the_whole_model_ours_do_not(checkpoints, tmp_path):
-    """Witness for the README: DeepSpeed's zero_to_fp32 (0.19.8) writes ZeRO-1/2 shards as views of one
+    """Witness for docs/ckpt.md (Performance): DeepSpeed's zero_to_fp32 (0.19.8) writes ZeRO-1/2 shards as views of one
     torch.cat, and torch.save keeps whole storages, so every shard file holds the whole fp32 vector."""
     import subprocess
     import sys

@@ -7,24 +7,6 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "plan"
 
 
-def _traced_runs():
-    """Rank 0's row of every run whose allocator history was recorded (bench/plan/data/traces*): the row, and the
-    bytes of segments its allocator held at the end of the init phase and at the end of training."""
-    import gzip
-    import json
-
-    for path in sorted((BENCH / "data").glob("h200x2_call*.jsonl")):
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            traces = list((BENCH / "data").glob(f"traces*/{r['spec'].get('trace')}.json.gz"))
-            if not traces or r["rank"] != 0:
-                continue
-            with gzip.open(traces[0], "rt") as f:
-                grown = [(e[2] if e[0] == "segment_alloc" else -e[2], e[3]) for e in json.load(f)
-                         if e[0] in ("segment_alloc", "segment_free")]
-            yield r, sum(g for g, phase in grown if phase == "init"), sum(g for g, _ in grown)
-
-
 def test_committed_accuracy_results_match_a_fresh_computation():
     proc = subprocess.run([sys.executable, str(BENCH / "accuracy.py"), "--check"], capture_output=True, text=True,
                           timeout=120, cwd=BENCH)
@@ -109,8 +91,8 @@ def test_the_plans_known_spreads_are_the_measured_ones():
 
 def test_zero12_allocator_replay_against_the_committed_allocator_traces():
     """The ZeRO-1/2 allocator replay (memory/segments.py, fed by memory/gpu.py ``zero12_replay``) against the
-    caching allocator's own history of the traced H200 runs (bench/plan/data/traces*, made by ``run_specs.sh
-    specs/callN_trace.jsonl``): the segments after ``deepspeed.initialize`` and at the end of training. At world size
+    caching allocator's own history of the traced H200 runs (bench/plan/data/traces, made by ``run_specs.sh`` on the
+    specs of rows with ``trace``): the segments after ``deepspeed.initialize`` and at the end of training. At world size
     1 the replay ends within 1% of the trace on most rows and never under it by more than 2% (two no-checkpointing
     rows end 6% over), except Gemma-2-2B without checkpointing at 4096 tokens (call 17, 2.1% under) and Gemma-2-2B LoRA
     without checkpointing at 8192 tokens (call 27, 12% over); at world size 2 within 1%, except Qwen2.5-0.5B LoRA
@@ -121,7 +103,7 @@ def test_zero12_allocator_replay_against_the_committed_allocator_traces():
     import statistics
 
     sys.path.insert(0, str(BENCH))
-    from rows import spec_inputs
+    from rows import spec_inputs, traced_runs
 
     from zeropilot.memory.constants import DEFAULT
     from zeropilot.memory.gpu import trainable_params, zero12_replay
@@ -132,7 +114,7 @@ def test_zero12_allocator_replay_against_the_committed_allocator_traces():
     known_misses = {"gemma-2-2b_z2_mb1_s4096_ws1": (-0.03, 0), "gemma-2-2b_z2_mb8_s1024_lora16_ws1": (0, 0.13),
                     "qwen2.5-0.5b_z2_mb4_s1024_lora8_ws2": (-0.15, 0)}
     errors = []
-    for r, init, final in _traced_runs():
+    for r, init, final in traced_runs():
         spec = r["spec"]
         if spec["stage"] not in (1, 2):
             continue
@@ -177,7 +159,7 @@ def test_zero3_allocator_replay_against_the_allocator_traces():
     20.5% over on Gemma-2-2B in zero.Init (call 33) and 18.6% over on Qwen2.5-0.5B (call 38)."""
 
     sys.path.insert(0, str(BENCH))
-    from rows import spec_inputs
+    from rows import spec_inputs, traced_runs
 
     from zeropilot.memory.gpu import estimate_gpu, zero3_replay
     from zeropilot.memory.segments import zero3_reserved
@@ -189,7 +171,7 @@ def test_zero3_allocator_replay_against_the_allocator_traces():
         known_misses[name] = known_misses[name + "_frames"] = (0.0, 0.13)
 
     seen = []
-    for r, init, final in _traced_runs():
+    for r, init, final in traced_runs():
         inputs = spec_inputs(r["spec"], r["total_gpu_gb"])
         args = zero3_replay(inputs)
         if args is None:
@@ -208,27 +190,6 @@ def test_zero3_allocator_replay_against_the_allocator_traces():
     assert len(seen) == 22
 
 
-def _step_tensors(trace: str):
-    """The training phase's tensors of 1 MiB or more in a committed trace, in order: their sizes, and for each the
-    number of tensors allocated before its release (None while it is live at the end)."""
-    import gzip
-    import json
-
-    path = next((BENCH / "data").glob(f"traces*/{trace}.json.gz"))
-    with gzip.open(path, "rt") as f:
-        events = json.load(f)
-    index, sizes, until = {}, [], {}
-    for action, addr, size, phase, *_ in events:
-        if phase != "step" or size < 2**20 or action not in ("alloc", "free_completed"):
-            continue
-        if action == "alloc":
-            index[addr] = len(sizes)
-            sizes.append(size)
-        elif addr in index:
-            until[index.pop(addr)] = len(sizes)
-    return sizes, [until.get(i) for i in range(len(sizes))]
-
-
 def test_checkpointed_forward_templates_are_the_traces_own_sequence():
     """``memory.gpu.NO_GRAD_TEMPLATES`` (v19, call 52): gradient checkpointing's first forward runs each decoder layer
     without autograd, so each tensor goes once its last user is done. Expanded for a traced run, the template's
@@ -241,7 +202,7 @@ def test_checkpointed_forward_templates_are_the_traces_own_sequence():
     Gemma-3-1B layer takes that copy fewer, and llama-style LoRA runs show one more 1 MiB tensor after the
     attention."""
     sys.path.insert(0, str(BENCH))
-    from rows import spec_inputs
+    from rows import spec_inputs, step_tensors, traced_runs
 
     from zeropilot.memory.gpu import layer_tensors
 
@@ -250,7 +211,7 @@ def test_checkpointed_forward_templates_are_the_traces_own_sequence():
             "gemma-2-2b_z2_mb2_s2048_gc_lora16_ws2": 2 * 26,
             "qwen2.5-7b_z3_mb1_s1024_gc_lora16_offload_offload_param_zinit_ws1_frames": None}  # None: at least once
     seen = {}
-    for r, _, _ in _traced_runs():
+    for r, _, _ in traced_runs():
         trace = r["spec"]["trace"]
         if trace not in want or trace in seen:
             continue
@@ -261,7 +222,7 @@ def test_checkpointed_forward_templates_are_the_traces_own_sequence():
         sizes = [int(layer[i][0]) for i in large]
         until = [None if layer[i][1] is None else next((renumber[j] for j in large if j >= layer[i][1]), len(large))
                  for i in large]
-        got_sizes, got_until = _step_tensors(trace)
+        got_sizes, got_until = step_tensors(trace)
         matches = 0
         for k in range(len(got_sizes) - len(sizes) + 1):
             if got_sizes[k:k + len(sizes)] != sizes:
@@ -337,9 +298,10 @@ def test_host_memory_of_the_offload_runs_against_their_peak_rss():
 
 
 def test_host_memory_of_the_logged_runs():
-    """Calls 29-31's runs (bench/plan/data/host_call*: the probe's result line, one GPU), whose logs the host formulas
-    were read from: ZeRO-3 parameter offload with the optimizer on the GPU, optimizer offload at ZeRO-2 and ZeRO-3,
-    with torch's AdamW and with DeepSpeed's CPUAdam (9.2 and 7.4 GiB less at the peak). Each within 3%."""
+    """Calls 29-31's runs (bench/plan/data/host/call*_probe_*.json: the probe's result line, one GPU), whose logs
+    (call*_host_*.log beside them) the host formulas were read from: ZeRO-3 parameter offload with the optimizer on
+    the GPU, optimizer offload at ZeRO-2 and ZeRO-3, with torch's AdamW and with DeepSpeed's CPUAdam (9.2 and 7.4 GiB
+    less at the peak). Each within 3%."""
     import json
 
     sys.path.insert(0, str(BENCH))
@@ -348,7 +310,7 @@ def test_host_memory_of_the_logged_runs():
     from zeropilot.memory.plan import make_plan
 
     seen = {}
-    for path in sorted((BENCH / "data").glob("host_call*/probe_*.json")):
+    for path in sorted((BENCH / "data" / "host").glob("call*_probe_*.json")):
         line = [x for x in path.read_text().splitlines() if x.startswith("RESULT ")][-1]
         r = json.loads(line[len("RESULT "):])
         predicted = make_plan(spec_inputs(r["spec"], 139.8)).host.per_process_bytes / 2**30

@@ -12,7 +12,7 @@ from zeropilot.memory import PlanInputs, estimate_checkpoint, parse_gpus
 from zeropilot.models import count_params, from_config, lora_trainable
 
 HERE = Path(__file__).resolve().parent
-H200 = HERE.parents[1] / "bench" / "plan" / "data" / "h200_call2.jsonl"
+H200 = HERE.parents[1] / "bench" / "plan" / "data" / "rows.jsonl"  # the save runs: source h200_call2
 
 
 def _plan_ckpt(model: dict, world: int, stage: int, lora, exclude=None):

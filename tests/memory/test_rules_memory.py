@@ -1,7 +1,7 @@
 """The memory rules of `zeropilot check` on launch fixtures (MEM001-003).
 
 The behaviour behind MEM001 (peaks that do and do not fit a card) was measured on an H200 under memory
-caps (bench/plan/data); here the rules are run on launches whose plans do or do not fit.
+caps (bench/plan/data/rows.jsonl); here the rules are run on launches whose plans do or do not fit.
 """
 
 from pathlib import Path
@@ -83,7 +83,8 @@ def _raw_launch(tmp_path, script=RAW_SCRIPT):
 def test_mem004_fires_for_a_raw_zero3_script(tmp_path):
     """Qwen2-7B built whole (15.2 GB in bf16) on 8 x 16 GiB cards: initialize overflows before any step.
 
-    Measured counterpart: bench/plan/data/h200x2_call3.jsonl, raw build on 16 GiB-capped H200s: OOM at init.
+    Measured counterpart: bench/plan/data/rows.jsonl, source h200x2_call3: raw build on 16 GiB-capped H200s, OOM
+    at init.
     """
     root = _raw_launch(tmp_path)
     result, _ = check([root], gpus="8x16GiB", select={"MEM004", "MEM001"}, use_installed=False)

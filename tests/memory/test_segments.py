@@ -58,16 +58,17 @@ def test_a_split_block_merges_back_with_its_free_neighbours():
 def test_the_model_allocator_reproduces_the_h200_traces_from_their_own_requests():
     """Replaying each committed H200 trace's own requests (alloc, free, and ``empty_cache`` where the trace gave
     segments back) through the model gives the segments the real caching allocator reserved: ZeRO-1, 2 and 3, LoRA,
-    offload, world size 1 and 2 (bench/plan/data/traces*, made by bench/plan/run_specs.sh with specs/call*_trace.jsonl).
+    offload, world size 1 and 2 (bench/plan/data/traces, made by bench/plan/run_specs.sh on the specs of the rows of
+    bench/plan/data/rows.jsonl that carry ``trace``).
     """
     import gzip
     import json
     from pathlib import Path
 
-    data = Path(__file__).resolve().parents[2] / "bench" / "plan" / "data"
+    traces = Path(__file__).resolve().parents[2] / "bench" / "plan" / "data" / "traces"
     # overlap_comm reduces on a side stream, whose blocks the real allocator keeps in a pool of their own: the model
     # has one pool and lands 2.9 GiB under that trace, so it is left out (docs/plan.md)
-    paths = [p for p in sorted(data.glob("traces*/*.json.gz")) if "overlap" not in p.name and "streams" not in p.name]
+    paths = [p for p in sorted(traces.glob("*.json.gz")) if "overlap" not in p.name and "streams" not in p.name]
     assert len(paths) >= 29
     for path in paths:
         with gzip.open(path, "rt") as f:

@@ -2,7 +2,7 @@
 its own file, draws one series per rank, and shows the OOM and hang sections when the run had one.
 
 Chromium is Debian's (ci/test.sh installs it); without it the test skips locally and fails in CI.
-Screenshots go to the test's temp folder (docs/report-*.png are made by bench/report/screenshots.py).
+Screenshots go to the test's temp folder (docs/report-*.png are made by bench/report/screenshot.py).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ RUNS = runjobs.REPO / "bench" / "report" / "runs"
 @pytest.mark.parametrize("name,kind,ranks", [("hf-trainer-cpu", "ok", []), ("killed-in-save-cpu", "crash", [1]),
                                              ("hang-save-rank0-cpu", "hang", [0])])
 def test_committed_real_runs(capsys, validate, name, kind, ranks):
-    """The real run directories kept under bench/report/runs (written by `zeropilot run`, see its README)."""
+    """The real run directories kept under bench/report/runs (written by `zeropilot run`; bench/report/README.md)."""
     rep = _report(capsys, RUNS / name)
     assert validate(rep) == [] and rep["verdict"]["kind"] == kind and rep["verdict"]["ranks"] == ranks
     text = _report(capsys, RUNS / name, "text")

@@ -2,8 +2,8 @@
 
 Bytes-per-element figures come from the code paths (PyTorch, transformers 5, DeepSpeed 0.19.8) and are
 documented in ``docs/plan.md``. The ``fit_*`` values were fitted on the TUNING split of the H200
-measurements by ``python bench/plan/fit.py`` (least squares over the rows in ``bench/plan/data``;
-the split is defined in ``bench/plan/splits.py``); the hold-out and new-architecture rows were not used.
+measurements by ``python bench/plan/fit.py`` (least squares over the rows in ``bench/plan/data/rows.jsonl``;
+the split is defined in ``bench/plan/rows.py``); the hold-out and new-architecture rows were not used.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class Constants:
     fit_gap_gather: float = 0.5
     fit_live: float = 1.0
     init_reserved: float = 1.02
-    source: str = "measured on H200, bench/plan and bench/multigpu"
+    source: str = "measured on H200, bench/plan"
     outside_nodes: int = 1
     host_base: float = 2.2 * GIB
 

@@ -356,9 +356,9 @@ def _build_cache(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Con
 # linear layer's output (with LoRA PEFT adds lora_B's output, its scaled copy and their sum, which takes the output's
 # place: call 20's traces). Units are per token:
 # h2 = 2 x hidden bytes, q4 = 4 x heads x head_dim, kv1 = kv_heads x head_dim, i2 = 2 x intermediate, qkv2 / gu2 =
-# Phi-3's fused projections. Read off the allocator traces (bench/plan/analyze_trace.py; bench/plan/data):
-# Qwen2.5-0.5B (traces10, the llama-style layer), Qwen3-1.7B (q/k norms), Gemma-2-2B and Gemma-3-1B (four norms
-# per layer; Gemma 3 with q/k norms) and Phi-3-mini (fused) (traces15).
+# Phi-3's fused projections. Read off the allocator traces (bench/plan/analyze_trace.py; bench/plan/data/traces):
+# Qwen2.5-0.5B (call 10, the llama-style layer), Qwen3-1.7B (q/k norms), Gemma-2-2B and Gemma-3-1B (four norms
+# per layer; Gemma 3 with q/k norms) and Phi-3-mini (fused) (call 15).
 LAYER_TEMPLATES = {
     "llama": "h4K h4>2 h4>5 h2W h2K *q2>18 *kv2>18 *kv2>20 q2>13 q1>11 q2>12 q2>13 q2K kv2>18 kv1>16 kv2>17 kv2>18 "
              "kv2>20 kv2K kv2K q2K *h2>23 h2>34 h4K h4>25 h4>28 h2W h2K *i2K i2K *i2K i2K *h2>34 h2>34",
@@ -378,9 +378,9 @@ LAYER_TEMPLATES = {
 # The same layer run without autograd, as gradient checkpointing's first forward runs it (``torch.utils.checkpoint``):
 # nothing is saved for the backward, so each tensor is released once its last user is done (UNIT>i throughout) and the
 # layer's output (UNITK, the last) stays as the next layer's input. Read off checkpointed traces the same way: the
-# llama-style layer from Qwen2.5-3B (traces41), Qwen3-1.7B (traces10), Gemma-2-2B (traces39) and Gemma-3-1B (traces27);
-# no checkpointed Phi-3 run was traced, so the fused layer is the llama one with its fused projections (bench/plan/
-# nograd_v19_candidate.patch).
+# llama-style layer from Qwen2.5-3B (call 41), Qwen3-1.7B (call 10), Gemma-2-2B (call 39) and Gemma-3-1B (call 27);
+# no checkpointed Phi-3 run was traced, so the fused layer is the llama one with its fused projections (v19's
+# candidate patch: ``git show 221f33b:bench/plan/nograd_v19_candidate.patch``).
 NO_GRAD_TEMPLATES = {
     "llama": "h4>3 h4>2 h4>5 h2>5 h2>20 *q2>18 *kv2>18 *kv2>20 q2>13 q1>11 q2>12 q2>13 q2>20 kv2>18 kv1>16 kv2>17 "
              "kv2>18 kv2>20 q2>20 *h2>21 h2>32 h4>24 h4>23 h4>26 h2>26 h2>31 *i2>28 i2>30 *i2>30 i2>31 *h2>32 h2K",

@@ -2,11 +2,11 @@
 
 Pinned buffers cost more than their size: PyTorch's caching host allocator rounds every pinned block up
 to a power of two, and parameter offload pins one block per parameter partition (measured peak RSS,
-``bench/plan/data/h200x2_call3.jsonl``: Qwen2.5-7B held ~2x its 16-bit size on the host, Llama-3.1-8B
+``bench/plan/data/rows.jsonl``, source ``h200x2_call3``: Qwen2.5-7B held ~2x its 16-bit size on the host, Llama-3.1-8B
 ~1.1x, as the rounding of their matrix shapes predicts).
 
 Parameter offload with the optimizer on the GPU holds more (call 29, ``bench/plan/host_rss_probe.py``: DeepSpeed's
-host-side steps logged with the pinned allocator's statistics, ``bench/plan/data/host_call29``): ZeRO-3 copies the
+host-side steps logged with the pinned allocator's statistics, ``bench/plan/data/host/call29_*``): ZeRO-3 copies the
 per-parameter partitions into one flat pinned 16-bit buffer per parameter group (``stage3.py``
 ``_create_param_groups_fp16_flat_cpu_memory``, rounded up to a power of two as well; the per-parameter blocks stay
 cached), and each sub-group's fp32 master is made on the GPU from that CPU buffer with ``.to(device, dtype=float32)``,
@@ -57,8 +57,8 @@ class HostMemory:
 def _optimizer_offload(inputs: PlanInputs, part: int) -> Tuple[int, str]:
     """Host bytes of offload_optimizer for one rank's ``part`` trainable elements, and what they are.
 
-    As calls 30 and 31's host logs show them (``bench/plan/host_rss_probe.py``, ``bench/plan/data/host_call30``,
-    ``host_call31``), each pinned block rounded up to a power of two. ZeRO-1/2 (``stage_1_and_2.py``): the fp32 master
+    As calls 30 and 31's host logs show them (``bench/plan/host_rss_probe.py``, ``bench/plan/data/host/call30_*``,
+    ``call31_*``), each pinned block rounded up to a power of two. ZeRO-1/2 (``stage_1_and_2.py``): the fp32 master
     partition, a 16-bit copy and the fp32 gradient partition, pinned, and a pinned 16-bit buffer of the largest
     gradient; AdamW's two fp32 states. ZeRO-3 (``stage3.py``): the fp32 master (pageable), the pinned 16-bit gradient
     partition and one pinned fp32 gradient buffer per sub-group; the step runs sub-group by sub-group, the first one

@@ -3,7 +3,7 @@
 Candidates vary the ZeRO stage, the micro batch (gradient accumulation changes with it so the global
 batch stays the same), gradient checkpointing, optimizer and parameter offload, and the bucket sizes.
 A candidate fits when its predicted peak leaves :data:`~zeropilot.memory.plan.SAFE_MARGIN` of the GPU
-free. Among those, speed decides, in this order (measured on an H200, ``bench/plan/data``):
+free. Among those, speed decides, in this order (measured on an H200, ``step_s`` in ``bench/plan/data/rows.jsonl``):
 no offload before optimizer offload before parameter offload (3B, ZeRO-2: 0.54 s per step without,
 6.2 s with optimizer offload), ZeRO-2 before ZeRO-1 before ZeRO-3 (ZeRO-3 steps 4x slower than ZeRO-2
 at world size 1, FACTS F; ZeRO-1 uses more memory for the same speed), no recomputation before

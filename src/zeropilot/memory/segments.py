@@ -4,7 +4,7 @@ of PyTorch's caching allocator: the segments it reserves.
 The caching allocator never gives a segment back during training (nothing calls ``empty_cache``), so what it
 reserves is the sum of the segments it ever had to create; a tensor gets a new segment when no free block is
 large enough, however much is free in smaller pieces. Call 7's allocator histories (``bench/plan/
-analyze_trace.py``, ``bench/plan/data/traces7``) show ZeRO-1/2's peak set this way: ``deepspeed.initialize``
+analyze_trace.py``, ``bench/plan/data/traces``) show ZeRO-1/2's peak set this way: ``deepspeed.initialize``
 leaves the blocks the model was built in, a flattening copy and a zeroed fp32 gradient cached; the forward's
 activations and the logits' fp32 copies take them or new segments; the optimizer step needs whole fp32
 blocks of the partition's size, which the split cache no longer has.

@@ -17,7 +17,7 @@ from zeropilot.errors import InputError
 from zeropilot.launch import Document, Launch
 from zeropilot.rules.registry import Hit, Severity, rule
 
-_SOURCES = "bench/plan/data/h200_call1.jsonl, bench/plan/data/h200_call2.jsonl (capped H200 runs)"
+_SOURCES = "bench/plan/data/rows.jsonl, sources h200_call1 and h200_call2 (capped H200 runs)"
 
 
 def unplannable(launch: Launch) -> Optional[Tuple[Document, str]]:
@@ -277,8 +277,8 @@ def _raw_init_plans(launch: Launch):
       versions="deepspeed 0.19.8 (engine moves a model without ds_id to the GPU, then partitions it); measured "
                "on 2 x H200",
       witness=("fixture:tests/memory/test_rules_memory.py::test_mem004_fires_for_a_raw_zero3_script; "
-               "deepspeed/runtime/engine.py _configure_distributed_model; bench/plan/data/h200x2_call3.jsonl "
-               "(Qwen2.5-7B LoRA, 2 x 16 GiB cap: raw build OOM at init, zero.Init build runs)"))
+               "deepspeed/runtime/engine.py _configure_distributed_model; bench/plan/data/rows.jsonl source "
+               "h200x2_call3 (Qwen2.5-7B LoRA, 2 x 16 GiB cap: raw build OOM at init, zero.Init build runs)"))
 def whole_model_init_exceeds_gpu(launch: Launch) -> Iterator[Hit]:
     """A ZeRO-3 script builds the whole model before `deepspeed.initialize`, and that alone overflows the GPU.
 
@@ -322,7 +322,7 @@ def whole_model_init_exceeds_gpu(launch: Launch) -> Iterator[Hit]:
 @rule("MEM005", "host-memory-exceeded", Severity.ERROR, packages=("deepspeed",),
       versions="deepspeed 0.19.8 (CPU offload with pinned buffers); measured on H200 hosts",
       witness=("fixture:tests/memory/test_rules_memory.py::test_mem005_fires_when_offload_outgrows_the_host; "
-               "bench/plan/data/h200x2_call3.jsonl host_peak_rss_gb; issue 14 (two 7-8B offloaded full "
+               "bench/plan/data/rows.jsonl source h200x2_call3, host_peak_rss_gb; issue 14 (two 7-8B offloaded full "
                "fine-tunings killed by the kernel on a 128 GiB host)"))
 def host_memory_exceeded(launch: Launch) -> Iterator[Hit]:
     """Every process of a node together needs more host RAM than the node has (`check --host-mem GiB`).
