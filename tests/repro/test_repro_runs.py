@@ -40,13 +40,13 @@ CASES: Dict[str, Tuple[int, bool, str, dict]] = {
 }
 # Through a universal checkpoint: 4 steps of 6 samples (2 ranks x 3 accumulation), resumed after step 2 on 1 rank
 # (6 accumulation steps) or 3 (2 steps): the same samples in every step.
+# Every stage, both new world sizes, bf16 and fp32 (its tolerance 1e-4), full and LoRA: four cases, not the six of
+# every stage on both sizes, to keep the module's cost down (each case is one more engine in each leg's launch).
 UNIVERSAL = {
-    "z1-universal-2-to-1": (1, False, "fp32", 1),
     "z1-universal-2-to-3": (1, False, "bf16", 3),
     "z2-universal-2-to-1": (2, True, "bf16", 1),
-    "z2-universal-2-to-3": (2, False, "fp32", 3),
-    "z3-universal-2-to-1": (3, False, "bf16", 1),
     "z3-universal-2-to-3": (3, True, "bf16", 3),
+    "z3-universal-2-to-1": (3, False, "fp32", 1),
 }
 for _name, (_stage, _lora, _precision, _ranks) in UNIVERSAL.items():
     CASES[_name] = (_stage, _lora, _precision, {"resume_nproc": _ranks, "steps": 4, "grad_accum": 3})

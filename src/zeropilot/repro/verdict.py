@@ -255,7 +255,8 @@ def _merge_compare(two: List[Optional[Dict]], key: str = "compare") -> Dict[str,
         cmp = (res or {}).get(key) or {}
         for part, c in cmp.items():
             m = merged.setdefault(part, {"bitwise": True, "within_tolerance": True, "max_rel_diff": 0.0,
-                                         "differing": [], "n_differing": 0})
+                                         "differing": [], "n_differing": 0, "n_compared": 0})
+            m["n_compared"] += c.get("n_compared", 0)
             m["bitwise"] = m["bitwise"] and c["bitwise"]
             m["within_tolerance"] = m["within_tolerance"] and c["within_tolerance"]
             m["max_rel_diff"] = max(m["max_rel_diff"], c["max_rel_diff"])
