@@ -95,12 +95,17 @@ def compare(theirs: Path, ours: Path, stage: int) -> dict:
             "model_states_identical": same_models}
 
 
-def bench_stage(size, stage, work: Path, reps: int, ds_workers: int) -> dict:
+def bench_stage(size, stage, work: Path, reps: int, ds_workers: int, keep: bool = False, warmup: bool = True) -> dict:
     ckpt_root = work / f"z{stage}"
-    shutil.rmtree(ckpt_root, ignore_errors=True)
-    spec, build_s = build(size, stage, ckpt_root)
-    os.sync()
-    print(f"built ZeRO-{stage} in {build_s:.0f} s", flush=True)
+    done = ckpt_root / "built.json"  # written after a whole build: --keep reuses it
+    if keep and done.exists():
+        spec, build_s = json.loads(done.read_text())
+    else:
+        shutil.rmtree(ckpt_root, ignore_errors=True)
+        spec, build_s = build(size, stage, ckpt_root)
+        os.sync()
+        done.write_text(json.dumps([spec, build_s]))
+        print(f"built ZeRO-{stage} in {build_s:.0f} s", flush=True)
     save_dir = ckpt_root / "run"
     tag = (save_dir / "latest").read_text().strip()
     ckpt_bytes = sum(f.stat().st_size for f in (save_dir / tag).glob("*.pt"))
@@ -113,7 +118,7 @@ def bench_stage(size, stage, work: Path, reps: int, ds_workers: int) -> dict:
                       "--no-progress"],
     }
     runs = {k: [] for k in cmds}
-    for rep in range(reps + 1):  # rep 0 warms the page cache and is not counted
+    for rep in range(0 if warmup else 1, reps + 1):  # rep 0 warms the page cache and is not counted
         for name, cmd in cmds.items():
             out_dir = ds_out if name == "ds_to_universal" else zp_out
             shutil.rmtree(out_dir, ignore_errors=True)  # outside the timed run, for both
@@ -125,7 +130,7 @@ def bench_stage(size, stage, work: Path, reps: int, ds_workers: int) -> dict:
             print(f"ZeRO-{stage} rep {rep} {name}: {wall:.2f} s, {rss / 2**20:.0f} MiB", flush=True)
     result = {"stage": stage, "spec": spec, "build_s": round(build_s, 1), "checkpoint_bytes": ckpt_bytes,
               "output_bytes": sum(f.stat().st_size for f in zp_out.rglob("*.pt")), "ds_workers": ds_workers,
-              "runs": runs}
+              "warm_cache": warmup, "runs": runs}
     for name in cmds:
         result[name] = {"wall_s_median": statistics.median(r["wall_s"] for r in runs[name]),
                         "peak_rss_bytes_max": max(r["peak_rss_bytes"] for r in runs[name])}
@@ -133,7 +138,7 @@ def bench_stage(size, stage, work: Path, reps: int, ds_workers: int) -> dict:
     result["rss_ratio"] = round(result["zeropilot"]["peak_rss_bytes_max"]
                                 / result["ds_to_universal"]["peak_rss_bytes_max"], 3)
     result["equality"] = compare(ds_out / tag, zp_out / tag, stage)
-    for d in (ds_out, zp_out, ckpt_root):
+    for d in (ds_out, zp_out) + (() if keep else (ckpt_root,)):
         shutil.rmtree(d, ignore_errors=True)
     return result
 
@@ -155,9 +160,13 @@ def markdown(results) -> str:
             f"| {r['wall_ratio']:.2f} | {r['ds_to_universal']['peak_rss_bytes_max'] / 1e9:.2f} GB "
             f"| {r['zeropilot']['peak_rss_bytes_max'] / 1e9:.3f} GB | {r['rss_ratio']:.3f} "
             f"| {eq['bitwise_equal']} ({eq['files_compared']} files, {eq['tensors_compared']} tensors) |")
-    lines += ["", f"Wall: median of {results['reps']} runs after a warm-up run each (warm page cache); peak RSS: max "
+    warm = all(r.get("warm_cache", True) for r in results["stages"])
+    lines += ["", f"Wall: median of {results['reps']} run(s)" + (" after a warm-up run each (warm page cache)" if warm
+              else ", no warm-up run (the checkpoint was read right after it was built)") + "; peak RSS: max "
               "over those runs (/usr/bin/time %M of the command). ds_to_universal.py ran with "
               f"{results['stages'][0]['ds_workers']} extract and merge worker(s) and --inject_missing_state."]
+    if results.get("note"):
+        lines += ["", results["note"]]
     return "\n".join(lines) + "\n"
 
 
@@ -169,17 +178,27 @@ def main():
     parser.add_argument("--ds-workers", type=int, default=1, help="ds_to_universal's extract and merge workers")
     parser.add_argument("--work", type=Path, default=ROOT / ".bench-tmp" / "ckpt-universal")
     parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument("--keep", action="store_true", help="reuse a checkpoint a previous run built whole in --work, "
+                        "and keep it")
+    parser.add_argument("--no-warmup", action="store_true", help="no warm-up run before the timed ones")
+    parser.add_argument("--note", default="", help="a line for the results' markdown (e.g. the machine's load)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    results = {"size": args.size, "reps": args.reps, "machine": machine(), "stages": [],
+    results = {"size": args.size, "reps": args.reps, "machine": machine(), "stages": [], "note": args.note,
                "command": "python bench/ckpt/bench_universal.py " + " ".join(sys.argv[1:])}
-    for stage in args.stages:
-        results["stages"].append(bench_stage(args.size, stage, args.work, args.reps, args.ds_workers))
-        print(json.dumps(results["stages"][-1], indent=1), flush=True)
-    shutil.rmtree(args.work, ignore_errors=True)
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"results-universal-{args.size}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.results / f"results-universal-{args.size}.md").write_text(markdown(results))
+    for stage in args.stages:  # results written after every stage: a run stopped later keeps the stages done
+        results["stages"].append(bench_stage(args.size, stage, args.work, args.reps, args.ds_workers, args.keep,
+                                             not args.no_warmup))
+        print(json.dumps(results["stages"][-1], indent=1), flush=True)
+        write(results, args.results)
+    if not args.keep:
+        shutil.rmtree(args.work, ignore_errors=True)
+
+
+def write(results: dict, folder: Path) -> None:
+    (folder / f"results-universal-{results['size']}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (folder / f"results-universal-{results['size']}.md").write_text(markdown(results))
 
 
 if __name__ == "__main__":
