@@ -162,7 +162,7 @@ def markdown(results) -> str:
             f"| {eq['bitwise_equal']} ({eq['files_compared']} files, {eq['tensors_compared']} tensors) |")
     warm = all(r.get("warm_cache", True) for r in results["stages"])
     lines += ["", f"Wall: median of {results['reps']} run(s)" + (" after a warm-up run each (warm page cache)" if warm
-              else ", no warm-up run (the checkpoint was read right after it was built)") + "; peak RSS: max "
+              else ", no warm-up run") + "; peak RSS: max "
               "over those runs (/usr/bin/time %M of the command). ds_to_universal.py ran with "
               f"{results['stages'][0]['ds_workers']} extract and merge worker(s) and --inject_missing_state."]
     if results.get("note"):
