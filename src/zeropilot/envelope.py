@@ -21,6 +21,7 @@ CALIBRATE_SCHEMA = "zeropilot.calibrate/1"
 CKPT_INSPECT_SCHEMA = "zeropilot.ckpt-inspect/1"
 CKPT_EXPORT_SCHEMA = "zeropilot.ckpt-export/1"
 CKPT_VERIFY_SCHEMA = "zeropilot.ckpt-verify/1"
+CKPT_UNIVERSAL_SCHEMA = "zeropilot.ckpt-universal/1"
 # ``repro`` and ``report`` (also printed by ``run --format json``) name theirs where their documents are built:
 # ``zeropilot.repro.verdict.SCHEMA`` and ``zeropilot.runlog.summary.REPORT_SCHEMA`` / ``COMPARE_SCHEMA``.
 

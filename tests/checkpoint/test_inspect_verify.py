@@ -76,5 +76,9 @@ def test_inspect_reports_the_seed_layout(checkpoints):
     assert report.layout.is_peft and "trainer_state.json" in report.layout.hf_files
     assert report.tensors.trainable == sum(math.prod(s) for s in report.tensors.shapes.values())
     assert all("lora_" in k for k in report.tensors.shapes)
-    assert "yes, on 2 data-parallel ranks only" in report.resume
+    assert "yes, on 2 data-parallel ranks as it is; on any number after `zeropilot ckpt universal`" in report.resume
+    # the Trainer's DeepSpeed config: 2 samples per rank, 1 accumulation step, 2 ranks -> 4 per step
+    on = report.resume_on
+    assert (on.as_is, on.after_universal, on.global_batch, on.micro_batch) == ([2], "any", 4, 2)
+    assert on.same_global_batch == [1, 2] and "gradient_accumulation_steps 2, 1" in report.resume
     assert torch.is_tensor(built.reference()["logits"])

@@ -140,7 +140,7 @@ def test_span_copy_falls_back_when_the_kernel_refuses(tmp_path, monkeypatch, ref
         monkeypatch.setattr(os, name, refused)
     with open(tmp_path / "out.bin", "wb", buffering=0) as out:
         out.write(b"head")
-        stw._copy_span(out, stw.FileSpan(str(src), 5, len(data) - 9))
+        stw.copy_span(out, stw.FileSpan(str(src), 5, len(data) - 9))
     assert (tmp_path / "out.bin").read_bytes() == b"head" + data[5:-4]
 
 

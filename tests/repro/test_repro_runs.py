@@ -1,7 +1,9 @@
-"""``zeropilot repro`` on real DeepSpeed (CPU, gloo, 2 ranks): exact resumes and the non-exact ones it must name.
+"""``zeropilot repro`` on real DeepSpeed (CPU, gloo, 2 ranks): exact resumes and the non-exact ones it must name, and
+resumes on 1 and 3 ranks through the universal checkpoint ``zeropilot ckpt universal`` writes, loaded by DeepSpeed's
+own loader (``load_universal``).
 
 One module-scoped run does every configuration: all cases of a leg share one process group (one engine after the
-other), so the whole matrix costs two launches of 2 ranks plus one of 1 rank (the world-size change).
+other), so the whole matrix costs two launches of 2 ranks plus one of 1 rank and one of 3 (the world-size changes).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 
 from tests.conftest import write_files
 from zeropilot.repro.prepare import prepare
-from zeropilot.repro.spec import Options
+from zeropilot.repro.spec import UNIVERSAL_TOLERANCE, Options
 
 pytestmark = [pytest.mark.slow]
 
@@ -34,8 +36,22 @@ CASES: Dict[str, Tuple[int, bool, str, dict]] = {
     "z2-no-optimizer": (2, False, "bf16", {"leave_out": ("optimizer",)}),
     "z3-lora-no-scheduler": (3, True, "bf16", {"leave_out": ("scheduler",)}),
     "z1-no-data-position": (1, False, "fp32", {"leave_out": ("data",)}),
-    "z2-world-2-to-1": (2, False, "bf16", {"resume_nproc": 1}),
+    "z2-world-2-to-1": (2, False, "bf16", {"resume_nproc": 1, "resume_via": "zero"}),
 }
+# Through a universal checkpoint: 4 steps of 6 samples (2 ranks x 3 accumulation), resumed after step 2 on 1 rank
+# (6 accumulation steps) or 3 (2 steps): the same samples in every step.
+# Every stage, both new world sizes, bf16 and fp32 (its tolerance 1e-4), full and LoRA: four cases, not the six of
+# every stage on both sizes, to keep the module's cost down (each case is one more engine in each leg's launch).
+UNIVERSAL = {
+    "z1-universal-2-to-3": (1, False, "bf16", 3),
+    "z2-universal-2-to-1": (2, True, "bf16", 1),
+    "z3-universal-2-to-3": (3, True, "bf16", 3),
+    "z3-universal-2-to-1": (3, False, "fp32", 1),
+}
+for _name, (_stage, _lora, _precision, _ranks) in UNIVERSAL.items():
+    CASES[_name] = (_stage, _lora, _precision, {"resume_nproc": _ranks, "steps": 4, "grad_accum": 3})
+CASES["z2-universal-no-scheduler"] = (2, False, "bf16", {"resume_nproc": 3, "steps": 4, "grad_accum": 3,
+                                                         "leave_out": ("scheduler",)})
 EXACT = ("z1-full", "z2-full", "z3-full", "z1-lora", "z2-lora", "z3-lora")
 
 
@@ -62,7 +78,8 @@ def verdicts(tmp_path_factory):
     cases = []
     for name, (stage, lora, precision, extra) in CASES.items():
         folder = launch(base / "launches" / name, stage, lora, precision)
-        spec, _ = prepare([str(folder)], None, Options(cpu=True, nproc=2, steps=STEPS, save_every=EVERY, **extra))
+        spec, _ = prepare([str(folder)], None, Options(**{"cpu": True, "nproc": 2, "steps": STEPS, "save_every": EVERY,
+                                                          **extra}))
         spec.name = name
         cases.append((spec, base / "runs" / name))
     results = run_cases(cases, timeout=600)
@@ -141,3 +158,34 @@ def test_run_directory_opens_in_report(verdicts):
     assert sorted((ld["step"], ld["rank"]) for ld in summary["loads"]) == [(2, 0), (2, 1)]  # by time: either rank first
     saved = json.loads((Path(v["run_dir"]) / "repro.json").read_text())
     assert saved["resume_exact"] is True
+
+
+@pytest.mark.parametrize("name", sorted(UNIVERSAL))
+def test_universal_resume_on_another_world_size_follows_the_uninterrupted_run(verdicts, name):
+    v = verdicts[name]
+    stage, _lora, precision, ranks = UNIVERSAL[name]
+    assert v["failures"] == [], v["failures"]
+    assert v["spec"]["universal"] and v["spec"]["resume_nproc"] == ranks
+    assert (v["spec"]["resume_micro_batch"], v["spec"]["resume_grad_accum"]) == (1, 6 // ranks)
+    conv = v["universal"]  # leg 1's save at step 2, converted between the legs
+    assert conv["tag"] == "global_step2" and conv["files"] > 0 and conv["states"][:3] == ["fp32", "exp_avg",
+                                                                                          "exp_avg_sq"]
+    assert sorted(ld["rank"] for ld in v["loads"]) == list(range(ranks))  # DeepSpeed's loader on every new rank
+    tol = UNIVERSAL_TOLERANCE[precision]
+    assert v["tolerance"]["kind"] == "relative" and v["tolerance"]["state"] == tol["state"]
+    assert v["resume_exact"] is True, (v["differs"], v["details"])
+    d = v["details"]
+    assert set(d) == {"loss", "weights", "optimizer", "scheduler", "step", "data"}
+    assert d["loss"]["n_compared"] == 2 and d["loss"]["max_rel_diff"] <= tol["loss"]  # steps 3 and 4
+    for part in ("weights", "optimizer"):
+        assert d[part]["max_rel_diff"] <= tol["state"] and d[part]["n_compared"] > 0
+    assert d["scheduler"]["bitwise"] and d["step"]["bitwise"] and d["data"]["bitwise"]
+
+
+def test_universal_resume_that_restarts_the_schedule_is_named(verdicts):
+    """The control of the tolerance: a resume that loses a part moves the weights far past it."""
+    v = verdicts["z2-universal-no-scheduler"]
+    assert v["failures"] == [] and v["resume_exact"] is False
+    assert {"scheduler", "weights"} <= set(v["differs"])
+    assert v["details"]["weights"]["max_rel_diff"] > 3 * UNIVERSAL_TOLERANCE["bf16"]["state"]
+    assert v["details"]["scheduler"]["max_rel_diff"] == float("inf")  # the schedule's step counters differ

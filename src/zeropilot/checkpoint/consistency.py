@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from zeropilot.checkpoint.names import GLOBAL_STEP_RE
 from zeropilot.checkpoint.safe_load import DamagedFileError
 from zeropilot.checkpoint.terminal import clean
+from zeropilot.errors import InputError
 
 MAX_DIMS = 64
 MAX_INT = 1 << 62
@@ -160,6 +161,9 @@ class OptimizerStates:
     paddings: Optional[List[List[int]]]
     steps: List[Optional[float]]  # the base optimizer's `step` per state entry
     group_paddings: Optional[List[int]] = None  # ZeRO-1/2: padding cut from this rank's partition at save
+    group_states: Optional[List[dict]] = None  # per group: the base optimizer's state entry (exp_avg, step...)
+    group_states_missing: Optional[str] = None  # why `group_states` is None
+    param_groups: Optional[list] = None  # the base optimizer's param_groups (lr, betas, ...)
 
 
 def optimizer_states(obj: Any, path, stage: int) -> OptimizerStates:
@@ -183,8 +187,30 @@ def optimizer_states(obj: Any, path, stage: int) -> OptimizerStates:
                                            and all(type(p) is int and 0 <= p < MAX_INT for p in group_paddings)):
         raise _field_error(path, "optimizer_state_dict.group_paddings", "one int per parameter group", group_paddings)
     base = osd.get("base_optimizer_state" if stage <= 2 else "optimizer_state_dict")
+    states, missing = _group_states(base, len(flat), stage)
+    groups = base.get("param_groups") if isinstance(base, dict) else None
     return OptimizerStates(str(path), top, flat, None if count is None else max(counts), paddings, _steps(base),
-                           group_paddings)
+                           group_paddings, states, missing, groups if isinstance(groups, list) else None)
+
+
+def _group_states(base: Any, groups: int, stage: int) -> Tuple[Optional[List[dict]], Optional[str]]:
+    """The base optimizer's state entry of each flat group (keyed 0..groups-1, as DeepSpeed's flat groups
+    are its parameters), or None and why: read only by the universal conversion, which needs them."""
+    where = "base_optimizer_state" if stage <= 2 else "optimizer_state_dict.optimizer_state_dict"
+    if isinstance(base, list):
+        return None, f"{where} is a list (saved with elastic_checkpoint): not supported"
+    state = base.get("state") if isinstance(base, dict) else None
+    if not isinstance(state, dict):
+        return None, f"{where}.state is missing"
+    if set(state) - set(range(groups)):
+        return None, f"{where}.state has entries for other than its {groups} parameter groups"
+    out = []
+    for g in range(groups):
+        entry = state.get(g, {})
+        if not isinstance(entry, dict) or not all(isinstance(k, str) for k in entry):
+            return None, f"{where}.state[{g}] is not a {{name: value}} dict"
+        out.append(entry)
+    return out, None
 
 
 def _steps(base: Any) -> List[Optional[float]]:
@@ -263,6 +289,9 @@ def _check_optimizers(world: int, optims: List[OptimizerStates]) -> None:
             raise DamagedCheckpoint(f"rank {rank}: field optimizer_state_dict.partition_count is "
                                     f"{o.partition_count}, not {world}: written by a run of another size "
                                     "(files of two runs mixed in one tag folder?)", [o.path])
+        if len(o.steps) != len(ref.steps):
+            raise DamagedCheckpoint(f"rank {rank}: the optimizer keeps state for {len(o.steps)} parameter group(s), "
+                                    f"rank 0's for {len(ref.steps)}: optimizer files of different runs", [o.path])
         if o.steps != ref.steps:
             raise DamagedCheckpoint(f"rank {rank}: the optimizer's step is {_fmt(o.steps)}, rank 0's is "
                                     f"{_fmt(ref.steps)}: optimizer files of different steps", [o.path])
@@ -305,3 +334,35 @@ def check_names(names: List[Tuple[str, str]]) -> None:
             raise DamagedCheckpoint(f"tensor name {clean(name)[:80]!r} appears twice (trainable, frozen or "
                                     "buffer)", [path])
         seen.add(name)
+
+
+def check_group_states(world: int, optims: List[OptimizerStates], stage: int) -> List[str]:
+    """Prove the base optimizer's per-parameter state (Adam's ``exp_avg``, ``exp_avg_sq``...) lies like the fp32
+    partitions: the same names in every group on every rank, each a float tensor of the partition's size
+    (ZeRO-1/2: the last rank's may keep its ``group_paddings``). Returns those names, in rank 0's order.
+
+    Raises:
+        InputError: the optimizer's state is in a layout the universal conversion does not read.
+        DamagedCheckpoint: a rank's state disagrees with its partitions or with rank 0's.
+    """
+    for o in optims:
+        if o.group_states is None:
+            raise InputError(f"the optimizer state cannot be converted: {o.group_states_missing}", o.path)
+    names = [k for k, v in optims[0].group_states[0].items() if _is_tensor(v) and len(getattr(v, "shape", ())) >= 1]
+    for rank, o in enumerate(optims):
+        for g, (entry, flat) in enumerate(zip(o.group_states, o.flat)):
+            have = [k for k, v in entry.items() if _is_tensor(v) and len(getattr(v, "shape", ())) >= 1]
+            if set(have) != set(names):  # the order may differ: DeepSpeed's universal loader fills them from a set
+                raise DamagedCheckpoint(f"rank {rank}, group {g}: the optimizer keeps {', '.join(have) or 'nothing'} "
+                                        f"per element, rank 0's group 0 {', '.join(names) or 'nothing'}", [o.path])
+            sizes = {flat.numel, flat.numel + _pad(o, g)}
+            for key in names:
+                t = entry[key]
+                if t.dtype not in ("float32", "float16", "bfloat16", "float64") or len(t.shape) != 1:
+                    raise DamagedCheckpoint(f"rank {rank}: optimizer state {clean(key)!r} of group {g} is a "
+                                            f"{t.dtype} tensor of shape {tuple(t.shape)}, not a flat float one",
+                                            [o.path])
+                if t.numel not in sizes:
+                    raise DamagedCheckpoint(f"rank {rank}: optimizer state {clean(key)!r} of group {g} holds "
+                                            f"{t.numel} values, its fp32 partition {flat.numel}", [o.path])
+    return names

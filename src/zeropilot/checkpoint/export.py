@@ -12,10 +12,9 @@ Tied weights: DeepSpeed records them in ``shared_params`` (``lm_head.weight`` ->
 ``model.embed_tokens.weight``). When the config ties them (``tie_word_embeddings``, true unless set
 false) only the target is written, as ``save_pretrained`` does; transformers re-ties on load.
 
-Everything is written into a temporary sibling of OUT (``.zeropilot-tmp-<pid>-<hash of OUT's name>``,
-with a marker file naming OUT), each safetensors file is read back (header, dtypes, shapes, sizes,
-``safe_open``), and only then renamed into place. Temporary folders left by an export that was killed
-(its pid no longer runs) are removed by the next export into the same OUT, and named in its notes.
+Everything is written into a temporary sibling of OUT and renamed into place when complete
+(:mod:`zeropilot.checkpoint.outdir`); each safetensors file is read back (header, dtypes, shapes, sizes,
+``safe_open``) before that.
 
 Hostile input: export starts only after the proofs of :mod:`consistency` pass; side files are copied
 through :mod:`fsguard` (regular files inside the checkpoint, bounded); the bytes written can never
@@ -24,17 +23,13 @@ exceed twice what the checkpoint's files hold.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
-import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-from zeropilot.checkpoint import fsguard
+from zeropilot.checkpoint import fsguard, outdir, progress
 from zeropilot.checkpoint import safetensors_writer as stw
 from zeropilot.checkpoint.layout import CheckpointLayout, read_layout
 from zeropilot.checkpoint.names import HF_MODEL_FILES
@@ -42,7 +37,6 @@ from zeropilot.checkpoint import consistency
 from zeropilot.checkpoint.reconstruct import DamagedCheckpoint, TensorEntry, ZeroState, open_checkpoint
 from zeropilot.checkpoint.safe_load import require_torch
 from zeropilot.checkpoint.terminal import clean
-from zeropilot import safefile
 from zeropilot.errors import InputError
 
 PEFT_PREFIX = "base_model.model."
@@ -92,114 +86,15 @@ def export_checkpoint(path, out, options: ExportOptions) -> ExportResult:
     if layout.problems:
         raise DamagedCheckpoint("the checkpoint is damaged or incomplete", layout.problems)
     out = Path(out)
-    _check_out(out, layout, options.force)
-    leftovers = _remove_leftovers(out)
+    outdir.check_out(out, layout, options.force)
+    leftovers = outdir.remove_leftovers(out)
     state = open_checkpoint(layout, trust_pickle=options.trust_pickle)
     dtype = _output_dtype(options.dtype, state)
-    tmp = out.parent / f".zeropilot-tmp-{os.getpid()}-{_out_hash(out)}"
-    try:
-        if os.path.lexists(tmp):
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        (tmp / _MARKER).write_text(json.dumps({"out": out.name, "pid": os.getpid()}) + "\n")
+    with outdir.staging(out) as tmp:
         result = _write(state, layout, tmp, dtype, options)
-        (tmp / _MARKER).unlink()
-        _replace_dir(tmp, out)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise InputError(f"cannot write the export here: {exc.strerror or exc}", out) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     result.out = out
     result.notes = leftovers + result.notes
     return result
-
-
-_MARKER = ".zeropilot-export-in-progress"
-_LEFTOVER_RE = re.compile(r"^\.zeropilot-(tmp|old)-(\d+)-([0-9a-f]{8})$")
-
-
-def _out_hash(out: Path) -> str:
-    return hashlib.sha1(out.name.encode("utf-8", "surrogateescape")).hexdigest()[:8]
-
-
-def _remove_leftovers(out: Path) -> List[str]:
-    """Remove temporary folders of earlier exports into `out` whose process is gone; notes naming them."""
-    notes = []
-    try:
-        siblings = list(os.scandir(out.parent))
-    except OSError:
-        return notes
-    for entry in siblings:
-        m = _LEFTOVER_RE.match(entry.name)
-        if not m or m.group(3) != _out_hash(out) or not entry.is_dir(follow_symlinks=False):
-            continue
-        pid = int(m.group(2))
-        if pid == os.getpid() or _alive(pid):
-            notes.append(f"{entry.path}: left by export process {pid}, which still runs: not touched")
-            continue
-        if m.group(1) == "tmp" and not os.path.isfile(os.path.join(entry.path, _MARKER)):
-            continue  # not written by us: leave it
-        shutil.rmtree(entry.path, ignore_errors=True)
-        notes.append(f"removed {entry.path}, left by an export (pid {pid}) that was killed")
-    return notes
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
-
-
-def _check_out(out: Path, layout: CheckpointLayout, force: bool) -> None:
-    if out.name in ("", ".", "..") or str(out).endswith(("/.", "/..")):
-        raise InputError("OUT must name a new folder (not '.' or '..')", out)
-    target = out.resolve()
-    cwd = Path.cwd().resolve()
-    if target == cwd or target in cwd.parents:
-        raise InputError("OUT holds the current directory: export never replaces it", out)
-    parent = out.parent
-    if fsguard.kind_of(parent) != "dir":
-        what = "does not exist" if fsguard.kind_of(parent) is None else "is not a folder"
-        raise InputError(f"its parent folder {parent} {what}", out)
-    try:
-        name_max = os.pathconf(parent, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        name_max = 255
-    if len(os.fsencode(out.name)) > name_max:
-        raise InputError(f"the name is {len(os.fsencode(out.name))} bytes long; this file system allows "
-                         f"{name_max}", out)
-    folders = {layout.path.resolve(), layout.tag_dir.resolve()}
-    if layout.save_dir:
-        folders.add(layout.save_dir.resolve())
-    for inside in folders:
-        if target == inside or inside in target.parents:
-            raise InputError(f"OUT is inside the checkpoint folder {inside}: export never writes there", out)
-        if target in inside.parents:
-            raise InputError(f"OUT contains the checkpoint {inside}: --force would delete it", out)
-    if fsguard.kind_of(out) not in (None, "symlink-dangling", "dir", "file"):
-        safefile.check_output(out, "dir")  # a FIFO, device or socket at OUT: never replaced, even with --force
-    if os.path.lexists(out) and not force:
-        what = "a symlink (dangling)" if not out.exists() else ("a symlink" if out.is_symlink() else "it")
-        raise InputError(f"already exists ({what}): pass --force to replace it", out)
-
-
-def _replace_dir(tmp: Path, out: Path) -> None:
-    if os.path.lexists(out):
-        old = out.parent / f".zeropilot-old-{os.getpid()}-{_out_hash(out)}"
-        os.replace(out, old)
-        os.replace(tmp, out)
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink()
-    else:
-        os.replace(tmp, out)
 
 
 def _output_dtype(flag: Optional[str], state: ZeroState) -> str:
@@ -340,25 +235,7 @@ def _copy_hf_files(layout: CheckpointLayout, tmp: Path, dtype: str, source: Opti
 
 
 def _progress(total: int, enabled: Optional[bool]) -> Callable[[Optional[int]], None]:
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
-        return lambda n: None
-    try:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc="export", file=sys.stderr)
-        return lambda n: bar.update(n) if n is not None else bar.close()
-    except ImportError:
-        done = [0]
-
-        def line(n: Optional[int]) -> None:
-            if n is None:
-                print(file=sys.stderr)
-                return
-            done[0] += n
-            print(f"\rexport: {done[0] / 1e9:.2f} / {total / 1e9:.2f} GB", end="", file=sys.stderr)
-        return line
+    return progress.bar(total, enabled, "export")
 
 
 # ---- PEFT: adapters and merging -----------------------------------------------------------------

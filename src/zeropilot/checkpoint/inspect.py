@@ -1,4 +1,5 @@
-"""What a checkpoint holds: layout facts first (no torch), tensor facts when its files load safely."""
+"""What a checkpoint holds: layout facts first (no torch), tensor facts when its files load safely, and the
+world sizes it can resume on as it is and after ``zeropilot ckpt universal``."""
 
 from __future__ import annotations
 
@@ -31,6 +32,25 @@ class TensorFacts:
 
 
 @dataclass
+class ResumeOn:
+    """The data-parallel world sizes a checkpoint resumes on.
+
+    ``as_is``: ``[W]`` for a ZeRO checkpoint (DeepSpeed refuses its optimizer partitions on another world size),
+    ``"any"`` for a universal one, ``[]`` without optimizer state. ``after_universal``: ``"any"`` when a
+    conversion opens every world size. ``same_global_batch``: the world sizes on which the saved global batch
+    (``global_batch`` samples, ``micro_batch`` per rank) stays the same with a whole number of accumulation
+    steps, ``gradient_accumulation_steps = global_batch / (micro_batch x ranks)``; None when the saved
+    DeepSpeed config does not say.
+    """
+
+    as_is: object
+    after_universal: Optional[str]
+    global_batch: Optional[int] = None
+    micro_batch: Optional[int] = None
+    same_global_batch: Optional[List[int]] = None
+
+
+@dataclass
 class Report:
     """Everything `zeropilot ckpt inspect` prints."""
 
@@ -39,6 +59,8 @@ class Report:
     tensor_error: Optional[str]  # why tensor facts are missing
     resume: str
     global_step: Optional[int]
+    resume_on: Optional[ResumeOn] = None
+    universal_params: Optional[int] = None  # parameter folders of a universal checkpoint
 
     @property
     def verdict(self) -> str:
@@ -57,16 +79,69 @@ def inspect_checkpoint(path, tag: Optional[str] = None, trust_pickle: bool = Fal
                        follow_symlinks: bool = False) -> Report:
     """Inspect the checkpoint at `path` (any of the folders `read_layout` accepts)."""
     layout = read_layout(path, tag, follow_symlinks=follow_symlinks)
-    facts, error = None, None
-    if not layout.problems:
-        facts, error = _tensor_facts(layout, trust_pickle)
-    else:
+    facts, error, folders = None, None, None
+    if layout.problems:
         error = "not read: the checkpoint is damaged (see problems)"
+    elif layout.universal:
+        folders = _universal_folders(layout)
+    else:
+        facts, error = _tensor_facts(layout, trust_pickle)
     state_file = layout.hf_files.get("trainer_state.json")
     trainer_state = read_json(state_file, layout.confinement) if state_file else None
     step = trainer_state.get("global_step") if trainer_state else None
     step = step if type(step) is int else None
-    return Report(layout=layout, tensors=facts, tensor_error=error, resume=_resume(layout), global_step=step)
+    resume_on = _resume_on(layout, trust_pickle) if not layout.problems else None
+    return Report(layout=layout, tensors=facts, tensor_error=error, resume=_resume(layout, resume_on),
+                  global_step=step, resume_on=resume_on, universal_params=folders)
+
+
+def _universal_folders(layout: CheckpointLayout) -> int:
+    """Parameter folders under ``zero/`` (each must hold ``fp32.pt``: a problem names those that do not)."""
+    from zeropilot.checkpoint import fsguard
+    from zeropilot.checkpoint.names import UNIVERSAL_FP32, UNIVERSAL_STATE_SUFFIX, UNIVERSAL_ZERO_DIR
+
+    zero = layout.tag_dir / UNIVERSAL_ZERO_DIR
+    folders = [p for p in zero.iterdir() if fsguard.kind_of(p) == "dir"]
+    for p in folders:
+        if fsguard.kind_of(p / (UNIVERSAL_FP32 + UNIVERSAL_STATE_SUFFIX)) != "file":
+            layout.problems.append(f"{p}: no {UNIVERSAL_FP32}{UNIVERSAL_STATE_SUFFIX} (the parameter's weights)")
+    return len(folders)
+
+
+def _resume_on(layout: CheckpointLayout, trust_pickle: bool) -> ResumeOn:
+    if layout.universal:
+        out = ResumeOn(as_is="any", after_universal=None)
+    elif layout.optim_files and layout.world_size:
+        out = ResumeOn(as_is=[layout.world_size], after_universal="any")
+    else:
+        return ResumeOn(as_is=[], after_universal=None)
+    batch, micro = _saved_batch(layout, trust_pickle)
+    if batch and micro and batch % micro == 0:
+        per_rank = batch // micro
+        out.global_batch, out.micro_batch = batch, micro
+        out.same_global_batch = [n for n in range(1, min(per_rank, 1 << 20) + 1) if per_rank % n == 0][:64]
+    return out
+
+
+def _saved_batch(layout: CheckpointLayout, trust_pickle: bool):
+    """(global batch, micro batch per rank) from the DeepSpeed config saved in rank 0's model-states file."""
+    from zeropilot.checkpoint.reconstruct import load_file
+
+    try:
+        states = load_file(layout.model_file(0), trust_pickle=trust_pickle, confinement=layout.confinement)
+    except (InputError, OSError):
+        return None, None
+    config = states.get("ds_config") if isinstance(states, dict) else None
+    if not isinstance(config, dict):
+        return None, None
+    micro, accum = config.get("train_micro_batch_size_per_gpu"), config.get("gradient_accumulation_steps")
+    batch = config.get("train_batch_size")
+    ints = [v for v in (micro, accum, batch) if type(v) is int and v > 0]
+    if type(batch) is not int and type(micro) is int and type(accum) is int and len(ints) == 2 and layout.world_size:
+        batch = micro * accum * layout.world_size
+    if type(batch) is not int or type(micro) is not int or batch <= 0 or micro <= 0:
+        return None, None
+    return batch, micro
 
 
 def _tensor_facts(layout: CheckpointLayout, trust_pickle: bool):
@@ -91,13 +166,27 @@ def _tensor_facts(layout: CheckpointLayout, trust_pickle: bool):
     ), None
 
 
-def _resume(layout: CheckpointLayout) -> str:
-    if not layout.optim_files:
-        return "no: no optimizer state (weights only)"
+def _resume(layout: CheckpointLayout, on: Optional[ResumeOn]) -> str:
     if layout.problems:
         return "no: rank files missing or damaged"
-    return (f"yes, on {layout.world_size} data-parallel ranks only; another world size needs a universal "
-            "checkpoint (DeepSpeed's ds_to_universal.py, then load_universal_checkpoint)")
+    batch = _batch_words(on)
+    if layout.universal:
+        return ('yes, on any number of data-parallel ranks with "checkpoint": {"load_universal": true} '
+                f"(a universal checkpoint of a run on {layout.world_size} ranks)" + batch)
+    if not layout.optim_files:
+        return "no: no optimizer state (weights only)"
+    return (f"yes, on {layout.world_size} data-parallel ranks as it is; on any number after `zeropilot ckpt "
+            'universal` (then "checkpoint": {"load_universal": true})' + batch)
+
+
+def _batch_words(on: Optional[ResumeOn]) -> str:
+    if on is None or not on.same_global_batch:
+        return ""
+    sizes = on.same_global_batch
+    shown = ", ".join(str(n) for n in sizes[:-1]) + (" or " if len(sizes) > 1 else "") + str(sizes[-1])
+    accum = ", ".join(str(on.global_batch // (on.micro_batch * n)) for n in sizes)
+    return (f"; the global batch of {on.global_batch} samples (micro batch {on.micro_batch}) stays the same on "
+            f"{shown} ranks (gradient_accumulation_steps {accum})")
 
 
 def _size(n: float) -> str:
@@ -133,7 +222,11 @@ def render_text(report: Report, max_shapes: int = 12) -> str:
     for name in lay.missing:
         lines.append(f"    {name:55s} {'':>10s}  MISSING")
     lines.append(f"  sizes: model states {_size(lay.model_bytes)}, optimizer states {_size(lay.optim_bytes)}")
-    lines += _tensor_lines(report, max_shapes)
+    if report.universal_params is not None:
+        lines.append(f"  universal checkpoint: {report.universal_params} parameter folders in "
+                     f"{lay.tag}/zero/ (read by DeepSpeed's loader; inspect does not read their tensors)")
+    else:
+        lines += _tensor_lines(report, max_shapes)
     lines.append(f"  resumable: {report.resume}")
     if lay.hf_files:
         lines.append(f"  beside it: {', '.join(sorted(lay.hf_files))}")
@@ -187,6 +280,10 @@ def to_json(report: Report) -> dict:
         "ds_version": lay.ds_version, "rank_files": files, "missing": lay.missing,
         "model_states_bytes": lay.model_bytes, "optim_states_bytes": lay.optim_bytes,
         "hf_files": sorted(lay.hf_files), "global_step": report.global_step, "resumable": report.resume,
+        "universal": lay.universal, "resume_world_sizes": None if report.resume_on is None else {
+            "as_is": report.resume_on.as_is, "after_universal": report.resume_on.after_universal,
+            "global_batch": report.resume_on.global_batch, "micro_batch": report.resume_on.micro_batch,
+            "same_global_batch": report.resume_on.same_global_batch},
         "problems": lay.problems, "unknown": lay.unknown, "tensor_error": report.tensor_error,
         "tensors": None if t is None else {
             "parameters": t.parameters, "trainable": t.trainable, "frozen": t.frozen, "buffers": t.buffers,
@@ -195,4 +292,4 @@ def to_json(report: Report) -> dict:
     }
 
 
-__all__ = ["Report", "TensorFacts", "inspect_checkpoint", "render_text", "to_json"]
+__all__ = ["Report", "ResumeOn", "TensorFacts", "inspect_checkpoint", "render_text", "to_json"]

@@ -17,6 +17,11 @@ Layout (``save_dir`` is what ``engine.save_checkpoint(save_dir)`` was given)::
 A Hugging Face Trainer writes ``output_dir/checkpoint-N/`` as such a ``save_dir`` (tag
 ``global_stepN``) with ``trainer_state.json``, ``config.json`` or PEFT adapter files beside it.
 
+A universal checkpoint (``ds_to_universal.py``, ``zeropilot ckpt universal``) has ``latest_universal``
+instead of ``latest`` (or beside it), and its tag folder holds the model-states files and
+``zero/optimizer_state.pt`` with one folder per parameter, no optimizer files
+(:attr:`CheckpointLayout.universal`).
+
 Use :func:`read_layout`; it raises :class:`~zeropilot.errors.InputError` only when the path is not a
 checkpoint at all (or ``--tag`` is not a tag name). Problems of a checkpoint (missing, empty, truncated
 rank files, a ``latest`` that points nowhere or outside the save folder, a rank file that is a FIFO or a
@@ -38,8 +43,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from zeropilot.checkpoint.names import (GLOBAL_STEP_RE, HF_CHECKPOINT_RE, HF_MODEL_FILES, HF_WEIGHT_FILES,
-                                       LATEST_FILE, MODEL_RE, MODEL_STATES_SUFFIX, OPTIM_RE, OPTIM_STATES_SUFFIX,
-                                       PEFT_FILES, TRAINER_FILES, ZERO12_MODEL_FILE)
+                                       LATEST_FILE, LATEST_UNIVERSAL_FILE, MODEL_RE, MODEL_STATES_SUFFIX, OPTIM_RE,
+                                       OPTIM_STATES_SUFFIX, PEFT_FILES, TRAINER_FILES, UNIVERSAL_OPTIMIZER_FILE,
+                                       UNIVERSAL_ZERO_DIR, ZERO12_MODEL_FILE)
 from zeropilot.checkpoint import fsguard
 from zeropilot.checkpoint.fsguard import Confinement
 from zeropilot.checkpoint.terminal import clean
@@ -96,6 +102,8 @@ class CheckpointLayout:
     hf_checkpoints: List[Path] = field(default_factory=list)  # checkpoint-N dirs of an output dir
     confinement: Optional[Confinement] = None  # the folder every file read must stay inside
     missing_count: int = 0  # expected rank files absent (``missing`` names at most _LISTED_MISSING)
+    universal: bool = False  # the tag folder is a universal checkpoint (zero/optimizer_state.pt, no optim files)
+    latest_file: str = LATEST_FILE  # the file `latest` was read from (``latest_universal`` without ``latest``)
 
     @property
     def rank_files(self) -> List[RankFile]:
@@ -176,9 +184,10 @@ def read_layout(path, tag: Optional[str] = None, follow_symlinks: bool = False) 
     kind, save_dir, hf_checkpoints = _classify(root)
     confinement = Confinement.of(save_dir if (kind == "tag-dir" and save_dir) else root, follow_symlinks)
     problems: List[str] = []
-    latest = _read_latest(save_dir, confinement, problems) if save_dir else None
+    latest_file = _latest_file(save_dir) if save_dir else LATEST_FILE
+    latest = _read_latest(save_dir, confinement, problems, latest_file) if save_dir else None
     tags = _list_tags(save_dir) if save_dir else []
-    tag_name, tag_dir = _resolve_tag(root, kind, save_dir, latest, tags, tag, problems)
+    tag_name, tag_dir = _resolve_tag(root, kind, save_dir, latest, tags, tag, problems, latest_file)
     if tag_dir != root and not confinement.follow_symlinks and not confinement.contains(tag_dir):
         problems.append(f"{tag_dir}: a symlink to {os.path.realpath(tag_dir)}, outside the checkpoint folder: "
                         "refused (pass --follow-symlinks if you trust it)")
@@ -187,20 +196,31 @@ def read_layout(path, tag: Optional[str] = None, follow_symlinks: bool = False) 
         path=root, kind=kind, save_dir=save_dir, tag=tag_name, tag_dir=tag_dir, latest=latest, tags=tags,
         stage=None, world_size=None, optim_dtype=None, ds_version=None, model_files=[], optim_files=[],
         missing=[], hf_files=_hf_files(save_dir or tag_dir.parent), problems=problems,
-        hf_checkpoints=hf_checkpoints, confinement=confinement,
+        hf_checkpoints=hf_checkpoints, confinement=confinement, latest_file=latest_file,
     )
     if fsguard.kind_of(tag_dir) == "dir":
         _read_tag_dir(layout)
     return layout
 
 
+def _latest_file(save_dir: Path) -> str:
+    """``latest``, or ``latest_universal`` when only that one is there."""
+    if fsguard.kind_of(save_dir / LATEST_FILE) is None and fsguard.kind_of(save_dir / LATEST_UNIVERSAL_FILE):
+        return LATEST_UNIVERSAL_FILE
+    return LATEST_FILE
+
+
+def _has_latest(folder: Path) -> bool:
+    return any(fsguard.kind_of(folder / n) is not None for n in (LATEST_FILE, LATEST_UNIVERSAL_FILE))
+
+
 def _classify(root: Path) -> Tuple[str, Optional[Path], List[Path]]:
-    if fsguard.kind_of(root / LATEST_FILE) is not None or _list_tags(root):
+    if _has_latest(root) or _list_tags(root):
         kind = "hf-checkpoint" if (root / "trainer_state.json").is_file() else "save-dir"
         return kind, root, []
     if _rank_files_in(root):
         parent = root.parent
-        return "tag-dir", (parent if fsguard.kind_of(parent / LATEST_FILE) is not None else None), []
+        return "tag-dir", (parent if _has_latest(parent) else None), []
     checkpoints = sorted(
         (p for p in root.iterdir() if p.is_dir() and HF_CHECKPOINT_RE.match(p.name)),
         key=lambda p: int(HF_CHECKPOINT_RE.match(p.name).group(1)),
@@ -230,16 +250,17 @@ def _tag_order(tag: str) -> Tuple[int, int, str]:
     return (0, int(m.group(1)), tag) if m else (1, 0, tag)
 
 
-def _read_latest(save_dir: Path, confinement: Confinement, problems: List[str]) -> Optional[str]:
-    """The tag `latest` names, or None (with a problem when it exists but is not a readable tag name)."""
-    f = save_dir / LATEST_FILE
+def _read_latest(save_dir: Path, confinement: Confinement, problems: List[str],
+                 name: str = LATEST_FILE) -> Optional[str]:
+    """The tag `latest` (or `name`) names, or None (with a problem when it exists but is not a tag name)."""
+    f = save_dir / name
     kind = fsguard.kind_of(f)
     if kind is None:
         return None
     try:
         text = fsguard.read_bounded(f, fsguard.LATEST_LIMIT, confinement).decode("utf-8", errors="replace").strip()
     except InputError as exc:
-        problems.append(f"{exc.render()}: `latest` not followed")
+        problems.append(f"{exc.render()}: `{name}` not followed")
         return None
     if not _TAG_RE.match(text) or text in (".", ".."):
         problems.append(f"{f}: holds {clean(text[:80])!r}, which is not a tag folder name (one folder of "
@@ -248,7 +269,7 @@ def _read_latest(save_dir: Path, confinement: Confinement, problems: List[str]) 
     return text
 
 
-def _resolve_tag(root, kind, save_dir, latest, tags, tag, problems) -> Tuple[str, Path]:
+def _resolve_tag(root, kind, save_dir, latest, tags, tag, problems, latest_file=LATEST_FILE) -> Tuple[str, Path]:
     if kind == "tag-dir":
         if tag is not None and tag != root.name:
             raise InputError(f"--tag {tag} given, but this is the tag folder {root.name}", root)
@@ -261,17 +282,17 @@ def _resolve_tag(root, kind, save_dir, latest, tags, tag, problems) -> Tuple[str
         if not tags:
             problems.append(f"{save_dir}: no `latest` file and no tag folder with rank files")
             return "", save_dir
-        problems.append(f"{save_dir / LATEST_FILE}: missing; took the last tag folder, {tags[-1]}")
+        problems.append(f"{save_dir / latest_file}: missing; took the last tag folder, {tags[-1]}")
         return tags[-1], save_dir / tags[-1]
     if not (save_dir / latest).is_dir():
         problems.append(
-            f"{save_dir / LATEST_FILE}: points to {latest!r}, which does not exist "
+            f"{save_dir / latest_file}: points to {latest!r}, which does not exist "
             f"(tags here: {', '.join(tags) or 'none'}); pass --tag to choose one")
         return latest, save_dir / latest
     newer = [t for t in tags if _tag_order(t) > _tag_order(latest) and GLOBAL_STEP_RE.match(t)]
     if newer:
         problems.append(
-            f"{save_dir / LATEST_FILE}: points to {latest!r} but a newer tag folder exists ({newer[-1]}); "
+            f"{save_dir / latest_file}: points to {latest!r} but a newer tag folder exists ({newer[-1]}); "
             "the save that should have updated `latest` may have failed")
     return latest, save_dir / latest
 
@@ -293,8 +314,34 @@ def _read_tag_dir(layout: CheckpointLayout) -> None:
     if prefix == "":
         layout.unknown["optim_dtype"] = "no bf16_/fp16_ prefix: fp32 or fp16 training"
     layout.model_files, layout.optim_files = model, optim
+    if not optim and fsguard.kind_of(layout.tag_dir / UNIVERSAL_ZERO_DIR / UNIVERSAL_OPTIMIZER_FILE) is not None:
+        _read_universal(layout)
+        return
     _infer_stage_and_world(layout)
     _find_missing(layout, prefix or "")
+    _record_damage(layout)
+
+
+def _read_universal(layout: CheckpointLayout) -> None:
+    """A universal tag folder: stage and saved world size from ``zero/optimizer_state.pt``; the model-states
+    file DeepSpeed's loader reads (rank 0's) must be there."""
+    layout.universal = True
+    layout.unknown.pop("optim_dtype", None)
+    state_file = layout.tag_dir / UNIVERSAL_ZERO_DIR / UNIVERSAL_OPTIMIZER_FILE
+    facts = pickle_facts(state_file, ("zero_stage", "partition_count", "ds_version"), layout.confinement)
+    layout.stage = facts.get("zero_stage")
+    layout.world_size = facts.get("partition_count")
+    layout.ds_version = facts.get("ds_version") or _first_facts(layout.model_files, ("ds_version",)).get("ds_version")
+    if not facts:
+        layout.problems.append(f"{state_file}: not a readable torch.save archive")
+    for key in ("stage", "world_size"):
+        if getattr(layout, key) is None:
+            layout.unknown[key] = f"not found in {state_file.name}"
+    needed = layout.model_file(0) if layout.stage is not None else None
+    if needed is not None and needed.name not in {f.name for f in layout.model_files}:
+        layout.missing.append(needed.name)
+        layout.missing_count += 1
+        layout.problems.append(f"{needed}: missing (DeepSpeed's loader reads it)")
     _record_damage(layout)
 
 
@@ -382,7 +429,7 @@ def _first_facts(files: List[RankFile], keys: Tuple[str, ...]) -> Dict[str, obje
     return {}
 
 
-def pickle_facts(path: Path, keys: Tuple[str, ...]) -> Dict[str, object]:
+def pickle_facts(path: Path, keys: Tuple[str, ...], confinement: Optional[Confinement] = None) -> Dict[str, object]:
     """Scalar values stored under `keys` in a torch zip archive's pickle, without unpickling.
 
     Walks the opcodes of ``data.pkl`` (read through :func:`torchzip.read_archive`, which validates
@@ -393,7 +440,7 @@ def pickle_facts(path: Path, keys: Tuple[str, ...]) -> Dict[str, object]:
     from zeropilot.checkpoint import torchzip
 
     try:
-        data = torchzip.read_archive(path).pickle
+        data = torchzip.read_archive(path, confinement).pickle
     except (torchzip.Unsupported, InputError, OSError):
         return {}
     return _scan_opcodes(data, keys)

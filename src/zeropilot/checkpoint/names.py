@@ -17,6 +17,17 @@ OPTIM_STATES_SUFFIX = "_optim_states.pt"
 ZERO12_MODEL_FILE = "mp_rank_00_model_states.pt"
 OPTIM_PREFIXES = ("bf16_", "fp16_", "")
 
+# The universal layout (``ds_to_universal.py``; loaded with ``"checkpoint": {"load_universal": true}``):
+# ``save_dir/latest_universal`` names the tag; ``<tag>/`` holds the model-states files and ``zero/``, with
+# ``zero/optimizer_state.pt`` and one folder per parameter holding ``<state>.pt`` files (``fp32.pt``,
+# ``exp_avg.pt``, ``exp_avg_sq.pt``, ZeRO-1/2 also ``step.pt``).
+LATEST_UNIVERSAL_FILE = "latest_universal"
+UNIVERSAL_ZERO_DIR = "zero"
+UNIVERSAL_OPTIMIZER_FILE = "optimizer_state.pt"
+UNIVERSAL_STATE_SUFFIX = ".pt"
+UNIVERSAL_FP32 = "fp32"
+UNIVERSAL_STEP = "step"
+
 MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 HF_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -30,6 +41,7 @@ HF_MODEL_FILES = (
 )
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 TRAINER_FILES = ("trainer_state.json", "training_args.bin", "scheduler.pt", "rng_state.pth")
+RNG_STATE_RE = re.compile(r"^rng_state_\d{1,6}\.pth$")  # the Trainer's per-process RNG states
 HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                    "pytorch_model.bin.index.json")
 

@@ -78,8 +78,12 @@ class ZeroState:
     aliases: Dict[str, str]  # shared (tied) parameter name -> the name whose values it shares
     absent: List[str]  # module keys with no values in the checkpoint (frozen, excluded at save)
     module_dtype: Optional[str]  # dtype of the saved 16-bit module (training dtype)
+    state_names: List[str] = field(default_factory=list)  # per-element optimizer state (open with need_states)
+    optimizer: Optional[dict] = field(repr=False, default=None)  # rank 0's optimizer_state_dict (need_states)
     _model_states: List[dict] = field(repr=False, default_factory=list)
     _flat: List[List[Piece]] = field(repr=False, default_factory=list)  # [rank][group] flat fp32
+    _states: List[List[Dict[str, Piece]]] = field(repr=False, default_factory=list)  # [rank][group] name -> flat
+    _groups: Dict[str, int] = field(repr=False, default_factory=dict)  # trainable name -> its parameter group
     _chunks: Dict[str, List[Tuple[int, int, int, int]]] = field(repr=False, default_factory=dict)
 
     def entry(self, name: str) -> TensorEntry:
@@ -100,15 +104,32 @@ class ZeroState:
             pos += piece.numel
         return out.view(entry.shape)
 
-    def pieces(self, entry: TensorEntry) -> Iterator[Piece]:
-        """1-D pieces of the stored values of `entry`, in order (where they lie; nothing read yet)."""
+    def pieces(self, entry: TensorEntry, state: Optional[str] = None) -> Iterator[Piece]:
+        """1-D pieces of the stored values of `entry`, in order (where they lie; nothing read yet).
+
+        `state` names an optimizer state of a trainable entry (``exp_avg``...; open with ``need_states``)
+        instead of its fp32 master weights.
+        """
         if entry.source == TRAINABLE:
             for rank, group, start, length in self._chunks[entry.name]:
-                yield self._flat[rank][group].narrow(start, length)
+                flat = self._flat[rank][group] if state is None else self._states[rank][group][state]
+                yield flat.narrow(start, length)
         elif entry.source == FROZEN:
             yield from self._frozen_pieces(entry)
         else:
             yield self._model_states[0]["module"][entry.name].flat()
+
+    def group_of(self, entry: TensorEntry) -> int:
+        """The optimizer's parameter group holding the trainable `entry`."""
+        return self._groups[entry.name]
+
+    def module_tensor(self, name: str) -> Optional[Piece]:
+        """The saved module's tensor `name` (ZeRO-1/2: the 16-bit weights, tied ones included) as one flat piece."""
+        value = (self._model_states[0].get("module") or {}).get(name)
+        return value.flat() if value is not None else None
+
+    def module_names(self) -> List[str]:
+        return [k for k, v in (self._model_states[0].get("module") or {}).items() if v is not None]
 
     def _frozen_pieces(self, entry: TensorEntry) -> Iterator[Piece]:
         if self.stage <= 2:
@@ -249,12 +270,16 @@ def _all_contiguous(obj) -> bool:
 
 
 def open_checkpoint(layout: CheckpointLayout, *, trust_pickle: bool = False,
-                    need_optimizer: bool = True) -> ZeroState:
+                    need_optimizer: bool = True, need_states: bool = False) -> ZeroState:
     """Open the rank files of `layout` (mapped, not read) and work out where every tensor lives.
+
+    `need_states` also locates the optimizer's per-element state (Adam's moments), for the universal
+    conversion.
 
     Raises:
         DamagedCheckpoint: the files are incomplete or inconsistent.
         safe_load.UnsafePickleError: a file needs a global outside the allowlist.
+        InputError: (`need_states`) the optimizer's state is in a layout that cannot be converted.
     """
     if layout.stage is None or layout.world_size is None:
         raise DamagedCheckpoint(
@@ -281,7 +306,20 @@ def open_checkpoint(layout: CheckpointLayout, *, trust_pickle: bool = False,
     if need_optimizer:
         state._flat = [[t.flat() for t in o.flat] for o in optims]
         _locate_trainable(state, shapes, optims[0].paddings)
+        state._groups = _group_index(state, shapes)
+    if need_states:
+        state.state_names = consistency.check_group_states(world, optims, stage)
+        state._states = [[{k: g[k].flat() for k in state.state_names} for g in o.group_states] for o in optims]
+        state.optimizer = optims[0].raw.get("optimizer_state_dict")
     return state
+
+
+def _group_index(state: ZeroState, shapes: List[dict]) -> Dict[str, int]:
+    """name -> parameter group: ZeRO-1/2's param_shapes has one dict per group; ZeRO-3's sub-groups are where
+    the parameter's first chunk lies."""
+    if state.stage <= 2:
+        return {n: g for g, group in enumerate(shapes) for n in group}
+    return {n: chunks[0][1] if chunks else 0 for n, chunks in state._chunks.items()}
 
 
 def _module_dtype(model_states: dict) -> Optional[str]:

@@ -35,12 +35,12 @@ class FileSpan:
     nbytes: int
 
 
-
 _COPY_BLOCK = 64 << 20
 
 
-def _copy_span(out, span: FileSpan) -> None:
-    """Append `span` to `out`: ``copy_file_range`` (same file system), else ``sendfile``, else read/write."""
+def copy_span(out, span: FileSpan) -> None:
+    """Append `span` to the unbuffered file `out`: ``copy_file_range`` (same file system), else ``sendfile``,
+    else read/write."""
     done = 0
     with open(span.path, "rb", buffering=0) as src:
         for name in ("copy_file_range", "sendfile"):
@@ -62,7 +62,7 @@ def _copy_span(out, span: FileSpan) -> None:
             chunk = os.pread(src.fileno(), min(_COPY_BLOCK, span.nbytes - done), span.offset + done)
             if not chunk:
                 raise DamagedFileError("ends inside a tensor: truncated", span.path)
-            _write_all(out, memoryview(chunk))
+            write_all(out, memoryview(chunk))
             done += len(chunk)
 
 
@@ -127,14 +127,14 @@ def write_file(path, tensors: List[PlannedTensor], on_tensor: Optional[Callable[
     """Write `tensors` to `path` as one safetensors file; returns the bytes of tensor data written."""
     written = 0
     with open(path, "wb", buffering=0) as f:
-        _write_all(f, memoryview(header(tensors, metadata)))
+        write_all(f, memoryview(header(tensors, metadata)))
         for t in tensors:
             start = written
             for chunk in t.produce():
                 if isinstance(chunk, FileSpan):
-                    _copy_span(f, chunk)
+                    copy_span(f, chunk)
                 else:
-                    _write_all(f, chunk)
+                    write_all(f, chunk)
                 written += chunk.nbytes
             if written - start != t.nbytes:
                 raise RuntimeError(f"{t.name}: wrote {written - start} bytes, expected {t.nbytes}")
@@ -143,7 +143,7 @@ def write_file(path, tensors: List[PlannedTensor], on_tensor: Optional[Callable[
     return written
 
 
-def _write_all(f, chunk: memoryview) -> None:
+def write_all(f, chunk) -> None:
     """Unbuffered writes may be short: loop until the whole chunk is written."""
     view = memoryview(chunk).cast("B")
     while len(view):

@@ -1,4 +1,4 @@
-"""`zeropilot ckpt`: inspect, export and verify DeepSpeed ZeRO checkpoints.
+"""`zeropilot ckpt`: inspect, export, convert to universal and verify DeepSpeed ZeRO checkpoints.
 
 Parses arguments, calls :mod:`zeropilot.checkpoint`, renders. Exit status: 0 fine, 1 a damaged,
 incomplete or mismatching checkpoint (the verdict names the files), 2 bad input (one line on stderr).
@@ -25,9 +25,9 @@ _LAST_RESORT = (KeyError, TypeError, ValueError, AttributeError, IndexError, Rec
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "ckpt", help="inspect, export and verify DeepSpeed ZeRO checkpoints",
-        description="Inspect, export (to Hugging Face safetensors) and verify DeepSpeed ZeRO checkpoints "
-                    "without running pickled code.")
+        "ckpt", help="inspect, export, convert and verify DeepSpeed ZeRO checkpoints",
+        description="Inspect, export (to Hugging Face safetensors), convert to universal checkpoints (resume on "
+                    "another number of GPUs) and verify DeepSpeed ZeRO checkpoints without running pickled code.")
     sub = parser.add_subparsers(dest="ckpt_command", metavar="ACTION")
     parser.set_defaults(func=run, ckpt_command=None)
 
@@ -51,6 +51,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--no-progress", action="store_true")
     _format(p, "zeropilot.ckpt-export/1")
+    _common(p)
+
+    p = sub.add_parser("universal", help="write DeepSpeed's universal checkpoint: resume on any number of ranks",
+                       description="Write the universal checkpoint of a ZeRO-1/2/3 checkpoint (what DeepSpeed's "
+                                   "ds_to_universal.py writes) into the new folder OUT; resume from OUT with "
+                                   '"checkpoint": {"load_universal": true} in the DeepSpeed config.')
+    p.add_argument("path", type=Path, help="HF output dir, checkpoint-N, DeepSpeed save dir or tag dir")
+    p.add_argument("out", type=Path, help="new folder to write (refused if it exists, unless --force)")
+    p.add_argument("--tag", help="tag to convert instead of what `latest` says")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--format", choices=("text", "json"), default="text")
     _common(p)
 
     p = sub.add_parser("verify", help="compare an export with its checkpoint, tensor for tensor")
@@ -79,9 +91,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from zeropilot.checkpoint.reconstruct import DamagedCheckpoint
 
-    action = {"inspect": _inspect, "export": _export, "verify": _verify}.get(args.ckpt_command)
+    action = {"inspect": _inspect, "export": _export, "universal": _universal,
+              "verify": _verify}.get(args.ckpt_command)
     if action is None:
-        print("usage: zeropilot ckpt {inspect,export,verify} ... (see --help)", file=sys.stderr)
+        print("usage: zeropilot ckpt {inspect,export,universal,verify} ... (see --help)", file=sys.stderr)
         return 2
     try:
         return action(args)
@@ -135,6 +148,30 @@ def _export(args: argparse.Namespace) -> int:
         print(clean(f"  tied weights written once (transformers re-ties them): {', '.join(result.dropped_tied)}"))
     if result.copied:
         print(clean(f"  copied: {', '.join(result.copied)}"))
+    for note in result.notes:
+        print(clean(f"  note: {note}"))
+    return 0
+
+
+def _universal(args: argparse.Namespace) -> int:
+    from zeropilot.checkpoint.universal import UniversalOptions, convert, to_json
+
+    options = UniversalOptions(tag=args.tag, force=args.force, trust_pickle=args.trust_pickle,
+                               progress=False if args.no_progress else None, follow_symlinks=args.follow_symlinks)
+    result = convert(args.path, args.out, options)
+    if args.format == "json":
+        from zeropilot.envelope import CKPT_UNIVERSAL_SCHEMA, dumps, envelope
+
+        sys.stdout.write(dumps(envelope(CKPT_UNIVERSAL_SCHEMA, to_json(result))))
+        return 0
+    print(clean(f"wrote the universal checkpoint of {result.tag} (ZeRO-{result.stage}, saved by {result.world_size} "
+                f"ranks) to {result.out}: {result.parameters} parameters with {', '.join(result.states)}; "
+                f"{result.files} files, {result.bytes / 1e9:.3f} GB"))
+    if result.from_module:
+        print(clean(f"  {len(result.from_module)} module tensors without optimizer state (frozen, tied or buffers) "
+                    f"as fp32 only, as DeepSpeed writes them: {', '.join(result.from_module[:4])}"
+                    + (" ..." if len(result.from_module) > 4 else "")))
+    print(clean(f"  copied: {', '.join(result.model_files + result.copied)}"))
     for note in result.notes:
         print(clean(f"  note: {note}"))
     return 0

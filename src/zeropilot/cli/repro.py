@@ -27,6 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--save-every", type=int, default=4, metavar="N", help="save every N steps (default 4)")
     p.add_argument("--resume-from", type=int, metavar="STEP", help="the save to resume from (default: the first)")
     p.add_argument("--resume-nproc", type=int, metavar="N", help="ranks of the resumed run (default: --nproc)")
+    p.add_argument("--resume-via", choices=("universal", "zero"),
+                   help="resume from the save converted by `zeropilot ckpt universal` (load_universal: the default "
+                        "when --resume-nproc differs from --nproc), or from the ZeRO checkpoint itself (DeepSpeed "
+                        "refuses it on another world size: shows the error a plain resume gets)")
     p.add_argument("--no-resume", action="store_true", help="only train and save (memory around saves)")
     p.add_argument("--leave-out", metavar="PARTS", default="",
                    help="what the resume does not restore, as a checkpoint without it: optimizer,scheduler,rng,data")
@@ -64,7 +68,7 @@ def _options(args: argparse.Namespace):
     return Options(nproc=args.nproc, cpu=args.cpu, gpu_mem_cap=cap, steps=args.steps, save_every=args.save_every,
                    resume_from=args.resume_from, resume_nproc=args.resume_nproc, lora_rank=args.lora_rank,
                    seq_len=args.seq_len, micro_batch=args.micro_batch, grad_accum=args.grad_accum,
-                   full_size=args.full_size, leave_out=leave, resume=not args.no_resume)
+                   full_size=args.full_size, leave_out=leave, resume=not args.no_resume, resume_via=args.resume_via)
 
 
 def _need_gpus(ranks: int) -> None:

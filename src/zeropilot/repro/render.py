@@ -32,6 +32,8 @@ def _head(v: Dict[str, Any]) -> List[str]:
              f"{s['nproc']} rank(s) on {s['device']}; {s['steps']} steps, save every {s['save_every']}"
              + (f", resumed from step {s['resume_from']} in a new process group of {s['resume_nproc']} rank(s)"
                 if s["resume_from"] is not None else " (no resume)")
+             + (f" through a universal checkpoint (micro batch {s['resume_micro_batch']} x GA "
+                f"{s['resume_grad_accum']})" if s.get("universal") else "")
              + (f", leaving out {', '.join(s['leave_out'])}" if s["leave_out"] else "")]
     for cap in v.get("cap") or []:
         lines.append(f"memory cap: EMULATED {gib(cap['cap_bytes'])} card: allocator limit {gib(cap['limit_bytes'])} "
@@ -61,10 +63,20 @@ def _resume(v: Dict[str, Any]) -> List[str]:
         return ["resume: NOT CHECKED: the run failed (below)"]
     tol = v["tolerance"]
     how = "bitwise" if tol["kind"] == "bitwise" else f"within {tol['state']:g} (state) / {tol['loss']:g} (loss)"
+    conv = v.get("universal")
+    lines = []
+    if conv and not conv.get("error"):
+        lines.append(f"universal checkpoint: zeropilot ckpt universal wrote {conv['files']} files "
+                     f"({conv['tensor_bytes'] / 1e6:.1f} MB: {', '.join(conv['states'])}) in {conv['seconds']:.2f} s")
     if v["resume_exact"]:
         parts = ", ".join(p for p in v["details"] if p != "restored")
-        return [f"resume: EXACT ({how}): {parts} equal to the uninterrupted run"]
-    lines = [f"resume: NOT EXACT: differs: {', '.join(v['differs'])}"]
+        if tol["kind"] == "bitwise":
+            return lines + [f"resume: EXACT ({how}): {parts} equal to the uninterrupted run"]
+        worst = ", ".join(f"{p} {d['max_rel_diff']:.2g}" for p, d in v["details"].items()
+                          if isinstance(d, dict) and d.get("max_rel_diff"))
+        return lines + [f"resume: EXACT ({how}): {parts} equal to the uninterrupted run"
+                        + (f" (largest relative differences: {worst})" if worst else "")]
+    lines.append(f"resume: NOT EXACT: differs: {', '.join(v['differs'])}")
     if v.get("not_restored"):
         lines.append(f"  cause: the resume did not restore: {', '.join(v['not_restored'])} (compared right after "
                      "the load with the uninterrupted run right after the save)")
@@ -72,7 +84,8 @@ def _resume(v: Dict[str, Any]) -> List[str]:
         d = v["details"].get(part, {})
         if part == "loss" and d.get("first_differing"):
             f = d["first_differing"]
-            lines.append(f"  loss: first at step {f['step']} (rank {f['rank']}): uninterrupted "
+            who = f"rank {f['rank']}" if f.get("rank") is not None else "mean over the ranks"
+            lines.append(f"  loss: first at step {f['step']} ({who}): uninterrupted "
                          f"{f['uninterrupted'][0]:.6g}, resumed {f['resumed'][0]:.6g}")
         elif part == "world_size":
             lines.append(f"  world size: saved by {d['uninterrupted']} rank(s), resumed on {d['resumed']}")
@@ -89,7 +102,8 @@ def render(v: Dict[str, Any]) -> str:
     lines = _head(v) + _save_rows(v, cuda) + _resume(v)
     for f in v["failures"]:
         where = f" at step {f.get('step')} ({f.get('phase')})" if f.get("phase") else ""
-        lines.append(f"leg {f['leg']} rank {f['rank']}: {f['kind'].upper()}{where}: {f.get('message', '')[:300]}")
+        who = f"leg {f['leg']} rank {f['rank']}" if f.get("rank") is not None else f"before leg {f['leg']}"
+        lines.append(f"{who}: {f['kind'].upper()}{where}: {f.get('message', '')[:300]}")
     for note in v["notes"]:
         lines.append(f"note: {note}")
     lines.append(f"run directory: {v['run_dir']} (zeropilot report {v['run_dir']})")

@@ -1,6 +1,8 @@
 """Run repro cases: leg 1 (uninterrupted, saving) for every case in one process group, then leg 2 (resume) in a
-new one, then the verdicts. Writes each case's run directory: ``run.json`` (as ``zeropilot run`` would),
-``rank-N.jsonl``, ``repro.json`` (the verdict), ``repro-spec.json``. No torch here.
+new one, then the verdicts. Between the legs, a case resuming through a universal checkpoint has its save converted
+by ``zeropilot ckpt universal`` (in this process: the conversion needs no torch). Writes each case's run directory:
+``run.json`` (as ``zeropilot run`` would), ``rank-N.jsonl``, ``repro.json`` (the verdict), ``repro-spec.json``.
+No torch here.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from zeropilot.errors import InputError
 from zeropilot.repro import verdict
 from zeropilot.repro.launcher import run_leg
-from zeropilot.repro.spec import ReproSpec
+from zeropilot.repro.spec import UNIVERSAL_DIR, ReproSpec
 from zeropilot.runlog.layout import RUN_SCHEMA, write_json_atomic
 from zeropilot.safefile import check_output
 
@@ -75,17 +77,39 @@ def run_cases(cases: Sequence[Case], timeout: float = 900.0, command: Optional[L
         write_json_atomic(root / "run.json", _run_json(spec, command, check, started, None))
     legs: Dict[str, Dict[int, Any]] = {str(root): {} for _, root in cases}
     _run_leg(1, cases, lambda s: s.nproc, timeout, legs)
-    _run_leg(2, [c for c in cases if c[0].resume_from is not None], lambda s: s.resume_nproc, timeout, legs)
+    conversions = {str(root): convert_for_resume(spec, root) for spec, root in cases
+                   if spec.universal and spec.resume_from is not None}
+    resumed = [c for c in cases if c[0].resume_from is not None and not conversions.get(str(c[1]), {}).get("error")]
+    _run_leg(2, resumed, lambda s: s.resume_nproc, timeout, legs)
     verdicts = []
     for spec, root in cases:
-        v = verdict.build(spec, root, {k: _jsonable(x) for k, x in legs[str(root)].items()})
+        v = verdict.build(spec, root, {k: _jsonable(x) for k, x in legs[str(root)].items()},
+                          conversions.get(str(root)))
         write_json_atomic(root / "repro.json", v)
         write_json_atomic(root / "run.json", _run_json(spec, command, check, started, legs[str(root)]))
         if not keep_checkpoints:
-            for old in ("checkpoints", "checkpoints-leg2"):
+            for old in ("checkpoints", "checkpoints-leg2", UNIVERSAL_DIR):
                 shutil.rmtree(root / old, ignore_errors=True)
         verdicts.append(v)
     return verdicts
+
+
+def convert_for_resume(spec: ReproSpec, root: Path) -> Dict[str, Any]:
+    """Convert leg 1's save at ``resume_from`` with ``zeropilot ckpt universal`` into ``root/checkpoints-universal``.
+
+    Returns what was written (``seconds``, ``files``, ``tensor_bytes``, ``states``) or ``{"error": why}``.
+    """
+    from zeropilot.checkpoint.reconstruct import DamagedCheckpoint
+    from zeropilot.checkpoint.universal import UniversalOptions, convert
+
+    t = time.perf_counter()
+    try:
+        result = convert(root / "checkpoints", root / UNIVERSAL_DIR,
+                         UniversalOptions(tag=f"global_step{spec.resume_from}", force=True, progress=False))
+    except (InputError, DamagedCheckpoint) as exc:
+        return {"error": f"zeropilot ckpt universal: {exc}"}
+    return {"seconds": time.perf_counter() - t, "out": str(result.out), "tag": result.tag, "files": result.files,
+            "tensor_bytes": result.bytes, "parameters": result.parameters, "states": result.states}
 
 
 #: What a repro writes into its run directory; only these are removed when a run directory is reused.
@@ -110,7 +134,7 @@ def clear_run_dir(root: Path) -> None:
     for pattern in _OURS:
         for f in root.glob(pattern):
             f.unlink()
-    for folder in ("checkpoints", "checkpoints-leg2", "state", ".torch_extensions"):
+    for folder in ("checkpoints", "checkpoints-leg2", UNIVERSAL_DIR, "state", ".torch_extensions"):
         shutil.rmtree(root / folder, ignore_errors=True)
 
 

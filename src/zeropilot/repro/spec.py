@@ -30,6 +30,17 @@ SHRUNK_SEQ = 32
 SHRUNK_GA = 2
 #: Relative tolerance of the resume check: CPU runs are bitwise; on GPU see docs/repro.md (reduction order).
 TOLERANCE = {"cpu": {"loss": 0.0, "state": 0.0}, "cuda": {"loss": 1e-3, "state": 1e-2}}
+#: Through a universal checkpoint onto another world size, by training precision (docs/repro.md, "Resume on another
+#: number of ranks"): the gradient is reduced over other ranks in another order, so the values are not bitwise
+#: equal. ``loss``: relative difference of each step's mean loss; ``state``: the weights' and the optimizer state's
+#: difference relative to what training changed after the resume (L2 over the part, ``repro.across``). Measured on
+#: CPU (tests/repro): fp32 2e-8 (loss) and 2e-6 (state), bf16 2e-5 and 0.02; a part left out differs by about 1.
+UNIVERSAL_TOLERANCE = {"fp32": {"loss": 1e-6, "state": 1e-4}, "bf16": {"loss": 1e-3, "state": 0.1},
+                       "fp16": {"loss": 1e-3, "state": 0.1}}
+#: How leg 2 resumes: from the ZeRO checkpoint itself, or converted by ``zeropilot ckpt universal``.
+RESUME_VIA = ("zero", "universal")
+#: Where leg 1's save at ``resume_from`` is converted to a universal checkpoint (``repro.run``, before leg 2).
+UNIVERSAL_DIR = "checkpoints-universal"
 #: Per-tensor values kept whole for the state comparison up to this many elements; larger ones are digested.
 KEEP_WHOLE = 1 << 22
 
@@ -53,6 +64,7 @@ class Options:
     leave_out: Tuple[str, ...] = ()
     resume: bool = True
     deterministic: bool = True
+    resume_via: Optional[str] = None  # "zero" | "universal"; None: universal when the world size changes
 
 
 @dataclass
@@ -87,6 +99,8 @@ class ReproSpec:
         device: ``cpu`` or ``cuda``; gpu_mem_cap: emulated card size in bytes (None: the whole card).
         exclude_frozen: save with ``exclude_frozen_parameters`` (as the HF Trainer does for PEFT, see notes).
         leave_out: parts the resume does not restore.
+        universal: leg 2 loads the save converted by ``zeropilot ckpt universal`` (``load_universal``), with
+            ``resume_micro_batch`` x ``resume_grad_accum`` per rank so the global batch stays the same.
         notes: what the repro assumed or changed, each with its reason.
     """
 
@@ -114,6 +128,9 @@ class ReproSpec:
     exclude_frozen: bool
     leave_out: List[str]
     deterministic: bool = True
+    universal: bool = False
+    resume_micro_batch: Optional[int] = None
+    resume_grad_accum: Optional[int] = None
     seed: int = 42
     keep_whole: int = KEEP_WHOLE
     name: str = "repro"
@@ -131,6 +148,20 @@ class ReproSpec:
     def saves(self) -> List[int]:
         """Steps after which leg 1 saves (every ``save_every``, not after the last step)."""
         return list(range(self.save_every, self.steps, self.save_every))
+
+    def batch(self, leg: int) -> Tuple[int, int]:
+        """(micro batch, gradient accumulation) per rank in `leg`."""
+        if leg == 2 and self.universal:
+            return self.resume_micro_batch or self.micro_batch, self.resume_grad_accum or self.grad_accum
+        return self.micro_batch, self.grad_accum
+
+    def tolerance(self) -> Dict[str, float]:
+        """The relative tolerance of the comparison (see :data:`TOLERANCE`, :data:`UNIVERSAL_TOLERANCE`)."""
+        if self.universal and self.resume_nproc != self.nproc:
+            base = UNIVERSAL_TOLERANCE.get(self.precision, UNIVERSAL_TOLERANCE["bf16"])
+            device = TOLERANCE[self.device]
+            return {k: max(base[k], device[k]) for k in base}
+        return TOLERANCE[self.device]
 
 
 def _num(value: Any) -> Optional[float]:
@@ -346,7 +377,56 @@ def _legs(settings: Settings, opts: Options) -> Tuple[int, int, int, int, int]:
     bad = [p for p in opts.leave_out if p not in LEAVE_OUT]
     if bad:
         raise InputError(f"--leave-out {','.join(bad)}: the parts are {', '.join(LEAVE_OUT)}")
+    if opts.resume_via is not None and opts.resume_via not in RESUME_VIA:
+        raise InputError(f"--resume-via {opts.resume_via}: expected one of {', '.join(RESUME_VIA)}")
     return steps, every, nproc, resume_nproc, resume_from
+
+
+def split_batch(total: int, micro: int, ga: int, ranks: int) -> Optional[Tuple[int, int]]:
+    """(micro batch, accumulation) per rank that make `total` samples per step on `ranks` ranks: the same micro
+    batch if it divides, else the same accumulation, else the largest micro batch that does; None if `ranks` does
+    not divide `total`."""
+    if total % ranks:
+        return None
+    per_rank = total // ranks
+    if per_rank % micro == 0:
+        return micro, per_rank // micro
+    if per_rank % ga == 0:
+        return per_rank // ga, ga
+    best = max(m for m in range(1, min(micro, per_rank) + 1) if per_rank % m == 0)
+    return best, per_rank // best
+
+
+def _universal(settings: Settings, opts: Options, nproc: int, resume_nproc: int, micro: int, ga: int,
+               config: Dict[str, Any], lora: Optional[Dict[str, Any]], notes: List[str]
+               ) -> Tuple[bool, Optional[int], Optional[int]]:
+    """Whether leg 2 resumes through a universal checkpoint, and its batch split (the same global batch).
+
+    Raises:
+        InputError: the global batch cannot be split evenly over the resumed ranks.
+    """
+    via = opts.resume_via or ("universal" if resume_nproc != nproc else "zero")
+    if via == "zero" or not opts.resume:
+        return False, None, None
+    total = micro * ga * nproc
+    split = split_batch(total, micro, ga, resume_nproc)
+    if split is None:
+        raise InputError(f"--resume-nproc {resume_nproc}: the global batch of {total} samples ({micro} x {ga} "
+                         f"accumulation x {nproc} ranks) cannot be split evenly over {resume_nproc} ranks; pick a "
+                         "world size that divides it, or change --micro-batch / --grad-accum")
+    notes.append(f"leg 2 resumes through the universal checkpoint `zeropilot ckpt universal` writes "
+                 f"(\"checkpoint\": {{\"load_universal\": true}}) on {resume_nproc} rank(s), micro batch {split[0]} "
+                 f"x {split[1]} accumulation: the same {total} samples per step, in the same steps")
+    dropped = [k for k, v in config.items() if "dropout" in k and isinstance(v, (int, float)) and v]
+    for key in dropped:
+        config[key] = 0.0
+    if lora and lora.get("dropout"):
+        lora["dropout"] = 0.0
+        dropped.append("lora_dropout")
+    if dropped:
+        notes.append(f"{', '.join(dropped)} set to 0: dropout masks come from each rank's generator, which cannot "
+                     "carry over to another world size")
+    return True, split[0], split[1]
 
 
 def _shape(settings: Settings, model_config: Dict[str, Any], model_name: str, opts: Options,
@@ -396,6 +476,8 @@ def build_spec(settings: Settings, model_config: Dict[str, Any], model_name: str
             notes.append(f"zero_optimization.{key} kept ({zero[key].get('device')})")
     exclude, why = _exclude_frozen(settings, lora)
     notes.append(("saves leave out frozen parameters: " if exclude else "saves include frozen parameters: ") + why)
+    universal, resume_micro, resume_ga = _universal(settings, opts, nproc, resume_nproc, micro, ga, config, lora,
+                                                    notes)
     warmup = int(_num(v.get("warmup_steps")) or 0) or math.ceil((_num(v.get("warmup_ratio")) or 0.0) * steps)
     seed = v.get("seed")
     return ReproSpec(
@@ -407,5 +489,6 @@ def build_spec(settings: Settings, model_config: Dict[str, Any], model_name: str
         resume_from=resume_from if opts.resume else None, nproc=nproc, resume_nproc=resume_nproc,
         device="cpu" if opts.cpu else "cuda", gpu_mem_cap=None if opts.cpu else opts.gpu_mem_cap,
         exclude_frozen=exclude, leave_out=list(dict.fromkeys(opts.leave_out)), deterministic=opts.deterministic,
+        universal=universal, resume_micro_batch=resume_micro, resume_grad_accum=resume_ga,
         seed=int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else 42, notes=notes,
         sources=dict(settings.sources))

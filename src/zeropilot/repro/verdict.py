@@ -12,13 +12,19 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from zeropilot import safefile
 from zeropilot.errors import InputError
-from zeropilot.repro.spec import PARTS, TOLERANCE, ReproSpec
+from zeropilot.repro.spec import PARTS, ReproSpec
 
 SCHEMA = "zeropilot.repro/1"
 TOLERANCE_WHY = ("GPU kernels may add in a different order from run to run (atomics in attention and embedding "
                  "backward, NCCL's algorithm choice), which moves a bf16 value by one unit in the last place "
                  "(0.4 %): states within 1e-2 of their largest value and losses within 1e-3 count as equal; a "
                  "part left out of a resume (fresh Adam moments, a restarted schedule) differs by far more")
+UNIVERSAL_WHY = ("on another number of ranks the gradient is summed over other ranks and partitions in another order, "
+                 "so values differ in their last bits (fp32) or, once a weight is rounded to bf16 for the next "
+                 "forward, by a bf16 unit in the last place (0.4 %); losses are compared per step (the mean over all "
+                 "ranks' micro-batches: the same samples), weights and Adam's moments per parameter relative to the "
+                 "largest value of each, from both runs' final checkpoints. A part left out (fresh moments, a "
+                 "restarted schedule) differs by orders of magnitude more")
 
 
 MAX_RESULT_BYTES = 256 << 20  # a rank's result: losses and memory per step, a few KB per step
@@ -107,12 +113,16 @@ def _failures(one: List[Optional[Dict]], two: List[Optional[Dict]], legs: Dict[i
     return out
 
 
-def build(spec: ReproSpec, root: Path, legs: Dict[int, Any]) -> Dict[str, Any]:
-    """The verdict of one case from its run directory ``root`` (``legs``: how each leg's processes ended)."""
+def build(spec: ReproSpec, root: Path, legs: Dict[int, Any],
+          conversion: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The verdict of one case from its run directory ``root`` (``legs``: how each leg's processes ended;
+    ``conversion``: what ``ckpt universal`` wrote between the legs, or why it could not)."""
     one = _results(root, 1, spec.nproc)
     two = _results(root, 2, spec.resume_nproc) if spec.resume_from is not None else []
-    tol = TOLERANCE[spec.device]
+    tol = spec.tolerance()
     failures = _failures(one, two, legs)
+    if conversion and conversion.get("error"):
+        failures.append({"leg": 2, "rank": None, "kind": "conversion", "message": conversion["error"]})
     details, differs, cause = _differences(spec, one, two, failures, tol)
     exact = None
     if spec.resume_from is not None and not failures:
@@ -120,9 +130,7 @@ def build(spec: ReproSpec, root: Path, legs: Dict[int, Any]) -> Dict[str, Any]:
     return {
         "schema": SCHEMA, "case": spec.name, "run_dir": str(root), "resume_exact": exact,
         "differs": [p for p in PARTS if p in differs], "not_restored": cause, "details": details,
-        "tolerance": {"kind": "bitwise" if spec.device == "cpu" else "relative", **tol,
-                      "why": "CPU runs are deterministic: any difference is a resume error" if spec.device == "cpu"
-                      else TOLERANCE_WHY},
+        "tolerance": _tolerance(spec, tol), "universal": conversion,
         "saves": _saves(one), "loads": [dict(res["load"], rank=res["rank"]) for res in two if res and res.get("load")],
         "steps": {str(leg): _step_peaks(res) for leg, res in ((1, one), (2, two)) if res},
         "cap": [res.get("cap") for res in one if res and res.get("cap")],
@@ -130,9 +138,17 @@ def build(spec: ReproSpec, root: Path, legs: Dict[int, Any]) -> Dict[str, Any]:
         "spec": {k: getattr(spec, k) for k in ("model_note", "stage", "precision", "micro_batch", "grad_accum",
                                                "seq_len", "lora", "gradient_checkpointing", "steps", "save_every",
                                                "resume_from", "nproc", "resume_nproc", "device", "gpu_mem_cap",
-                                               "exclude_frozen", "leave_out")},
+                                               "exclude_frozen", "leave_out", "universal", "resume_micro_batch",
+                                               "resume_grad_accum")},
         "notes": spec.notes,
     }
+
+
+def _tolerance(spec: ReproSpec, tol: Dict[str, float]) -> Dict[str, Any]:
+    if not any(tol.values()):
+        return {"kind": "bitwise", **tol, "why": "CPU runs are deterministic: any difference is a resume error"}
+    return {"kind": "relative", **tol, "why": UNIVERSAL_WHY if spec.universal and spec.resume_nproc != spec.nproc
+            else TOLERANCE_WHY}
 
 
 def _differences(spec: ReproSpec, one: List[Optional[Dict]], two: List[Optional[Dict]],
@@ -146,6 +162,8 @@ def _differences(spec: ReproSpec, one: List[Optional[Dict]], two: List[Optional[
     cause: List[str] = []
     if spec.resume_from is None or any(f["leg"] == 1 for f in failures):
         return details, differs, cause
+    if spec.universal:
+        return _universal_differences(spec, one, two, failures, tol)
     if spec.resume_nproc != spec.nproc:
         differs.append("world_size")
         cause.append("world_size")
@@ -173,6 +191,64 @@ def _differences(spec: ReproSpec, one: List[Optional[Dict]], two: List[Optional[
     return details, differs, cause
 
 
+def _universal_differences(spec: ReproSpec, one: List[Optional[Dict]], two: List[Optional[Dict]],
+                           failures: List[Dict[str, Any]], tol: Dict[str, Any]
+                           ) -> Tuple[Dict[str, Any], List[str], List[str]]:
+    """Through a universal checkpoint: the loss of each step (all ranks' micro-batches), the samples of each step,
+    and rank 0's comparison of both runs' final checkpoints."""
+    details: Dict[str, Any] = {}
+    differs: List[str] = []
+    if any(f["leg"] == 2 for f in failures):
+        return details, differs, []
+    details["loss"] = _step_losses(spec, one, two, tol["loss"])
+    if not details["loss"]["within_tolerance"]:
+        differs.append("loss")
+    for part, cmp in _merge_compare(two).items():
+        details[part] = cmp
+        if not cmp["within_tolerance"]:
+            differs.append(part)
+    step = _other_samples(spec, one, two)
+    details["data"] = {"bitwise": step is None, "within_tolerance": step is None,
+                       "first_step_with_other_samples": step}
+    if step is not None:
+        differs.append("data")
+    return details, [p for p in PARTS if p in differs], []
+
+
+def _step_mean(results: List[Optional[Dict]], step: int) -> Optional[float]:
+    losses = [x for res in results for x in ((res or {}).get("steps", {}).get(str(step)) or {}).get("losses", [])]
+    return sum(losses) / len(losses) if losses else None
+
+
+def _step_losses(spec: ReproSpec, one: List[Optional[Dict]], two: List[Optional[Dict]], tol: float) -> Dict[str, Any]:
+    """Per step after the resume: the mean loss over every rank's micro-batches (each step reads the same samples
+    whatever the world size; micro-batches of one run are all the same size, so this is the step's mean)."""
+    first, worst, compared = None, 0.0, 0
+    for step in range(spec.resume_from + 1, spec.steps + 1):
+        ref, got = _step_mean(one, step), _step_mean(two, step)
+        if ref is None or got is None:
+            continue
+        compared += 1
+        diff = _loss_diff([got], [ref])
+        if diff and first is None:
+            first = {"step": step, "rank": None, "uninterrupted": [ref], "resumed": [got]}
+        worst = max(worst, diff)
+    return {"bitwise": compared > 0 and worst == 0.0, "within_tolerance": compared > 0 and worst <= tol,
+            "max_rel_diff": worst, "first_differing": first, "n_compared": compared}
+
+
+def _other_samples(spec: ReproSpec, one: List[Optional[Dict]], two: List[Optional[Dict]]) -> Optional[int]:
+    """The first step after the resume whose samples (over all ranks) differ from the uninterrupted run's."""
+    def samples(results, step):
+        return sorted(i for res in results
+                      for i in ((res or {}).get("steps", {}).get(str(step)) or {}).get("samples", []))
+
+    for step in range(spec.resume_from + 1, spec.steps + 1):
+        if samples(one, step) != samples(two, step):
+            return step
+    return None
+
+
 def _merge_compare(two: List[Optional[Dict]], key: str = "compare") -> Dict[str, Dict[str, Any]]:
     """Per part, over ranks: equal only if every rank's is; the worst difference and the first paths.
 
@@ -183,7 +259,8 @@ def _merge_compare(two: List[Optional[Dict]], key: str = "compare") -> Dict[str,
         cmp = (res or {}).get(key) or {}
         for part, c in cmp.items():
             m = merged.setdefault(part, {"bitwise": True, "within_tolerance": True, "max_rel_diff": 0.0,
-                                         "differing": [], "n_differing": 0})
+                                         "differing": [], "n_differing": 0, "n_compared": 0})
+            m["n_compared"] += c.get("n_compared", 0)
             m["bitwise"] = m["bitwise"] and c["bitwise"]
             m["within_tolerance"] = m["within_tolerance"] and c["within_tolerance"]
             m["max_rel_diff"] = max(m["max_rel_diff"], c["max_rel_diff"])

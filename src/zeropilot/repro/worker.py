@@ -5,7 +5,9 @@ every case in turn (one engine after the other), so tests pay for one start-up p
 
 Leg 1 is the uninterrupted run: train ``steps`` optimizer steps, save after every ``save_every`` (but the last).
 Leg 2, started as a new process group, loads the save at ``resume_from`` (leaving out the parts the spec says),
-trains to ``steps`` and compares its final state with leg 1's (:mod:`zeropilot.repro.state`).
+trains to ``steps`` and compares its final state with leg 1's (:mod:`zeropilot.repro.state`). On another world
+size through a universal checkpoint (``spec.universal``) both legs also save after the last step, and rank 0 of
+leg 2 compares the two final checkpoints parameter by parameter (:mod:`zeropilot.repro.across`).
 Everything a rank learns goes to ``DIR/leg{N}-rank-{R}.json`` (the verdict's input) and ``DIR/rank-R.jsonl``
 (the run-directory contract, via :mod:`zeropilot.repro.recorder`).
 
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from zeropilot.repro.recorder import Recorder, RssPeak, attach, attach_guard
-from zeropilot.repro.spec import TOLERANCE, ReproSpec
+from zeropilot.repro.spec import UNIVERSAL_DIR, ReproSpec
 from zeropilot.runlog.layout import write_json_atomic
 
 OOM_EXIT = 3
@@ -65,21 +67,25 @@ class Data:
     restore the position re-reads the first samples, and the digest of the next steps differs.
     """
 
-    def __init__(self, spec: ReproSpec, rank: int, world: int) -> None:
+    def __init__(self, spec: ReproSpec, rank: int, world: int, leg: int = 1) -> None:
         import torch
 
         self.spec, self.vocab = spec, int(spec.model_config["vocab_size"])
-        n = spec.steps * spec.grad_accum * spec.micro_batch * world
+        self.micro, ga = spec.batch(leg)
+        # Step s reads samples perm[s*G:(s+1)*G], G = micro x accumulation x ranks, however G is split over ranks.
+        n = spec.steps * ga * self.micro * world
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(spec.seed + 1))
         self.order = perm[rank::world].tolist()
         self.position, self.digest = 0, ""
+        self.read: List[int] = []  # the samples of the current step (the runner clears it)
 
     def next(self):
         import torch
 
-        mb = self.spec.micro_batch
+        mb = self.micro
         idx = [self.order[(self.position * mb + j) % len(self.order)] for j in range(mb)]
         self.position += 1
+        self.read += idx
         self.digest = hashlib.sha256((self.digest + repr(idx)).encode()).hexdigest()[:16]
         rows = [torch.randint(0, self.vocab, (self.spec.seq_len,),
                               generator=torch.Generator().manual_seed(self.spec.seed * 1_000_003 + i)) for i in idx]
@@ -141,9 +147,12 @@ def _load_rank_state(tag_dir: Path, rank: int) -> Dict[str, Any]:
     return torch.load(str(tag_dir / RANK_STATE.format(rank)), weights_only=True)
 
 
-def _ds_config(spec: ReproSpec, world: int) -> Dict[str, Any]:
+def _ds_config(spec: ReproSpec, world: int, leg: int = 1) -> Dict[str, Any]:
     cfg = json.loads(json.dumps(spec.ds_config))
-    cfg["train_batch_size"] = spec.micro_batch * spec.grad_accum * world
+    micro, ga = spec.batch(leg)
+    cfg.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=ga, train_batch_size=micro * ga * world)
+    if leg == 2 and spec.universal:
+        cfg.setdefault("checkpoint", {})["load_universal"] = True
     return cfg
 
 
@@ -176,12 +185,12 @@ def build_model(spec: ReproSpec, ds: Dict[str, Any], cuda: bool):
     return model, keep
 
 
-def build_engine(spec: ReproSpec, world: int, cuda: bool):
+def build_engine(spec: ReproSpec, world: int, cuda: bool, leg: int = 1):
     import deepspeed
     import torch
     import transformers
 
-    ds = _ds_config(spec, world)
+    ds = _ds_config(spec, world, leg)
     model, keep = build_model(spec, ds, cuda)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = None
@@ -261,20 +270,25 @@ def load(engine, spec: ReproSpec, rec: Recorder, ckpt: Path, data: Data, cuda: b
     rec.reset_peaks()
     before = rec.mem()
     t = time.perf_counter()
-    # A checkpoint saved without frozen parameters (PEFT) loads non-strict, as the HF Trainer loads it.
+    # A checkpoint saved without frozen parameters (PEFT) loads non-strict, as the HF Trainer loads it. A universal
+    # one is found through latest_universal; the tag is given all the same.
     path, _ = engine.load_checkpoint(str(ckpt), tag=tag, load_module_strict=not spec.exclude_frozen,
                                      load_optimizer_states="optimizer" not in spec.leave_out,
                                      load_lr_scheduler_states="scheduler" not in spec.leave_out)
     if path is None:
         raise RuntimeError(f"DeepSpeed found no checkpoint {tag} under {ckpt}")
-    extra = _load_rank_state(ckpt / tag, torch.distributed.get_rank())
+    extra = None if spec.universal else _load_rank_state(ckpt / tag, torch.distributed.get_rank())
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t
-    if "rng" not in spec.leave_out:
-        _set_rng_state(extra["rng"], cuda)
-    if "data" not in spec.leave_out:
-        data.restore(extra["data"])
+    if extra is None:  # each rank's generators and position belong to the old world size: the position is recomputed
+        if "data" not in spec.leave_out:
+            data.position = spec.resume_from * spec.batch(2)[1]
+    else:
+        if "rng" not in spec.leave_out:
+            _set_rng_state(extra["rng"], cuda)
+        if "data" not in spec.leave_out:
+            data.restore(extra["data"])
     after = rec.mem()
     rec.write("load", step=spec.resume_from, tag=tag, path=str(ckpt / tag), bytes=None, seconds=seconds, phases=[],
               mem_before=before, mem_peak=after, mem_after=after)
@@ -348,15 +362,17 @@ class _Leg:
                        device=_device_info(self.cuda), framework="deepspeed", allocator_settings=None)
         _seed_all(spec.seed)
         t = time.perf_counter()
-        engine = build_engine(spec, self.world, self.cuda)
+        engine = build_engine(spec, self.world, self.cuda, self.leg)
         attach_guard(engine)
         self.rec.write("init", zero_stage=spec.stage, seconds=time.perf_counter() - t, mem=self.rec.mem())
-        data = Data(spec, self.rank, self.world)
+        data = Data(spec, self.rank, self.world, self.leg)
         if self.leg == 1:
             return engine, data, 1
         self.phase = "load"
-        self.result["load"] = load(engine, spec, self.rec, self.root / "checkpoints", data, self.cuda)
-        self.result["restored"] = self.state(engine, data, f"step{spec.resume_from}")
+        source = self.root / (UNIVERSAL_DIR if spec.universal else "checkpoints")
+        self.result["load"] = load(engine, spec, self.rec, source, data, self.cuda)
+        if not spec.universal:
+            self.result["restored"] = self.state(engine, data, f"step{spec.resume_from}")
         return engine, data, spec.resume_from + 1
 
     def train(self, engine, data: Data, first: int) -> None:
@@ -377,8 +393,10 @@ class _Leg:
             mem = self.rec.mem()
             self.rec.write("step", step=self.step, seconds=seconds, mem=mem, losses=losses, data=data.digest)
             self.result["steps"][str(self.step)] = {"losses": losses, "data": data.digest, "seconds": seconds,
-                                                    "mem": mem}
-            if self.step in spec.saves and (self.leg == 1 or self.step > spec.resume_from):
+                                                    "mem": mem, "samples": sorted(data.read)}
+            data.read = []
+            final = spec.universal and self.step == spec.steps  # both legs keep their last state for the comparison
+            if final or self.step in spec.saves and (self.leg == 1 or self.step > spec.resume_from):
                 self.phase = "save"
                 folder = self.root / ("checkpoints" if self.leg == 1 else "checkpoints-leg2")
                 self.result["saves"].append(save(engine, spec, self.rec, self.step, folder, data, self.cuda))
@@ -413,7 +431,9 @@ def run_case(case: Dict[str, Any], leg: int, cuda: bool, cap: Optional[Dict[str,
         engine, data, first = run.start()
         run.train(engine, data, first)
         run.phase = "compare"
-        if run.spec.resume_from is not None:
+        if run.spec.universal and leg == 2:
+            run.result["compare"] = _compare_across(run)
+        elif run.spec.resume_from is not None:
             run.result["compare"] = run.state(engine, data, "final")
         run.rec.write("end", steps=run.spec.steps)
     except Exception as exc:  # noqa: BLE001 - torch.OutOfMemoryError is an Exception too
@@ -423,6 +443,21 @@ def run_case(case: Dict[str, Any], leg: int, cuda: bool, cap: Optional[Dict[str,
         write_json_atomic(run.root / f"leg{leg}-rank-{run.rank}.json", run.result)
         _release()
     return run.result
+
+
+def _compare_across(run: "_Leg") -> Optional[Dict[str, Any]]:
+    """Rank 0 of leg 2: both legs' final checkpoints, parameter by parameter (the world sizes differ)."""
+    import torch.distributed as dist
+
+    from zeropilot.repro.across import compare_checkpoints
+
+    dist.barrier()  # every rank's final save is on disk
+    if run.rank != 0:
+        return None
+    spec = run.spec
+    tag = f"global_step{spec.steps}"
+    return compare_checkpoints(run.root / "checkpoints", run.root / "checkpoints-leg2", tag,
+                               f"global_step{spec.resume_from}", spec.tolerance()["state"])
 
 
 def _release() -> None:
@@ -456,7 +491,7 @@ def _state(engine, spec: ReproSpec, root: Path, point: str, leg: int, rank: int,
         torch.save(mine, str(path))
         return None
     reference = torch.load(str(path), weights_only=True)
-    return state.compare(mine, reference, TOLERANCE[spec.device]["state"])
+    return state.compare(mine, reference, spec.tolerance()["state"])
 
 
 def main(argv: List[str]) -> int:
