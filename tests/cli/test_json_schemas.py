@@ -87,7 +87,8 @@ def test_schema_files_hold_the_documented_keys(path):
 COMMAND_SCHEMAS = {
     "check": "check.schema.json", "rules": "rules.schema.json", "explain": "explain.schema.json",
     "plan": "plan.schema.json", "ckpt inspect": "ckpt-inspect.schema.json", "ckpt export": "ckpt-export.schema.json",
-    "ckpt verify": "ckpt-verify.schema.json", "report": "report.schema.json", "run": "report.schema.json",
+    "ckpt verify": "ckpt-verify.schema.json", "ckpt universal": "ckpt-universal.schema.json",
+    "report": "report.schema.json", "run": "report.schema.json",
     "top": "top.schema.json", "repro": "repro.schema.json", "calibrate": "calibrate.schema.json",
 }
 
@@ -118,7 +119,7 @@ def test_every_command_has_json_and_a_schema_file():
         assert args.format == "json", command
 
 
-_POSITIONAL = {"explain": ["DS005"], "ckpt inspect": ["P"], "ckpt export": ["P", "O"],
+_POSITIONAL = {"explain": ["DS005"], "ckpt inspect": ["P"], "ckpt export": ["P", "O"], "ckpt universal": ["P", "O"],
                "ckpt verify": ["O", "--against", "P"], "report": ["D"], "top": ["D"], "repro": ["L"],
                "run": ["--", "true"]}
 
@@ -300,3 +301,15 @@ def test_ckpt_export_and_verify_json_of_a_damaged_checkpoint(exported, tmp_path,
     doc = json.loads(capsys.readouterr().out)
     assert schema_errors(doc, "ckpt-verify.schema.json") == []
     assert doc["verdict"] == "damaged" and doc["compared"] == 0 and doc["problems"]
+
+
+def test_ckpt_universal_json(tmp_path):
+    """``ckpt universal --format json`` on the fixture checkpoint: its documented keys, its schema, and OUT as said."""
+    out = tmp_path / "universal"
+    r = _zp("ckpt", "universal", str(CKPT_FIXTURE), str(out), "--format", "json", "--no-progress")
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert_documented(doc, "zeropilot.ckpt-universal/1")
+    assert schema_errors(doc, "ckpt-universal.schema.json") == []
+    assert doc["out"] == str(out) and (out / "latest_universal").read_text().strip() == doc["tag"]
+    assert doc["stage"] == 2 and doc["saved_world_size"] == 2 and doc["parameters"] > 0
