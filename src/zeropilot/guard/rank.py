@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from zeropilot.runlog.events import EventWriter, event
 from zeropilot.runlog.layout import RunDir, write_json_atomic
+from zeropilot.runlog.nodes import rank_place
 from zeropilot.guard import telemetry
 
 RUN_DIR_ENV = "ZEROPILOT_RUN_DIR"
@@ -82,6 +83,7 @@ class RankGuard:
         self.rank = rank
         self.framework = framework
         self.pid = os.getpid()
+        self.host = socket.gethostname()  # the heartbeat says where its pid lives (a shared run directory)
         self.live_since = time.time()
         self.writer = EventWriter(self.dir.events(rank))
         self.step = 0
@@ -116,11 +118,12 @@ class RankGuard:
         if framework:
             self.framework = framework
         torch = _torch()
-        self.writer.write(event("start", self.rank, pid=self.pid, host=socket.gethostname(),
+        host = socket.gethostname()
+        self.writer.write(event("start", self.rank, pid=self.pid, host=host,
                                 local_rank=_env_int("LOCAL_RANK"), world_size=_env_int("WORLD_SIZE"),
                                 device=telemetry.device_info(torch), framework=self.framework,
                                 allocator_settings=telemetry.allocator_settings(torch), argv=list(sys.argv),
-                                live_since=self.live_since))
+                                live_since=self.live_since, node=rank_place(os.environ, host)))
 
     # -- stacks -------------------------------------------------------------------------------
     def _install_stack_dump(self) -> None:
@@ -159,7 +162,7 @@ class RankGuard:
         self._beat_written = key
         try:
             write_json_atomic(self.dir.heartbeat(self.rank), {
-                "t": time.time(), "rank": self.rank, "pid": self.pid, "phase": self.phase,
+                "t": time.time(), "rank": self.rank, "pid": self.pid, "host": self.host, "phase": self.phase,
                 "phase_since": self.phase_since, "step": self.step, "progress": self.progress,
                 "activity": self.activity})
         except OSError:

@@ -27,6 +27,7 @@ TOPICS = (
     "machine",
     "oracle",
     "memory",
+    "multinode",
 )
 
 __all__ = ["Applicability", "Edit", "Finding", "Fix", "Hit", "Rule", "Severity", "all_rules", "get_rule", "rule",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -93,6 +94,8 @@ class Watchdog:
     def request_dumps(self, beats: Dict[int, Dict]) -> None:
         """Stacks from every live rank; the NCCL flight recorder where its pipe exists (waits for its files)."""
         for rank, hb in beats.items():
+            if hb.get("host") not in (None, socket.gethostname()):
+                continue  # a rank of another node in a shared run directory: its pid means nothing here
             pid = hb.get("pid")  # the signal faulthandler listens on (guard.rank: ZEROPILOT_STACK_SIGNAL)
             if _alive(pid):
                 try:
