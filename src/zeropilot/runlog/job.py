@@ -29,6 +29,9 @@ from zeropilot.runlog.nodes import node_key
 from zeropilot.runlog.read import MAX_EVENTS, MAX_STEP_ROWS, RunRecords, _Budget, merge_runs, read_run
 
 MAX_NODE_DIRS = 1024
+#: a clock offset below this is not corrected: ranks leave one collective within milliseconds of each other, so
+#: the anchor cannot tell a smaller skew from that jitter, and nothing in a report turns on it
+MIN_SKEW_S = 0.05
 #: version differences across nodes worth a finding (the packages that decide what a ZeRO job computes)
 _VERSION_KEYS = ("torch", "deepspeed", "transformers", "accelerate", "peft", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
                  "python", "zeropilot")
@@ -189,7 +192,8 @@ def _anchor(records: RunRecords) -> Tuple[Optional[str], Dict[int, float]]:
 def align_clocks(records: RunRecords) -> Optional[Dict[str, Any]]:
     """Align the nodes' clocks on the first common event (:func:`_anchor`), in place; returns how (kept on the
     records as ``clock``). A node's offset is applied only when it exceeds the spread of that event's times
-    within the nodes (the event's own jitter): two launchers on one machine share a clock and are left as is."""
+    within the nodes (the event's own jitter) and :data:`MIN_SKEW_S`: two launchers on one machine share a clock
+    and are left as is."""
     nodes = groups(records)
     clock: Optional[Dict[str, Any]] = None
     if len(nodes) > 1:
@@ -205,14 +209,14 @@ def align_clocks(records: RunRecords) -> Optional[Dict[str, Any]]:
                 spread = max(max(mine) - min(mine), max(times[r] for r in nodes[ref_key]) -
                              min(times[r] for r in nodes[ref_key]))
                 offset = statistics.median(mine) - ref
-                applied = key != ref_key and abs(offset) > spread
+                applied = key != ref_key and abs(offset) > max(spread, MIN_SKEW_S)
                 if applied:
                     _shift(records, ranks, offset)
                 clock["nodes"].append({"node": key, "offset_s": offset, "spread_s": spread, "applied": applied})
             moved = [n for n in clock["nodes"] if n["applied"]]
             clock["how"] = (f"aligned on {what}: " + (", ".join(f"{n['node']} shifted by {-n['offset_s']:+.3f} s"
                                                               for n in moved) if moved else
-                                                    "the nodes' clocks agree within that event's spread, none shifted"))
+                                                    f"the nodes' clocks agree within {MIN_SKEW_S} s or that event's spread, none shifted"))
     records.clock = clock
     return clock
 
