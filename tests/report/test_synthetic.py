@@ -82,8 +82,10 @@ def test_hang_verdict_wins_and_shows_the_stuck_ranks_stack(capsys, synth_dirs, v
     assert rep["verdict"]["cause"] == "a save called on one rank only"
     assert [s["rank"] for s in rep["hang_stacks"]] == [0, 1, 2]
     assert "save_checkpoint" in rep["hang_stacks"][2]["text"]
-    assert rep["hang"]["verdict"]["fixes"] == [{"fix": "call save_checkpoint on every rank", "why": "it is a collective",
-                                                "expected_bytes": None}]
+    (fix,) = rep["hang"]["verdict"]["fixes"]
+    assert {k: fix[k] for k in ("fix", "why", "expected_bytes")} == {
+        "fix": "call save_checkpoint on every rank", "why": "it is a collective", "expected_bytes": None}
+    assert fix["change"] == {} and fix["ranked"] is None and fix["predicted_peak_bytes"] is None
     assert main(["report", str(synth_dirs["hang"])]) == 0
     out = capsys.readouterr().out
     assert "rank 2: phase save:write at step 19, in save_checkpoint (engine.py:3300) <- stuck" in out

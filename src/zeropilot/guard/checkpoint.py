@@ -72,7 +72,9 @@ def _finish(guard: RankGuard, op: CheckpointOp, error: Optional[str]) -> None:
         fields["error"] = error
     guard.record(op.kind, **fields)
     if op.kind == "save" and not error:
-        guard.last_save = {"step": op.step, "t": time.time()}
+        # the memory the save held, for an OOM after it (verdicts.save_context): said only with these numbers
+        guard.last_save = {"step": op.step, "t": time.time(), "tag": op.tag, "mem_before": op.mem_before,
+                           "mem_peak": peak, "mem_after": after}
         guard.steps_since_save = 0
 
 

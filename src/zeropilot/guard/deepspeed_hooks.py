@@ -11,9 +11,10 @@ import os
 import time
 from typing import Any
 
-from zeropilot.guard import checkpoint, oom
+from zeropilot.guard import checkpoint, oom, setup
 from zeropilot.guard.rank import current, peek
 
+setup.listen()
 
 
 
@@ -27,6 +28,19 @@ def _in_phase(phase: str):
             return original(self, *args, **kwargs)
         return wrapper
     return make
+
+
+def _forward(original):
+    """The forward phase; the micro batch's shape is noted unless a Trainer notes it (its ``training_step``)."""
+    def wrapper(self, *args, **kwargs):
+        guard = peek()
+        if guard is None or guard.op_stack:
+            return original(self, *args, **kwargs)
+        guard.set_phase("forward")
+        if not guard.trainer_batches:
+            guard.note_batch(setup.batch_shape(args, kwargs))
+        return original(self, *args, **kwargs)
+    return wrapper
 
 
 def _step(original):
@@ -143,7 +157,7 @@ class _count_files:
 
 def patch_engine_class(cls: Any) -> None:
     """Wrap the methods of ``DeepSpeedEngine`` (once)."""
-    checkpoint.wrap_method(cls, "forward", _in_phase("forward"))
+    checkpoint.wrap_method(cls, "forward", _forward)
     checkpoint.wrap_method(cls, "backward", _in_phase("backward"))
     checkpoint.wrap_method(cls, "step", _step)
     checkpoint.wrap_method(cls, "save_checkpoint", _save)
@@ -160,11 +174,14 @@ def _initialize(original):
     def wrapper(*args, **kwargs):
         guard = current("deepspeed")
         t0 = time.time()
+        zero_init = None
         if guard is not None:
             guard.set_phase("init")
+            model = kwargs.get("model", args[1] if len(args) > 1 else None)
+            zero_init = setup.zero_init_built(model) if model is not None else None
         result = original(*args, **kwargs)
         engine = result[0] if isinstance(result, tuple) and result else result
-        attach(engine, seconds=time.time() - t0)
+        attach(engine, seconds=time.time() - t0, zero_init=zero_init)
         return result
     return wrapper
 
@@ -174,7 +191,7 @@ def patch_deepspeed(module: Any) -> None:
     checkpoint.wrap_method(module, "initialize", _initialize)
 
 
-def attach(engine: Any, seconds: Any = None) -> None:
+def attach(engine: Any, seconds: Any = None, zero_init: Any = None) -> None:
     """Watch a ``DeepSpeedEngine``: its class's methods are wrapped and an ``init`` record written.
 
     For raw DeepSpeed loops started without ``zeropilot run``: set ``ZEROPILOT_RUN_DIR`` (or call
@@ -192,10 +209,28 @@ def attach(engine: Any, seconds: Any = None) -> None:
     import sys
 
     guard.announce("deepspeed")
+    guard.allocator_settings = telemetry.allocator_settings(sys.modules.get("torch"))
     guard.record("init", zero_stage=stage, seconds=seconds, mem=guard.memory(), framework=guard.framework,
                  device=telemetry.device_info(sys.modules.get("torch")),
-                 allocator_settings=telemetry.allocator_settings(sys.modules.get("torch")),
+                 allocator_settings=guard.allocator_settings,
                  allocator_limit_bytes=telemetry.allocator_limit(sys.modules.get("torch")))
     guard.step = int(getattr(engine, "global_steps", 0) or 0)
+    record_setup(guard, engine, zero_init)
     guard.set_phase("idle")
     oom.install(guard)
+
+
+def record_setup(guard: Any, engine: Any, zero_init: Any = None) -> None:
+    """The ``setup`` record: the engine's ZeRO and batch settings and its model's sizes (read once, here)."""
+    import weakref
+
+    module = getattr(engine, "module", None)
+    facts = setup.engine_facts(engine)
+    if zero_init is not None:
+        facts["zero"]["zero_init"] = bool(zero_init)
+    model = setup.model_facts(module) if module is not None else None
+    try:
+        guard.model_ref = weakref.ref(module) if module is not None else None
+    except TypeError:
+        guard.model_ref = None
+    guard.update_setup(model=model, **facts)

@@ -1,7 +1,8 @@
-"""NCCL flight-recorder dumps, read without torch and without running pickled code.
+"""Flight-recorder dumps (NCCL and gloo), read without torch and without running pickled code.
 
-PyTorch's flight recorder (``TORCH_FR_BUFFER_SIZE``; dumped on the watchdog's request through
-``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` into ``nccl-trace-rank-N``) writes a pickle of plain dicts, lists,
+PyTorch's flight recorder (``TORCH_FR_BUFFER_SIZE``; NCCL dumps on the watchdog's request through
+``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` into ``nccl-trace-rank-N``; gloo ranks are asked by the guard's heartbeat
+thread, which writes ``fr-trace-rank-N`` with ``torch._C._distributed_c10d._dump_fr_trace``) writes a pickle of plain dicts, lists,
 strings and numbers. It is read here with an unpickler that refuses every global (no class, no
 function can be named, so nothing runs) and a size cap, instead of PyTorch's ``fr_trace`` analyzer
 (which needs torch and unpickles freely). What the hang verdict needs: per rank, the last completed
@@ -46,41 +47,59 @@ def _group(entry: Dict[str, Any]) -> str:
 
 
 def rank_summary(dump: Dict[str, Any]) -> Dict[str, Any]:
-    """Last completed and first pending collective of each process group in one rank's dump."""
+    """Per process group: the last completed collective, the first pending one and the newest sequence number.
+
+    NCCL marks entries ``completed``; gloo's recorder leaves every entry ``scheduled``, so without any completed
+    entry the newest one is taken as the one the rank waits in (it is, while the rank is blocked in a collective).
+    """
     groups: Dict[str, Dict[str, Any]] = {}
-    for e in dump["entries"]:
-        if not isinstance(e, dict) or e.get("is_p2p"):
-            continue
-        g = groups.setdefault(_group(e), {"last_completed": None, "pending": None})
+    entries = [e for e in dump["entries"] if isinstance(e, dict) and not e.get("is_p2p")]
+    tracked = any(e.get("state") == "completed" for e in entries)
+    for e in entries:
+        g = groups.setdefault(_group(e), {"last_completed": None, "pending": None, "newest": None})
         seq = e.get("collective_seq_id")
+        if isinstance(seq, int) and (g["newest"] is None or seq > g["newest"]):
+            g["newest"] = seq
         if e.get("state") == "completed":
             g["last_completed"] = {"seq": seq, "op": _op(e)}
-        elif g["pending"] is None:
+        elif tracked and g["pending"] is None:
             g["pending"] = {"seq": seq, "op": _op(e), "state": e.get("state"), "sizes": e.get("input_sizes")}
+    if not tracked:
+        for e in entries:
+            g = groups[_group(e)]
+            if e.get("collective_seq_id") == g["newest"]:
+                g["pending"] = {"seq": g["newest"], "op": _op(e), "state": e.get("state"), "sizes": e.get("input_sizes")}
     return groups
 
 
-def _ops_by_seq(dump: Dict[str, Any]) -> Dict[tuple, str]:
-    return {(_group(e), e.get("collective_seq_id")): _op(e) for e in dump["entries"]
+def _calls_by_seq(dump: Dict[str, Any]) -> Dict[tuple, tuple]:
+    return {(_group(e), e.get("collective_seq_id")): (_op(e), repr(e.get("input_sizes"))) for e in dump["entries"]
             if isinstance(e, dict) and not e.get("is_p2p")}
 
 
 def summarize(dumps: Dict[int, Dict[str, Any]]) -> Dict[str, Any]:
-    """Per-rank summaries, the first desync (same sequence number, different collective) and a sentence."""
+    """Per-rank summaries, the first desync (same sequence number, a different collective or different sizes)
+    and a sentence for each finding."""
     ranks = {r: rank_summary(d) for r, d in sorted(dumps.items())}
-    ops = {r: _ops_by_seq(d) for r, d in dumps.items()}
+    calls = {r: _calls_by_seq(d) for r, d in dumps.items()}
     desync = None
-    keys = sorted({k for o in ops.values() for k in o}, key=lambda k: (k[0], k[1] if isinstance(k[1], int) else -1))
+    keys = sorted({k for c in calls.values() for k in c}, key=lambda k: (k[0], k[1] if isinstance(k[1], int) else -1))
     for key in keys:
-        seen = {r: o[key] for r, o in ops.items() if key in o}
-        if len(set(seen.values())) > 1:
-            desync = {"group": key[0], "seq": key[1], "ops": {str(r): op for r, op in sorted(seen.items())}}
+        seen = {r: c[key] for r, c in calls.items() if key in c}
+        ops = {r: op for r, (op, _) in seen.items()}
+        if len(set(ops.values())) > 1:
+            desync = {"group": key[0], "seq": key[1], "ops": {str(r): op for r, op in sorted(ops.items())}}
+            break
+        if len({sizes for _, sizes in seen.values()}) > 1:
+            desync = {"group": key[0], "seq": key[1], "sizes": True,
+                      "ops": {str(r): f"{op} {sizes}" for r, (op, sizes) in sorted(seen.items())}}
             break
     lines: List[str] = []
     if desync:
-        lines.append(f"NCCL flight recorder: collective #{desync['seq']} of {desync['group']} is "
+        what = "different sizes" if desync.get("sizes") else "different collectives"
+        lines.append(f"flight recorder: collective #{desync['seq']} of {desync['group']} is "
                      + ", ".join(f"{op} on rank {r}" for r, op in desync["ops"].items())
-                     + ": the ranks called different collectives")
+                     + f": the ranks called {what}")
     for r, groups in ranks.items():
         for name, g in groups.items():
             if g["pending"]:

@@ -79,6 +79,13 @@ def _on_cuda(module: Any) -> None:
     module._lazy_init = _lazy_init
 
 
+def _on_file_baton(module: Any) -> None:
+    """Op-build locks this process takes and gives back, for the supervisor (never leave one behind)."""
+    from zeropilot.guard.locks import patch_file_baton
+
+    patch_file_baton(module)
+
+
 def _on_c10d(module: Any) -> None:
     """A process that joins a process group is a rank: the guard goes live there (before any op build)."""
     import functools
@@ -193,5 +200,6 @@ def install() -> None:
     when_imported("accelerate.accelerator", _on_accelerator)
     when_imported("torch.distributed.distributed_c10d", _on_c10d)
     when_imported("torch.cuda", _on_cuda)
+    when_imported("torch.utils.file_baton", _on_file_baton)
     _excepthook()
     _go_live_if_rank()

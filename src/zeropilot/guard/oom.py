@@ -16,9 +16,10 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional
 
-from zeropilot.guard import rank, telemetry
+from zeropilot.guard import rank, setup, telemetry
 from zeropilot.guard.rank import RankGuard
-from zeropilot.guard.verdicts import classify_oom
+from zeropilot.guard.verdicts import classify_oom, just_before
+from zeropilot.runlog import frames as runlog_frames
 from zeropilot.runlog.layout import write_json_atomic
 
 MEMORY_HISTORY_ENV = "ZEROPILOT_MEMORY_HISTORY"
@@ -27,10 +28,15 @@ PLAN_ENV = "ZEROPILOT_PLAN_FILE"  # run.json, for the plan's numbers in the fixe
 _installed = False
 
 
-def where(limit: int = 12) -> List[str]:
-    """The calling frames, innermost last, without the guard's own."""
+def stack(limit: int = 40) -> List[Dict[str, Any]]:
+    """The calling frames, innermost last, without the guard's own: ``{func, file, line, kind}``."""
     frames = [f for f in traceback.extract_stack()[:-1] if "zeropilot/guard" not in f.filename.replace(os.sep, "/")]
-    return [f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})" for f in frames[-limit:]]
+    return [runlog_frames.frame(f.name, f.filename, f.lineno) for f in frames[-limit:]]
+
+
+def where(limit: int = 12) -> List[str]:
+    """The calling frames worth reading, innermost last: the user's and the model's, and the innermost one."""
+    return runlog_frames.display([], stack(), limit)[0]
 
 
 def _plan() -> Optional[Dict[str, Any]]:
@@ -51,17 +57,28 @@ def build_record(guard: RankGuard, request: int, device_free: Optional[int], mem
                  device_limit: Optional[int] = None) -> Dict[str, Any]:
     """The OOM record (everything but the snapshot path) with its verdict and fixes."""
     torch = sys.modules.get("torch")
+    setup.refresh(guard)
+    frames = stack()
     record: Dict[str, Any] = {
         "t": time.time(), "rank": guard.rank, "step": guard.step, "phase": guard.phase,
         "request_bytes": int(request), "device_free_reported_bytes": device_free, "mem": mem,
-        "baseline": guard.baseline_mem, "just_before": guard.just_before(), "where": where(),
+        "baseline": guard.baseline_mem, "where": runlog_frames.display([], frames)[0], "frames": frames,
         "allocator_limit_bytes": _limit(torch, device_limit, mem), "observer_device_limit_bytes": device_limit,
         "build": build_info(torch), "save_mem_before": guard.op_stack[-1].mem_before if guard.op_stack else None,
+        "setup": guard.setup or None, "allocator_settings": guard.allocator_settings,
+        "batch": _batch(guard.last_batch), "batch_history": guard.batch_history(), "last_save": guard.save_context(),
     }
+    record["just_before"] = just_before(record)
     verdict, fixes = classify_oom(record, _plan())
     record["verdict"] = verdict
     record["fixes"] = fixes
     return record
+
+
+def _batch(shape: Any) -> Optional[Dict[str, Any]]:
+    if not shape:
+        return None
+    return {"micro_batch_size": shape[0], "seq_len": shape[1], "tokens": shape[2]}
 
 
 def _limit(torch: Any, device_limit: Optional[int], mem: Dict[str, Any]) -> Optional[int]:

@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -32,6 +33,7 @@ from zeropilot.guard import telemetry
 RUN_DIR_ENV = "ZEROPILOT_RUN_DIR"
 STACK_SIGNAL_ENV = "ZEROPILOT_STACK_SIGNAL"  # which signal makes a rank dump its stacks (default SIGUSR2)
 BEAT_S = 0.5
+SEQ_HISTORY = 1024  # padded lengths of the last optimizer steps kept for the OOM diagnosis (outlier batch)
 
 _lock = threading.Lock()
 _guard: Optional["RankGuard"] = None
@@ -98,10 +100,20 @@ class RankGuard:
         self.baseline_mem: Optional[Dict[str, Any]] = None  # memory when the OOM observer was attached
         self.failed = False
         self.oom_observer = False  # PyTorch's OOM observer attached (see guard.oom)
+        self.allocator_settings: Optional[Dict[str, Any]] = None  # as last read (start, init): for OOM records
+        self.setup: Dict[str, Any] = {}  # what this rank trains: model, zero, train (guard.setup; a `setup` record)
+        self._setup_written: Any = None
+        self.model_ref: Any = None  # weak reference to the model, to read gradient checkpointing again later
+        self.trainer_batches = False  # a Trainer's training_step notes the batches, not the engine's forward
+        self.last_batch: Optional[tuple] = None  # (micro batch size, padded length, tokens or None), last seen
+        self._step_batch: Optional[list] = None  # [micro batches, largest size, longest, tokens] since the last step
+        self.seq_history: deque = deque(maxlen=SEQ_HISTORY)  # longest padded length of each optimizer step
+        self.steps_seen = 0  # optimizer steps whose batches were seen (the history keeps the last SEQ_HISTORY)
         self._beat_written = (None, -1, -1)
         self.activity = 0  # grows when the main thread's call stack changed since the last beat
         self._main_ident = threading.main_thread().ident
         self._fingerprint: Any = None
+        self._fr_done = time.time()  # flight-recorder requests older than this were answered (or predate us)
         self._stop = threading.Event()
         self._stacks_fh = None
         self._install_stack_dump()
@@ -118,11 +130,12 @@ class RankGuard:
         if framework:
             self.framework = framework
         torch = _torch()
+        self.allocator_settings = telemetry.allocator_settings(torch)
         host = socket.gethostname()
         self.writer.write(event("start", self.rank, pid=self.pid, host=host,
                                 local_rank=_env_int("LOCAL_RANK"), world_size=_env_int("WORLD_SIZE"),
                                 device=telemetry.device_info(torch), framework=self.framework,
-                                allocator_settings=telemetry.allocator_settings(torch), argv=list(sys.argv),
+                                allocator_settings=self.allocator_settings, argv=list(sys.argv),
                                 live_since=self.live_since, node=rank_place(os.environ, host)))
 
     # -- stacks -------------------------------------------------------------------------------
@@ -189,6 +202,33 @@ class RankGuard:
                 return
             self._sample()
             self.beat()
+            self._dump_flight_recorder_if_asked()
+
+    def _dump_flight_recorder_if_asked(self) -> None:
+        """The watchdog touched ``.fr-request``: write this rank's flight recorder (gloo has no dump pipe).
+
+        One ``stat`` per beat when nothing is asked. The dump is PyTorch's own
+        (``torch._C._distributed_c10d._dump_fr_trace``), read by ``guard.flight`` without unpickling code."""
+        try:
+            asked = os.stat(self.dir.fr_request).st_mtime
+        except OSError:
+            return
+        if asked <= self._fr_done:
+            return
+        self._fr_done = asked
+        torch = _torch()
+        try:
+            c10d = torch._C._distributed_c10d if torch is not None else None
+            dump = getattr(c10d, "_dump_fr_trace", None)
+            if dump is None or not torch.distributed.is_initialized():
+                return
+            data = dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+            tmp = str(self.dir.gloo_trace(self.rank)) + ".tmp"
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, self.dir.gloo_trace(self.rank))
+        except Exception:  # noqa: BLE001 - a dump that fails leaves the stacks to tell
+            pass
 
     # -- records ------------------------------------------------------------------------------
     def record(self, kind: str, **fields: Any) -> None:
@@ -203,25 +243,62 @@ class RankGuard:
             self.baseline_mem = mem
         return mem
 
+    def note_batch(self, shape: Optional[tuple]) -> None:
+        """A micro batch reaches the model: ``(size, padded length, tokens or None)`` (``guard.setup.batch_shape``)."""
+        if shape is None:
+            return
+        self.last_batch = shape
+        b = self._step_batch
+        if b is None:
+            self._step_batch = [1, shape[0], shape[1], shape[2]]
+        else:
+            b[0] += 1
+            b[1], b[2] = max(b[1], shape[0]), max(b[2], shape[1])
+            b[3] = None if b[3] is None or shape[2] is None else b[3] + shape[2]
+
+    def update_setup(self, **parts: Dict[str, Any]) -> None:
+        """Merge what is known of the run's setup (``model``, ``zero``, ``train``); a ``setup`` record when it changed."""
+        for key, value in parts.items():
+            if value:
+                merged = dict(self.setup.get(key) or {})
+                merged.update({k: v for k, v in value.items() if v is not None})
+                self.setup[key] = merged
+        if self.setup and self.setup != self._setup_written:
+            self._setup_written = {k: dict(v) for k, v in self.setup.items()}
+            self.record("setup", **self._setup_written)
+
     def step_ended(self, global_step: int) -> None:
-        """An optimizer step ended: one ``step`` record."""
+        """An optimizer step ended: one ``step`` record (with the batches the model saw in it)."""
         now = time.time()
         seconds = None if self.last_step_end is None else now - self.last_step_end
         self.last_step_end = now
         self.step = int(global_step)
         self.steps_since_save += 1
         self.progress += 1
-        self.record("step", step=self.step, seconds=seconds, mem=self.memory())
+        batch, self._step_batch = self._step_batch, None
+        fields: Dict[str, Any] = {}
+        if batch is not None:
+            self.seq_history.append(batch[2])
+            self.steps_seen += 1
+            fields["batch"] = {"micro_batches": batch[0], "micro_batch_size": batch[1], "seq_len": batch[2],
+                               "tokens": batch[3]}
+        self.record("step", step=self.step, seconds=seconds, mem=self.memory(), **fields)
         for listener in _step_listeners:
             listener(self)
 
-    def just_before(self) -> Optional[str]:
-        """What happened just before now, in words, for OOM forensics."""
+    def batch_history(self) -> Optional[Dict[str, Any]]:
+        """The padded lengths of the steps so far (the last :data:`SEQ_HISTORY`), for the OOM record."""
+        if not self.seq_history:
+            return None
+        lengths = sorted(self.seq_history)
+        return {"steps": self.steps_seen, "kept": len(lengths), "median_seq_len": lengths[len(lengths) // 2],
+                "max_seq_len": lengths[-1], "last_seq_lens": list(self.seq_history)[-16:]}
+
+    def save_context(self) -> Optional[Dict[str, Any]]:
+        """The last save that ended, with the memory it held before, at its peak and after (OOM forensics)."""
         if self.last_save is None:
-            return f"step {self.step + 1}, no save before it" if self.step else "before the first optimizer step"
-        if self.steps_since_save == 0:
-            return f"first step after the save at step {self.last_save['step']}"
-        return f"{self.steps_since_save} step(s) after the save at step {self.last_save['step']}"
+            return None
+        return dict(self.last_save, steps_since=self.steps_since_save)
 
     def close(self) -> None:
         if os.getpid() != self.pid:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from zeropilot.guard import checkpoint, oom
+from zeropilot.guard import checkpoint, oom, setup
 from zeropilot.guard.rank import current, peek
 
+setup.listen()
 
 
 def _callback_base() -> Any:
@@ -33,6 +34,7 @@ def make_callback_class() -> type:
             if guard is not None:
                 guard.announce("hf")
                 guard.step = int(state.global_step or 0)
+                _record_setup(guard, args, kwargs.get("model"))
                 guard.set_phase("idle")
 
         def on_step_begin(self, args, state, control, **kwargs):
@@ -51,6 +53,31 @@ def make_callback_class() -> type:
                 guard.set_phase("idle")
 
     return ZeroPilotCallback
+
+
+def _record_setup(guard: Any, args: Any, model: Any) -> None:
+    """The Trainer's batch settings; its model's sizes unless a DeepSpeed engine recorded them already."""
+    import weakref
+
+    facts = setup.trainer_facts(args)  # under DeepSpeed the engine's own settings (deepspeed_hooks) are in force
+    model_facts = setup.model_facts(model) if model is not None and "model" not in guard.setup else None
+    if model is not None and guard.model_ref is None:
+        try:
+            guard.model_ref = weakref.ref(model)
+        except TypeError:
+            pass
+    guard.update_setup(model=model_facts, **facts)
+
+
+def _training_step(original):
+    """One micro batch of the Trainer: its shape as the model sees it (inputs before the forward)."""
+    def wrapper(self, model, inputs, *args, **kwargs):
+        guard = peek()
+        if guard is not None and isinstance(inputs, dict):
+            guard.trainer_batches = True
+            guard.note_batch(setup.batch_shape((), inputs))
+        return original(self, model, inputs, *args, **kwargs)
+    return wrapper
 
 
 _cls = None
@@ -104,9 +131,10 @@ def _save_model(original):
 
 
 def patch_trainer_module(module: Any) -> None:
-    """Wrap ``Trainer.__init__`` and ``Trainer._save_checkpoint`` (once)."""
+    """Wrap ``Trainer.__init__``, ``_save_checkpoint``, ``save_model`` and ``training_step`` (once)."""
     cls = getattr(module, "Trainer", None)
     if cls is None:
         return
-    for name, make in (("__init__", _init), ("_save_checkpoint", _save_checkpoint), ("save_model", _save_model)):
+    for name, make in (("__init__", _init), ("_save_checkpoint", _save_checkpoint), ("save_model", _save_model),
+                       ("training_step", _training_step)):
         checkpoint.wrap_method(cls, name, make)

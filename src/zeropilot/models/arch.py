@@ -32,6 +32,17 @@ _FAMILIES: Dict[str, Tuple[bool, bool, int, bool, bool]] = {
 
 SUPPORTED_TYPES = tuple(sorted(_FAMILIES))
 
+#: Every ``config.json`` key :func:`from_config` reads (``text_config`` holds the same keys again): what a guarded
+#: rank keeps of its model's ``config`` so that its run can be planned later (``zeropilot.guard.setup``).
+CONFIG_SIZE_KEYS = (
+    "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings", "attention_bias",
+    "final_logit_softcapping", "max_position_embeddings", "sliding_window", "num_experts", "num_local_experts",
+    "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step",
+    "n_routed_experts", "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "q_lora_rank",
+    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "_name_or_path",
+)
+
 
 @dataclass(frozen=True)
 class MoE:

@@ -23,7 +23,10 @@ EVENT_VERSION = 1
 #: start: the guard is live in this rank (pid, host, local_rank, world_size, device, framework,
 #:        allocator_settings in force).
 #: init: ``deepspeed.initialize`` returned (zero_stage, seconds, mem).
-#: step: an optimizer step ended (step, seconds since the previous step ended, mem).
+#: setup: what the rank trains, when first known and when it changed (model: config sizes, lora, params,
+#:        gradient_checkpointing; zero: stage, offloads, buckets; train: micro_batch, grad_accum, world_size).
+#: step: an optimizer step ended (step, seconds since the previous step ended, mem, and batch: the micro
+#:        batches the model saw in it: micro_batches, micro_batch_size, seq_len (padded), tokens or null).
 #: save / load: a checkpoint save or load ended (step, tag, path, bytes, seconds, phases[], mem_before,
 #:        mem_peak, mem_after).
 #: oom: an out-of-memory error on this rank (step, phase, request_bytes, file: the oom-rank-N.json).
@@ -31,7 +34,7 @@ EVENT_VERSION = 1
 #:        peer_failure: true when the exception is this rank noticing a failed peer, e.g. gloo's
 #:        "Connection reset by peer" or an aborted NCCL communicator: a consequence, not the first failure).
 #: end: the rank's interpreter is exiting normally (steps).
-EVENTS = ("start", "init", "step", "save", "load", "oom", "error", "end")
+EVENTS = ("start", "init", "setup", "step", "save", "load", "oom", "error", "end")
 
 MEMORY_FIELDS = (
     "allocated_bytes",

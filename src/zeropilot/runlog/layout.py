@@ -67,6 +67,20 @@ class RunDir:
     def flight_recorder_prefix(self) -> str:
         return str(self.root / "nccl-trace-rank-")
 
+    def gloo_trace(self, rank: int) -> Path:
+        """Where a rank's guard writes its own flight recorder (gloo) when the watchdog asks (``fr_request``)."""
+        return self.root / f"fr-trace-rank-{rank}"
+
+    @property
+    def fr_request(self) -> Path:
+        """Touched by the watchdog: each rank's heartbeat thread then dumps its flight recorder (``gloo_trace``)."""
+        return self.root / ".fr-request"
+
+    @property
+    def build_locks(self) -> Path:
+        """Op-build locks taken and given back by the job's processes (``guard.locks.note``), one JSON line each."""
+        return self.root / "build-locks.jsonl"
+
     def ranks(self, kind: str = "rank") -> List[int]:
         """Ranks that have a file of this kind (``rank``, ``heartbeat-rank``, ``oom-rank``, ``stacks-rank``)."""
         found = []

@@ -111,18 +111,75 @@ def str_map(value: Any) -> Dict[str, str]:
     return out
 
 
+def _flag_or_none(value: Any) -> Optional[bool]:
+    return value if isinstance(value, bool) else None
+
+
+def _change(value: Any) -> Dict[str, Any]:
+    """A fix's change: ``{plan input: value}`` with scalar values only (numbers bounded, text cut)."""
+    if not isinstance(value, dict):
+        return {}
+    out: Dict[str, Any] = {}
+    for k, v in list(value.items())[:MAX_ITEMS]:
+        if isinstance(v, bool) or v is None:
+            out[str(k)[:200]] = v
+        elif isinstance(v, (int, float)):
+            out[str(k)[:200]] = num(v)
+        elif isinstance(v, str):
+            out[str(k)[:200]] = v[:MAX_TEXT]
+    return out
+
+
 def fixes(value: Any) -> List[Dict[str, Any]]:
-    """Ranked fixes, best first: ``{fix, why, expected_bytes}``; a bare string is a fix without a why."""
+    """Ranked fixes, best first (a bare string is a fix without a why).
+
+    ``{fix, why, expected_bytes, key, change, applies_to, predicted_peak_bytes, limit_bytes, fits, ranked,
+    evidence}``: the change as plan inputs, where it is made, the plan's predicted peak against the budget and
+    whether it fits; ``ranked`` false for fixes from the record's evidence alone (older records: null).
+    """
     if not isinstance(value, list):
         return []
     out = []
     for item in value[:MAX_ITEMS]:
         if isinstance(item, str):
-            out.append({"fix": item[:MAX_TEXT], "why": None, "expected_bytes": None})
-        elif isinstance(item, dict) and text(item.get("fix")):
+            item = {"fix": item}
+        if isinstance(item, dict) and text(item.get("fix")):
             out.append({"fix": text(item.get("fix")), "why": text(item.get("why")),
-                        "expected_bytes": size(item.get("expected_bytes"))})
+                        "expected_bytes": size(item.get("expected_bytes")), "key": text(item.get("key")),
+                        "change": _change(item.get("change")), "applies_to": text(item.get("applies_to")),
+                        "predicted_peak_bytes": size(item.get("predicted_peak_bytes")),
+                        "limit_bytes": size(item.get("limit_bytes")), "fits": _flag_or_none(item.get("fits")),
+                        "ranked": _flag_or_none(item.get("ranked")), "evidence": text(item.get("evidence"))})
     return out
+
+
+def frames(value: Any) -> List[Dict[str, Any]]:
+    """Recorded stack frames ``{func, file, line, kind}``, innermost last."""
+    if not isinstance(value, list):
+        return []
+    return [{"func": text(f.get("func")), "file": text(f.get("file")), "line": integer(f.get("line")),
+             "kind": text(f.get("kind"))} for f in value[:MAX_ITEMS] if isinstance(f, dict)]
+
+
+def _batch(value: Any) -> Optional[Dict[str, Any]]:
+    if not isinstance(value, dict):
+        return None
+    return {"micro_batch_size": size(value.get("micro_batch_size")), "seq_len": size(value.get("seq_len")),
+            "tokens": size(value.get("tokens"))}
+
+
+def _batch_history(value: Any) -> Optional[Dict[str, Any]]:
+    if not isinstance(value, dict):
+        return None
+    return {"steps": size(value.get("steps")), "median_seq_len": size(value.get("median_seq_len")),
+            "max_seq_len": size(value.get("max_seq_len"))}
+
+
+def setup(value: Any) -> Optional[Dict[str, Dict[str, str]]]:
+    """What the rank trained (the ``setup`` record): ``model`` (config sizes flattened), ``zero``, ``train``."""
+    if not isinstance(value, dict):
+        return None
+    return {part: str_map(value.get(part)) for part in ("model", "zero", "train")}
 
 
 def phases(value: Any) -> List[Dict[str, Any]]:
@@ -150,6 +207,10 @@ def oom(record: Dict[str, Any], rank: int) -> Dict[str, Any]:
         "fixes": fixes(record.get("fixes")),
         "snapshot": text(record.get("snapshot")),
         "allocator_limit_bytes": size(record.get("allocator_limit_bytes")),
+        "frames": frames(record.get("frames")),
+        "batch": _batch(record.get("batch")),
+        "batch_history": _batch_history(record.get("batch_history")),
+        "setup": setup(record.get("setup")),
     }
 
 
@@ -157,10 +218,28 @@ def _flag(value: Any) -> Optional[bool]:
     return value if isinstance(value, bool) else None
 
 
-def _locks(value: Any) -> List[Dict[str, Any]]:
+def locks(value: Any) -> List[Dict[str, Any]]:
+    """Op-build locks: ``{path, age_s, op, state (live | stale), ours, pid}`` (older records: the first two)."""
     if not isinstance(value, list):
         return []
-    return [{"path": text(x.get("path")), "age_s": num(x.get("age_s"))} for x in value[:MAX_ITEMS] if isinstance(x, dict)]
+    return [{"path": text(x.get("path")), "age_s": num(x.get("age_s")), "op": text(x.get("op")),
+             "state": text(x.get("state")), "ours": _flag(x.get("ours")), "pid": integer(x.get("pid"))}
+            for x in value[:MAX_ITEMS] if isinstance(x, dict)]
+
+
+def builds(value: Any) -> List[Dict[str, Any]]:
+    """Op builds the watchdog waited for (progress, not a hang): ``{op, folder, seconds, compilers}``."""
+    if not isinstance(value, list):
+        return []
+    out = []
+    for b in value[:MAX_ITEMS]:
+        if isinstance(b, dict):
+            secs = num(b.get("seconds"))
+            if secs is None and num(b.get("last_t")) is not None and num(b.get("first_t")) is not None:
+                secs = num(b["last_t"] - b["first_t"])
+            out.append({"op": text(b.get("op")), "folder": text(b.get("folder")), "seconds": secs,
+                        "compilers": texts(b.get("compilers"))})
+    return out
 
 
 def _flight_summary(value: Any) -> Optional[Dict[str, Any]]:
@@ -185,10 +264,11 @@ def hang(record: Dict[str, Any]) -> Dict[str, Any]:
         "timeout_s": num(record.get("timeout_s")),
         "action": text(record.get("action")),
         "ranks": ranks[:MAX_ITEMS],
-        "locks": _locks(record.get("locks")),
+        "locks": locks(record.get("locks")),
+        "builds": builds(record.get("builds")),
         "flight_recorder": texts(record.get("flight_recorder")),
         "flight_recorder_summary": _flight_summary(record.get("flight_recorder_summary")),
-        "verdict": {"ranks": ints(v.get("ranks")), "where": texts(v.get("where")),
+        "verdict": {"class": text(v.get("class")), "ranks": ints(v.get("ranks")), "where": texts(v.get("where")),
                     "reason": text(v.get("reason")), "cause": text(v.get("cause")), "fixes": fixes(v.get("fixes")),
                     "ranks_detail": texts(v.get("ranks_detail"))},
     }

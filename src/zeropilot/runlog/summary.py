@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 
 from zeropilot.runlog import job, normalize as nz
 from zeropilot.runlog.events import MEMORY_FIELDS
+from zeropilot.runlog.frames import display
 from zeropilot.runlog.read import RankRecords, RunRecords
 
 REPORT_SCHEMA = "zeropilot.report/1"
@@ -233,10 +234,11 @@ def _verdict(records: RunRecords, ranks: List[Dict[str, Any]], ooms: List[Dict[s
     if hang is not None:
         v = hang["verdict"]
         return {"kind": "hang", "ranks": v["ranks"], "where": v["where"],
-                "reason": v["reason"] or "no progress within the hang timeout", "cause": v["cause"]}
+                "reason": v["reason"] or "no progress within the hang timeout", "cause": v["cause"],
+                "class": v["class"]}
     if ooms:
         first = min(ooms, key=lambda o: _earliest(o["t"], o["rank"]))
-        return {"kind": "oom", "ranks": sorted(o["rank"] for o in ooms), "where": first["where"],
+        return {"kind": "oom", "ranks": sorted(o["rank"] for o in ooms), "where": display(first["where"], first["frames"])[0],
                 "reason": first["verdict"]["summary"] or f"out of memory on rank {first['rank']}",
                 "class": first["verdict"]["kind"], "first_rank": first["rank"]}
     errors = [(nz.num(e.get("t")), r, e) for r, rec in records.ranks.items() for e in rec.of("error")]
@@ -385,6 +387,8 @@ def summarize(records: RunRecords) -> Dict[str, Any]:
         "world_size": nz.integer(run.get("world_size")),
         "hang_timeout_s": nz.num(run.get("hang_timeout_s")),
         "on_hang": nz.text(run.get("on_hang")),
+        "locks_removed": nz.locks(run.get("locks_removed")),
+        "builds": nz.builds(run.get("builds")),
         "problems": records.problems,
         "nodes": nodes,
     }

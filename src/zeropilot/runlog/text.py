@@ -152,13 +152,40 @@ def _ops(kind: str, ops: List[Dict[str, Any]], limit: int = 12) -> List[str]:
     return lines
 
 
-def _fixes(fixes: List[Dict[str, Any]]) -> List[str]:
+def fix_line(f: Dict[str, Any]) -> str:
+    """One fix with its prediction: ``change -> peak X of Y: fits`` (or why it is not ranked)."""
+    line = clean(f["fix"])
+    if f.get("predicted_peak_bytes") is not None:
+        verdict = {True: "fits", False: "does not fit"}.get(f.get("fits"), "")
+        line += (f" -> predicted peak {gib(f['predicted_peak_bytes'])}"
+                 + (f" of {gib(f['limit_bytes'])}" if f.get("limit_bytes") else "") + (f": {verdict}" if verdict else ""))
+    elif f.get("ranked") is False:
+        line += " (not ranked: from the OOM record, the plan does not predict it)"
+    elif f.get("expected_bytes"):
+        line += f" (saves about {gib(f['expected_bytes'])})"
+    return line
+
+
+def _fixes(fixes: List[Dict[str, Any]], limit: int = 8) -> List[str]:
     lines = ["  fixes, best first:"] if fixes else []
-    for i, f in enumerate(fixes, 1):
-        gain = f" (saves about {gib(f['expected_bytes'])})" if f.get("expected_bytes") else ""
-        lines.append(f"    {i}. {clean(f['fix'])}{gain}")
+    for i, f in enumerate(fixes[:limit], 1):
+        lines.append(f"    {i}. {fix_line(f)}")
+        if f.get("applies_to"):
+            lines.append(f"       where: {clean(f['applies_to'])}")
         if f.get("why"):
             lines.append(f"       why: {clean(f['why'])}")
+    if len(fixes) > limit:
+        lines.append(f"    ... {len(fixes) - limit} more (--format json or html)")
+    return lines
+
+
+def _frames(where: List[str], recorded: Optional[List[Dict[str, Any]]], indent: str = "  ") -> List[str]:
+    from zeropilot.runlog.frames import display, folded_line
+
+    shown, folded = display(where, recorded)
+    lines = [f"{indent}at {clean(x)}" for x in shown]  # innermost last, as in a traceback
+    if folded:
+        lines.append(f"{indent}   ({clean(folded_line(folded))})")
     return lines
 
 
@@ -168,14 +195,11 @@ def _oom(o: Dict[str, Any]) -> List[str]:
              f"asked for {gib(o['request_bytes'])}: {clean(v['kind'] or 'unclassified')}"]
     if v.get("summary"):
         lines.append(f"  {clean(v['summary'])}")
-    if o.get("just_before"):
+    evidence = [str(e) for e in v.get("evidence") or []]
+    if o.get("just_before") and not any(e.startswith("just before:") for e in evidence):
         lines.append(f"  just before: {clean(o['just_before'])}")
-    mem = o.get("mem") or {}
-    if mem:
-        lines.append(f"  memory: allocated {gib(mem.get('allocated_bytes'))}, reserved {gib(mem.get('reserved_bytes'))}"
-                     f", outside torch {gib(mem.get('outside_torch_bytes'))}, free {gib(mem.get('device_free_bytes'))}"
-                     f" of {gib(mem.get('device_total_bytes'))}")
-    lines += [f"  evidence: {clean(e)}" for e in v.get("evidence") or []]
+    lines += [f"  evidence: {clean(e)}" for e in evidence]
+    lines += _frames(o.get("where") or [], o.get("frames"))
     lines += _fixes(o.get("fixes") or [])
     if o.get("snapshot"):
         lines.append(f"  memory snapshot (open in PyTorch's memory_viz): {clean(o['snapshot'])}")
@@ -187,14 +211,16 @@ def _hang(summary: Dict[str, Any]) -> List[str]:
     v = h["verdict"]
     lines = [f"HANG: {clean(v['reason'] or 'no progress')} (timeout {secs(h['timeout_s'])}, action {clean(h['action'])})"]
     if v.get("cause"):
-        lines.append(f"  cause: {clean(v['cause'])}")
+        lines.append(f"  cause" + (f" ({clean(v['class'])})" if v.get("class") else "") + f": {clean(v['cause'])}")
     for r in h["ranks"]:
         odd = " <- stuck" if r["rank"] in v["ranks"] else ""
         dead = " (process gone)" if r.get("alive") is False else ""
         waits = f", in {clean(r['where'][-1])}" if r.get("where") else ""
         lines.append(f"  rank {r['rank']}: phase {clean(r['phase'])} at step {r['step']}{waits}{dead}{odd}")
     for lock in h.get("locks") or []:
-        lines.append(f"  op-build lock: {clean(lock['path'])} ({secs(lock['age_s'])} old)")
+        state = {"live": ", a build is working on it", "stale": ", no live build holds it"}.get(lock.get("state") or "", "")
+        lines.append(f"  op-build lock: {clean(lock['path'])} ({secs(lock['age_s'])} old{state}"
+                     + (", taken by this job" if lock.get("ours") else "") + ")")
     fr = h.get("flight_recorder_summary") or {}
     if fr.get("text"):
         lines += [f"  flight recorder: {clean(ln)}" for ln in fr["text"].splitlines()[:8]]
@@ -203,6 +229,18 @@ def _hang(summary: Dict[str, Any]) -> List[str]:
         # faulthandler writes the most recent call first: the first frames are where the rank waits
         lines += [f"    rank {rank} stack: {clean(ln)}" for ln in stacks.get(rank, [])[:4]]
     return lines + _fixes(v.get("fixes") or [])
+
+
+def _machine(summary: Dict[str, Any]) -> List[str]:
+    """Op builds the watchdog waited for, and the locks zeropilot run removed after the job."""
+    lines = []
+    for b in summary.get("builds") or []:
+        lines.append(f"op build {clean(b['op'])}: the watchdog waited for it ({secs(b['seconds'])} of compiling seen: "
+                     f"{clean(', '.join(b['compilers'][:3]))}): progress, not a hang")
+    for lock in summary.get("locks_removed") or []:
+        lines.append(f"removed op-build lock {clean(lock['path'])} (age {secs(lock['age_s'])}): this job's build took it "
+                     "and was stopped before it gave it back; the next launch builds afresh")
+    return lines
 
 
 def _environment(summary: Dict[str, Any]) -> List[str]:
@@ -222,6 +260,7 @@ def render(summary: Dict[str, Any]) -> str:
         lines += _oom(o)
     if summary.get("hang"):
         lines += _hang(summary)
+    lines += _machine(summary)
     lines += _environment(summary)
     lines += [f"note: {clean(p)}" for p in summary.get("problems") or []]
     lines.append(f"run directory: {clean(summary['run_dir'])}")

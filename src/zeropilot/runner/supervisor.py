@@ -135,6 +135,28 @@ def _remove_pipes(prefix: str, root: Path) -> None:
             pass
 
 
+def _remove_left_locks(d: RunDir, env: Dict[str, str]) -> List[Dict]:
+    """Op-build locks this job took and did not give back (its build was stopped): removed, and said so."""
+    from zeropilot.guard.locks import remove_left
+    from zeropilot.runner.watchdog import _alive
+
+    deadline = time.time() + 2.0
+    while time.time() < deadline and _session_alive(d, env):
+        time.sleep(0.1)  # the group was SIGKILLed: let the kernel reap it before judging who is gone
+    removed = remove_left(d.root, env, _alive)
+    for lock in removed:
+        print(f"zeropilot run: removed op-build lock {lock['path']} (age {lock['age_s']:.0f} s): this job's build of "
+              f"{lock['op']} took it and was stopped before it gave it back", file=sys.stderr)
+    return removed
+
+
+def _session_alive(d: RunDir, env: Dict[str, str]) -> bool:
+    from zeropilot.guard.locks import taken
+    from zeropilot.runner.watchdog import _alive
+
+    return any(_alive(rec.get("pid")) for rec in taken(d.root).values())
+
+
 def supervise(opts: RunOptions, run_record: Dict) -> Dict:
     """Run the command to its end; returns run.json as written at the end."""
     d = RunDir(opts.out)
@@ -149,12 +171,18 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
 
     for sig in _FORWARDED:
         previous[sig] = signal.signal(sig, forward)
-    dog = Watchdog(d.root, opts.hang_timeout_s, opts.on_hang, opts.world_size, env)
+    dog = Watchdog(d.root, opts.hang_timeout_s, opts.on_hang, opts.world_size, env, session=proc.pid)
+    told: set = set()
     hang = None
     try:
         while proc.poll() is None:
             time.sleep(POLL_S)
             fired = dog.poll()
+            for folder, b in dog.builds.items():
+                if folder not in told:
+                    told.add(folder)
+                    print(f"zeropilot run: op build in progress ({b['op']}: {', '.join(b['compilers'][:3])}): "
+                          "progress, not a hang; the watchdog waits for it", file=sys.stderr)
             if fired is not None:
                 hang = fired
                 print(f"zeropilot run: hang: {fired['verdict']['cause']} (see {d.hang_file})", file=sys.stderr)
@@ -168,7 +196,10 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
             _stop(proc)
     _signal_group(proc.pid, signal.SIGKILL)  # nothing of the job outlives zeropilot run
     _remove_pipes(env.get(PIPE_ENV, ""), d.root)
+    removed = _remove_left_locks(d, env)
     record = dict(run_record)
+    record["locks_removed"] = removed
+    record["builds"] = [dict(b, seconds=round(b["last_t"] - b["first_t"], 1)) for b in dog.builds.values()]
     record["ended_at"] = time.time()
     record["exit_code"] = code if code >= 0 else 128 - code
     record["signal"] = signal.Signals(-code).name if code < 0 else None

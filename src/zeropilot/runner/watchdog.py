@@ -1,9 +1,12 @@
 """The hang watchdog: no rank progressed for the timeout -> stacks, flight recorder, ``hang.json``.
 
 It reads heartbeats (``heartbeat-rank-N.json``) and the size of every ``rank-N.jsonl``; progress is
-any change of either. On a hang it asks every live rank for its stacks (faulthandler's signal, see
-:mod:`zeropilot.guard.rank`), asks NCCL's flight recorder for a dump through its pipe where the
-ranks use NCCL, waits a moment for both, and writes the verdict of :mod:`zeropilot.guard.hangs`.
+any change of either. An op build is progress too: when the deadline comes while a compiler of this job
+(``/proc``: same session, :mod:`zeropilot.runner.procs`) is alive and using CPU, or the build folder changed, the
+deadline moves on by another timeout and the build is recorded (``builds`` in run.json) instead of a hang. On a
+hang it asks every live rank for its stacks (faulthandler's signal, see :mod:`zeropilot.guard.rank`) and its
+flight recorder (NCCL: its dump pipe; gloo: the guard's heartbeat thread, on ``.fr-request``), waits a moment
+for them, and writes the verdict of :mod:`zeropilot.guard.hangs`.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from typing import Dict, List, Optional, Tuple
 from zeropilot.guard.flight import read_dump, summarize as fr_summary
 from zeropilot.guard.hangs import MARKER, RankState, hang_verdict, parse_stacks, where
 from zeropilot.guard.locks import find_locks
+from zeropilot.launch.machine import extensions_roots
 from zeropilot.runlog.layout import RunDir, write_json_atomic
 from zeropilot.runlog.read import read_side_json
+from zeropilot.runner import procs
 
 STACK_SIGNAL = signal.SIGUSR2
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
@@ -50,15 +55,19 @@ class Watchdog:
     """Polled by the supervisor; :meth:`poll` returns the hang record once, when it fires."""
 
     def __init__(self, run_dir: Path, timeout_s: float, action: str, world_size: Optional[int],
-                 env: Dict[str, str]) -> None:
+                 env: Dict[str, str], session: Optional[int] = None) -> None:
         self.dir = RunDir(run_dir)
         self.timeout_s = timeout_s
         self.action = action
         self.world_size = world_size
         self.env = env
+        self.session = session  # the job's session id (the supervisor's child): its compilers are ours
         self.last_key: Tuple = ()
         self.last_change = time.time()
         self.fired = False
+        self.builds: Dict[str, Dict] = {}  # op folder -> {op, path, first_t, last_t, compilers}: deadlines moved
+        self._ticks: Dict[int, int] = {}
+        self._build_mtime: Dict[str, float] = {}
 
     def _key(self) -> Tuple:
         parts = []
@@ -84,15 +93,74 @@ class Watchdog:
         limit = self.timeout_s if key else max(self.timeout_s, STARTUP_GRACE_S)
         if now - self.last_change < limit:
             return None
+        if self.building(now):
+            self.last_change = now  # an op build is progress: another timeout from here
+            return None
         self.fired = True
         return self.fire()
+
+    def _op_folder(self, cwd: Optional[str]) -> Optional[str]:
+        """The op build folder a compiler works in: PyTorch runs ninja (and so the compiler) in it; None when the
+        folder is not under the job's extension folders."""
+        if not cwd:
+            return None
+        for root in extensions_roots(self.env):
+            r = os.path.realpath(str(root))
+            if cwd.startswith(r + os.sep):
+                return cwd
+        return None
+
+    def building(self, now: Optional[float] = None) -> bool:
+        """Whether an op build of this job made progress since the last look: a compiler of the job's session used
+        CPU (or appeared), or its build folder changed. Records it in :attr:`builds`."""
+        if self.session is None:
+            return False
+        now = time.time() if now is None else now
+        comps = procs.compilers(self.session)
+        progressed = False
+        ticks = {}
+        for c in comps:
+            pid, t = int(c["pid"]), int(c["ticks"])
+            ticks[pid] = t
+            if t > self._ticks.get(pid, -1):
+                progressed = True
+            folder = self._op_folder(c.get("cwd"))
+            if folder is not None:
+                try:
+                    mtime = max((e.stat().st_mtime for e in os.scandir(folder)), default=0.0)
+                except OSError:
+                    mtime = 0.0
+                if mtime > self._build_mtime.get(folder, -1.0):
+                    progressed = True
+                self._build_mtime[folder] = mtime
+        self._ticks = ticks
+        if not comps or not progressed:
+            return False
+        for c in comps:
+            folder = self._op_folder(c.get("cwd")) or str(c.get("cwd"))
+            b = self.builds.setdefault(folder, {"op": os.path.basename(folder), "folder": folder, "first_t": now,
+                                                "last_t": now, "compilers": []})
+            b["last_t"] = now
+            name = f"{c['comm']} (pid {c['pid']})"
+            if name not in b["compilers"] and len(b["compilers"]) < 20:
+                b["compilers"].append(name)
+        return True
+
+    def live_dirs(self) -> List[str]:
+        return [os.path.realpath(str(c.get("cwd"))) for c in procs.compilers(self.session)
+                if c.get("cwd")] if self.session is not None else []
 
     def _beats(self) -> Dict[int, Dict]:
         problems: List[str] = []
         return {r: read_side_json(self.dir.heartbeat(r), problems) or {} for r in self.dir.ranks("heartbeat-rank")}
 
     def request_dumps(self, beats: Dict[int, Dict]) -> None:
-        """Stacks from every live rank; the NCCL flight recorder where its pipe exists (waits for its files)."""
+        """Stacks from every live rank; their flight recorders (NCCL: its pipe; gloo: ``.fr-request``, answered by
+        the guard's heartbeat thread). Waits a moment for the files."""
+        try:
+            self.dir.fr_request.write_text(f"{time.time()}\n", encoding="utf-8")
+        except OSError:
+            pass
         for rank, hb in beats.items():
             if hb.get("host") not in (None, socket.gethostname()):
                 continue  # a rank of another node in a shared run directory: its pid means nothing here
@@ -112,6 +180,10 @@ class Watchdog:
         deadline = time.time() + FR_WAIT_S
         while pipes and time.time() < deadline and not all(self.dir.flight_recorder(r).exists() for r in pipes):
             time.sleep(0.5)
+        try:
+            self.dir.fr_request.unlink()
+        except OSError:
+            pass
 
     @staticmethod
     def _poke_pipe(path: Path) -> None:
@@ -127,10 +199,10 @@ class Watchdog:
             os.close(fd)
 
     def _flight_recorder(self) -> Optional[Dict]:
-        """What the NCCL flight-recorder dumps say (torch-free reader), or None without dumps."""
+        """What the flight-recorder dumps say (NCCL's, else the ranks' own; torch-free reader), or None."""
         dumps = {}
         for r in self.dir.ranks("rank"):
-            dump = read_dump(self.dir.flight_recorder(r))
+            dump = read_dump(self.dir.flight_recorder(r)) or read_dump(self.dir.gloo_trace(r))
             if dump is not None:
                 dumps[r] = dump
         return fr_summary(dumps) if dumps else None
@@ -144,23 +216,26 @@ class Watchdog:
                 text = self.dir.stacks(rank).read_text(encoding="utf-8", errors="replace")[-1_000_000:]
             except OSError:
                 text = ""
+            pid = hb.get("pid") if isinstance(hb.get("pid"), int) else None
             states.append(RankState(rank=rank, phase=hb.get("phase"), step=hb.get("step"),
-                                    phase_since=hb.get("phase_since"), alive=_alive(hb.get("pid")),
-                                    frames=parse_stacks(text)))
+                                    phase_since=hb.get("phase_since"), alive=_alive(pid),
+                                    frames=parse_stacks(text), pid=pid,
+                                    workers=procs.children(pid) if pid else []))
         early = not states or any(s.phase in ("startup", "init") or s.step in (0, None) for s in states)
-        locks = find_locks(self.env) if early else []
-        verdict = hang_verdict(states, self.world_size, self.timeout_s, locks)
+        waits_on_lock = any("file_baton" in f.get("file", "") for s in states for f in s.frames[-12:])
+        locks = find_locks(self.env, self.dir.root, self.live_dirs(), _alive) if early or waits_on_lock else []
         fr = self._flight_recorder()
+        verdict = hang_verdict(states, self.world_size, self.timeout_s, locks, fr)
         if fr is not None and fr["text"]:
             verdict["reason"] += "; " + "; ".join(fr["text"])
-            if fr["desync"]:
-                verdict["cause"] = fr["text"][0] + ". " + verdict["cause"]
         record = {"t": time.time(), "timeout_s": self.timeout_s, "action": self.action,
                   "ranks": [{"rank": s.rank, "phase": s.phase, "phase_since": s.phase_since, "step": s.step,
                              "alive": s.alive, "where": where(s.frames, limit=10),
                              "stack_file": self.dir.stacks(s.rank).name if s.frames else None} for s in states],
                   "locks": locks, "verdict": verdict,
-                  "flight_recorder": sorted(p.name for p in self.dir.root.glob("nccl-trace-rank-*")),
+                  "flight_recorder": sorted(p.name for p in self.dir.root.glob("nccl-trace-rank-*"))
+                  + sorted(p.name for p in self.dir.root.glob("fr-trace-rank-*")),
+                  "builds": list(self.builds.values()),
                   "flight_recorder_summary": fr}
         write_json_atomic(self.dir.hang_file, record)
         return record

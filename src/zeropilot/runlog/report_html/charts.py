@@ -81,9 +81,18 @@ def _event_points(rec: RankRecords) -> List[Tuple[float, Dict[str, Any]]]:
     return pts
 
 
-def rank_columns(rec: RankRecords, fields: List[str]) -> Tuple[array, Dict[str, array]]:
-    """x (t) and the named memory columns: step records merged with the events' moments, in time order."""
-    extra = _event_points(rec)
+def _oom_point(oom: Optional[Dict[str, Any]]) -> List[Tuple[float, Dict[str, Any]]]:
+    """The OOM record's memory at the failure (the observer read it there): where the rank's lines end."""
+    if not isinstance(oom, dict):
+        return []
+    t, m = nz.num(oom.get("t")), nz.mem(oom.get("mem"))
+    return [(t, m)] if t is not None and m else []
+
+
+def rank_columns(rec: RankRecords, fields: List[str], oom: Optional[Dict[str, Any]] = None
+                 ) -> Tuple[array, Dict[str, array]]:
+    """x (t) and the named memory columns: step records merged with the events' moments (and the OOM's), in order."""
+    extra = _event_points(rec) + _oom_point(oom)
     xs = array("d", rec.steps["t"])
     cols = {f: array("d", rec.steps[f]) for f in fields}
     if not extra:
@@ -123,7 +132,7 @@ def prepare(records: RunRecords, t0: float, x_end: float) -> Dict[int, RankSerie
     out = {}
     buckets = buckets_for(len(records.ranks))
     for rank, rec in sorted(records.ranks.items()):
-        xs, cols = rank_columns(rec, fields)
+        xs, cols = rank_columns(rec, fields, records.ooms.get(rank))
         xs = array("d", (x - t0 for x in xs))
         cols["device_used_bytes"] = array("d", (t - f for t, f in zip(cols["device_total_bytes"],
                                                                       cols["device_free_bytes"])))
@@ -133,8 +142,11 @@ def prepare(records: RunRecords, t0: float, x_end: float) -> Dict[int, RankSerie
 
 def gpu_fields(records: RunRecords) -> bool:
     """True when any rank recorded device memory (else the charts show the host's RSS)."""
-    return any(_has(rec.steps["reserved_bytes"]) or _has(rec.steps["allocated_bytes"])
-               for rec in records.ranks.values())
+    if any(_has(rec.steps["reserved_bytes"]) or _has(rec.steps["allocated_bytes"]) for rec in records.ranks.values()):
+        return True
+    mems = [e.get(k) for rec in records.ranks.values() for e in rec.events[:50] for k, _ in EVENT_MEM_KEYS]
+    mems += [o.get("mem") for o in records.ooms.values() if isinstance(o, dict)]
+    return any(isinstance(m, dict) and nz.size(m.get("reserved_bytes")) is not None for m in mems)
 
 
 def _ops_spans(chart: Chart, summary: Dict[str, Any], rank: int, t0: float) -> None:
@@ -181,6 +193,7 @@ def memory_chart(prep: RankSeries, summary: Dict[str, Any], rank: int, x_end: fl
     series = list(MEMORY_SERIES) + [HOST_SERIES] if gpu else [HOST_SERIES]
     cols = prep.cols
     tops = [max((v for v in cols[f] if v == v), default=None) for f, _, _ in series]
+    tops += [oom_need(o) for o in summary["ooms"] if o["rank"] == rank] if gpu else []
     cap, plan = info["device_total_bytes"], info["plan_bytes"]
     data_top = _y_top(tops + [plan, info.get("allocator_limit_bytes")])
     chart = Chart(f"mem-rank-{rank}", WIDTH, 230, (0.0, x_end), (0.0, _y_top(tops + [plan, info.get(
@@ -196,12 +209,31 @@ def memory_chart(prep: RankSeries, summary: Dict[str, Any], rank: int, x_end: fl
         _capacity(chart, cap, info.get("allocator_limit_bytes"), data_top)
     if plan is not None:
         chart.hline(plan, "plan", f"plan {fmt_gib(plan)}")
-    for o in summary["ooms"]:
-        if o["rank"] == rank and o["t"] is not None:
-            chart.vline(o["t"] - t0, "oomline", f"OOM at step {o['step']} ({o['phase']})")
+    oom_marks(chart, summary, [rank], t0, gpu)
     for t, title in errors_of(rec_events, rank):
         chart.vline(t - t0, "errline", title)
     return chart.svg()
+
+
+def oom_need(o: Dict[str, Any]) -> Optional[int]:
+    """What the failing allocation needed: allocated + the request (the point drawn for the OOM)."""
+    m = o.get("mem") or {}
+    if m.get("allocated_bytes") is None or o.get("request_bytes") is None:
+        return None
+    return m["allocated_bytes"] + o["request_bytes"]
+
+
+def oom_marks(chart: Chart, summary: Dict[str, Any], ranks: List[int], t0: float, gpu: bool) -> None:
+    """Each OOM of these ranks: a red line at its time and a point at allocated + request (what it needed)."""
+    for o in summary["ooms"]:
+        if o["rank"] not in ranks or o["t"] is None:
+            continue
+        need = oom_need(o) if gpu else None
+        title = (f"rank {o['rank']}: OOM at step {o['step']} ({o['phase']})"
+                 + (f": needed {fmt_gib(need)} (allocated + the {fmt_gib(o['request_bytes'])} asked)" if need else ""))
+        chart.vline(o["t"] - t0, "oomline", title)
+        if need is not None:
+            chart.marker(o["t"] - t0, min(need, chart.y_range[1]), "oompt", title)
 
 
 def errors_of(events: Dict[int, List[Dict[str, Any]]], rank: int) -> List[Tuple[float, str]]:
@@ -251,6 +283,8 @@ def overview_chart(prep: Dict[int, RankSeries], summary: Dict[str, Any], x_end: 
         pts = series.points(field)
         tops += [max((y for _, y in pts), default=None)]
         lines.append((rank, pts))
+    if gpu:
+        tops += [oom_need(o) for o in summary["ooms"] if o["rank"] in prep]
     caps = [r["device_total_bytes"] for r in summary["ranks"]] if field == "reserved_bytes" else []
     cap = max((c for c in caps if c is not None), default=None)
     limits = [r.get("allocator_limit_bytes") for r in summary["ranks"] if r.get("allocator_limit_bytes")]
@@ -268,6 +302,7 @@ def overview_chart(prep: Dict[int, RankSeries], summary: Dict[str, Any], x_end: 
     _capacity(chart, cap, limit, data_top)
     if plan is not None:
         chart.hline(plan, "plan", f"plan {fmt_gib(plan)}")
+    oom_marks(chart, summary, sorted(prep), t0, gpu)
     return chart.svg()
 
 

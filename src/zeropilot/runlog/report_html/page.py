@@ -35,7 +35,7 @@ polyline{fill:none;stroke-width:1.4;stroke-linejoin:round}
 .s-outside{stroke:#7f7f7f}.s-rss{stroke:#9467bd;stroke-dasharray:2 2}.s-used{stroke:#17becf;stroke-width:1.1}
 line.cap{stroke:#111;stroke-width:1.2}text.cap{fill:#111}line.plan{stroke:#2ca02c;stroke-dasharray:6 4;stroke-width:1.4}
 text.plan{fill:#2ca02c}line.oomline{stroke:#c62828;stroke-width:2}
-line.errline{stroke:#c62828;stroke-width:1.5;stroke-dasharray:3 3}circle.pt{fill:none;stroke-width:3}
+line.errline{stroke:#c62828;stroke-width:1.5;stroke-dasharray:3 3}circle.oompt{fill:#c62828;stroke:#fff}circle.pt{fill:none;stroke-width:3}
 table.log td:first-child{white-space:nowrap}.failed{color:#c62828}
 rect.op{fill:#7b61ff;opacity:.10}rect.load{fill:#00897b;opacity:.12}rect.phase{opacity:.22}
 .ph-gather_16bit{fill:#e377c2}.ph-model_states{fill:#8c564b}.ph-optimizer_states{fill:#bcbd22}.ph-write{fill:#17becf}
@@ -47,6 +47,7 @@ rect.op{fill:#7b61ff;opacity:.10}rect.load{fill:#00897b;opacity:.12}rect.phase{o
 .oom{border:1px solid #f3b8b4;background:#fffafa;padding:4px 12px;margin:8px 0}.why{color:#5f6b7a}
 .ev-oom,.ev-error{color:#c62828;font-weight:600}.ev-save,.ev-load{color:#5e35b1}
 .compare{display:grid;grid-template-columns:1fr 1fr;gap:12px}
+b.fits{color:#2e7d32}b.nofit{color:#c62828}details.folded summary{color:#5f6b7a;font-size:12px}
 """
 
 LEGEND_MEM = (("#1f77b4", "allocated"), ("#ff7f0e", "reserved"), ("#d62728", "peak reserved (counter)"),
@@ -111,6 +112,7 @@ def render(records: RunRecords, summary: Dict[str, Any]) -> str:
         section("nodes", "Nodes", sections.nodes(summary)),
         section("oom", "Out of memory", sections.oom(summary) if summary["ooms"] else None),
         section("hang", "Hang", sections.hang(summary) if summary["hang"] else None),
+        section("builds", "Op builds and locks", sections.machine(summary)),
         section("memory", "Memory, all ranks", overview),
         section("ranks", "Peaks per rank against the plan", sections.ranks(summary)),
         section("memory-per-rank", "Memory per rank over time", per_rank or None),

@@ -95,13 +95,37 @@ def ops(summary: Dict[str, Any], kind: str) -> str:
 
 
 def _fixes(fixes: List[Dict[str, Any]]) -> str:
+    """Ranked fixes: each with its predicted peak against the limit and whether it fits (or "not ranked")."""
     if not fixes:
         return ""
-    items = "".join(f"<li><b>{esc(f['fix'])}</b>" + (f" (saves about {gib(f['expected_bytes'])})"
-                                                     if f.get("expected_bytes") else "")
-                    + (f"<br><span class=why>{esc(f['why'])}</span>" if f.get("why") else "") + "</li>"
-                    for f in fixes)
-    return f'<h4>fixes, best first</h4><ol class="fixes">{items}</ol>'
+    items = []
+    for f in fixes:
+        pred = ""
+        if f.get("predicted_peak_bytes") is not None:
+            verdict = {True: '<b class="fits">fits</b>', False: '<b class="nofit">does not fit</b>'}.get(f.get("fits"), "")
+            pred = (f" → predicted peak {gib(f['predicted_peak_bytes'])}"
+                    + (f" of {gib(f['limit_bytes'])}" if f.get("limit_bytes") else "") + (f": {verdict}" if verdict else ""))
+        elif f.get("ranked") is False:
+            pred = ' <span class="why">(not ranked: from the OOM record, the plan does not predict it)</span>'
+        elif f.get("expected_bytes"):
+            pred = f" (saves about {gib(f['expected_bytes'])})"
+        where = f"<br><span class=why>where: {esc(f['applies_to'])}</span>" if f.get("applies_to") else ""
+        why = f"<br><span class=why>{esc(f['why'])}</span>" if f.get("why") else ""
+        items.append(f"<li><b>{esc(f['fix'])}</b>{pred}{where}{why}</li>")
+    return f'<h4>fixes, best first</h4><ol class="fixes">{"".join(items)}</ol>'
+
+
+def frames_list(where: List[str], recorded: Optional[List[Dict[str, Any]]]) -> str:
+    """The frames worth reading (the user's and the model's, and the innermost), library plumbing folded."""
+    from zeropilot.runlog.frames import display, folded_line
+
+    shown, folded = display(where, recorded)
+    if not shown:
+        return ""
+    items = "".join(f"<li><code>{esc(f)}</code></li>" for f in shown)
+    fold = (f'<details class="folded"><summary>{esc(folded_line(folded))}</summary><ol class=frames>'
+            + "".join(f"<li><code>{esc(f)}</code></li>" for f in folded) + "</ol></details>") if folded else ""
+    return f"<ol class=frames>{items}</ol>{fold}"
 
 
 def mem_bar(m: Dict[str, Any], request: Optional[int], limit: Optional[int]) -> str:
@@ -147,18 +171,19 @@ def oom(summary: Dict[str, Any]) -> str:
         mem_rows = [[esc(k.replace("_bytes", "").replace("_", " ")), gib(val) if k.endswith("_bytes") else _e(val)]
                     for k, val in m.items() if val is not None]
         evidence = "".join(f"<li>{esc(e)}</li>" for e in v["evidence"])
-        frames = "".join(f"<li><code>{esc(f)}</code></li>" for f in o["where"])
+        frames = frames_list(o["where"], o.get("frames"))
         parts.append(
             f'<div class="oom" data-rank="{o["rank"]}"><h3>rank {o["rank"]}: out of memory at step {_e(o["step"])} '
             f'({_e(o["phase"])}), asked for {gib(o["request_bytes"])}</h3>'
             f'<p class="kind">{_e(v["kind"])}: {_e(v["summary"])}</p>'
-            + (f"<p>just before: {esc(o['just_before'])}</p>" if o["just_before"] else "")
+            + (f"<p>just before: {esc(o['just_before'])}</p>" if o["just_before"] and not any(
+                str(e).startswith("just before:") for e in v["evidence"]) else "")
             + (f"<h4>the card at the failure</h4>{mem_bar(m, o['request_bytes'], o['allocator_limit_bytes'])}"
                if m.get("device_total_bytes") or o["allocator_limit_bytes"] else "")
             + (f"<h4>evidence</h4><ul>{evidence}</ul>" if evidence else "")
             + _fixes(o["fixes"])
             + (f"<h4>memory at the failure</h4>{table(['field', 'value'], mem_rows, 'mem')}" if mem_rows else "")
-            + (f"<h4>where</h4><ol class=frames>{frames}</ol>" if frames else "")
+            + (f"<h4>where</h4>{frames}" if frames else "")
             + (f"<p>memory snapshot (PyTorch memory_viz): <code>{esc(o['snapshot'])}</code></p>"
                if o["snapshot"] else "") + "</div>")
     return "".join(parts)
@@ -187,8 +212,11 @@ def _hang_extras(h: Dict[str, Any]) -> str:
     """Op-build locks and the NCCL flight recorder's reading, where the watchdog found them."""
     out = ""
     if h["locks"]:
-        out += "<h4>op-build locks</h4>" + table(["lock", "age"], [[f"<code>{_e(x['path'])}</code>", secs(x["age_s"])]
-                                                                   for x in h["locks"]], "locks")
+        out += "<h4>op-build locks</h4>" + table(["lock", "age", "state", "taken by this job"], [
+            [f"<code>{_e(x['path'])}</code>", secs(x["age_s"]), _e(x.get("state")),
+             {True: "yes", False: "no", None: "-"}[x.get("ours")]] for x in h["locks"]], "locks")
+    if h.get("builds"):
+        out += "<h4>op builds the watchdog waited for</h4>" + builds_table(h["builds"])
     fr = h["flight_recorder_summary"]
     if fr and fr["text"]:
         out += f"<h4>NCCL flight recorder</h4><pre>{esc(fr['text'])}</pre>"
@@ -246,6 +274,23 @@ def environment(summary: Dict[str, Any]) -> str:
     vers = [[esc(k), esc(v)] for k, v in sorted((summary.get("versions") or {}).items())]
     return (table(["setting", "value"], rows, "env") if rows else "<p>no environment recorded</p>") + \
         (table(["package", "version"], vers, "versions") if vers else "")
+
+
+def builds_table(builds: List[Dict[str, Any]]) -> str:
+    return table(["op", "compiling seen for", "compilers"], [[_e(b["op"]), secs(b["seconds"]),
+                                                              esc(", ".join(b["compilers"][:4]))] for b in builds], "builds")
+
+
+def machine(summary: Dict[str, Any]) -> Optional[str]:
+    """Op builds the watchdog waited for, and op-build locks zeropilot run removed after the job."""
+    out = ""
+    if summary.get("builds"):
+        out += "<p>op builds are progress, not a hang: the watchdog waited for these</p>" + builds_table(summary["builds"])
+    if summary.get("locks_removed"):
+        out += ("<p>op-build locks this job's build took and was stopped before giving back, removed at the end "
+                "(the next launch builds afresh)</p>" + table(["lock", "age"], [
+                    [f"<code>{_e(x['path'])}</code>", secs(x["age_s"])] for x in summary["locks_removed"]], "locks"))
+    return out or None
 
 
 def problems(summary: Dict[str, Any]) -> Optional[str]:

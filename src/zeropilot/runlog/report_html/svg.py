@@ -15,6 +15,7 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 Point = Tuple[float, float]
 PAD_L, PAD_R, PAD_T, PAD_B = 64.0, 12.0, 10.0, 26.0
+LABEL_GAP = 12.0  # font-size 10px labels: one line apart
 
 
 def esc(value: object) -> str:
@@ -46,6 +47,7 @@ class Chart:
     y_label: Callable[[float], str] = str
     title: str = ""
     parts: List[str] = field(default_factory=list)
+    labels: List[Tuple[float, str, str]] = field(default_factory=list)  # (wanted y, text, class), placed at the end
 
     def px(self, x: float) -> float:
         x0, x1 = self.x_range
@@ -83,16 +85,29 @@ class Chart:
                               for x, y in points)
 
     def hline(self, y: float, cls: str, label: str) -> None:
-        """A horizontal reference line (capacity, plan) with its label at the right."""
+        """A horizontal reference line (capacity, plan) with its label at the right (placed by :meth:`svg`)."""
         yy = self.py(y)
         self.parts.append(f'<line class="{cls}" x1="{PAD_L}" x2="{self.width - PAD_R}" y1="{yy:.1f}" y2="{yy:.1f}">'
-                          f'<title>{esc(label)}</title></line><text class="ref {cls}" x="{self.width - PAD_R - 4}" '
-                          f'y="{yy - 3:.1f}" text-anchor="end">{esc(label)}</text>')
+                          f'<title>{esc(label)}</title></line>')
+        self.labels.append((yy - 3, label, cls))
 
     def note(self, text: str) -> None:
         """A line of text at the top right of the plot."""
-        self.parts.append(f'<text class="ref cap" x="{self.width - PAD_R - 4}" y="{PAD_T + 10}" '
-                          f'text-anchor="end">{esc(text)}</text>')
+        self.labels.append((PAD_T + 10, text, "cap"))
+
+    def _placed_labels(self) -> List[str]:
+        """The right-hand labels, moved apart so that no two overlap: they share their right edge, so at least
+        :data:`LABEL_GAP` pixels apart vertically, inside the plot."""
+        top, bottom = PAD_T + 9, self.height - PAD_B - 2
+        order = sorted(self.labels, key=lambda x: x[0])
+        ys: List[float] = []
+        for want, _, _ in order:
+            ys.append(max(min(max(want, top), bottom), ys[-1] + LABEL_GAP if ys else top))
+        for i in range(len(ys) - 1, -1, -1):  # pushed past the bottom: shift up again
+            limit = bottom if i == len(ys) - 1 else ys[i + 1] - LABEL_GAP
+            ys[i] = min(ys[i], limit)
+        return [f'<text class="ref {cls}" x="{self.width - PAD_R - 4}" y="{y:.1f}" text-anchor="end">{esc(text)}</text>'
+                for y, (_, text, cls) in zip(ys, order)]
 
     def span(self, x0: float, x1: float, cls: str, title: str, attrs: str = "") -> None:
         """A shaded vertical band from ``x0`` to ``x1`` (a save, a load, one of their phases)."""
@@ -113,4 +128,4 @@ class Chart:
     def svg(self) -> str:
         """The chart as an inline ``<svg>`` element."""
         return (f'<svg id="{esc(self.chart_id)}" class="chart" viewBox="0 0 {self.width:.0f} {self.height:.0f}" '
-                f'role="img" aria-label="{esc(self.title)}">{"".join(self.parts)}</svg>')
+                f'role="img" aria-label="{esc(self.title)}">{"".join(self.parts + self._placed_labels())}</svg>')
