@@ -194,6 +194,8 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
             signal.signal(sig, handler)
         if proc.poll() is None:
             _stop(proc)
+        if dog.peers is not None:
+            dog.peers.close()
     _signal_group(proc.pid, signal.SIGKILL)  # nothing of the job outlives zeropilot run
     _remove_pipes(env.get(PIPE_ENV, ""), d.root)
     removed = _remove_left_locks(d, env)
@@ -204,5 +206,6 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
     record["exit_code"] = code if code >= 0 else 128 - code
     record["signal"] = signal.Signals(-code).name if code < 0 else None
     record["stopped_on_hang"] = bool(hang and opts.on_hang == "stop")
+    record["store"] = dog.peers.summary() if dog.peers is not None else None
     write_json_atomic(run_file, record)
     return record
