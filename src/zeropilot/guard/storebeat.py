@@ -137,12 +137,14 @@ class StoreBeat:
             if os.getpid() != self.guard.pid:
                 return
             self.publish()
+        if self.store is not None and os.getpid() == self.guard.pid:
+            self.publish()  # the last one: phase ``exit``, a clean end and not a lost rank
 
     def close(self) -> None:
-        """The last heartbeat (phase ``exit``: a clean end, not a lost rank)."""
+        """Publish the last heartbeat from the thread, waiting for it at most a second: a store whose machine froze
+        never answers, and the rank's exit must not wait on it."""
         self._stop.set()
-        if self.store is not None:
-            self.publish()
+        self._thread.join(timeout=1.0)
 
 
 def start(guard: Any, place: Mapping[str, Any], env: Optional[Mapping[str, str]] = None) -> Optional[StoreBeat]:

@@ -5,7 +5,9 @@ reads every rank's key every :data:`~zeropilot.guard.storebeat.STORE_BEAT_S` sec
 its own (``check`` then ``get``: key-value only, never a collective) and keeps the latest of each with the local
 time its sequence number last moved. A rank whose sequence number stands still for :data:`SILENT_S` is silent: its
 process, or its whole node, is gone or frozen. The store not answering for :data:`STORE_GONE_S` after it answered
-once is the store gone: the master node (its launcher serves the store) died or was cut off.
+once is the store gone: the master node (its launcher serves the store) died or was cut off. (A store whose
+machine froze does not refuse: a call to it never returns. So the age of the last answer counts, not errors; the
+reader is a daemon thread, and the verdict is published from a thread joined with a timeout.)
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ from zeropilot.guard import storebeat
 
 SILENT_S = 10.0
 FIRST_ANSWER_S = 60.0  # the watchdog waits this long for the store's first answer before judging without it
-STORE_GONE_S = 10.0
+STORE_GONE_S = 15.0
+READER_CONNECT_S = 5.0
+STATUS_FILE = "store-peers.json"
 MAX_VALUE = 256 * 1024  # a heartbeat larger than this is not one of ours
 
 
 class Peers:
     """Every rank's latest store heartbeat, refreshed by a daemon thread."""
 
-    def __init__(self, addr: Tuple[str, int], world_size: int) -> None:
+    def __init__(self, addr: Tuple[str, int], world_size: int, status_path: Optional[str] = None) -> None:
         self.addr = addr
+        self.status_path = status_path  # ``store-peers.json``: what this node's watchdog sees, when it changes
         self.world_size = world_size
         self.beats: Dict[int, Dict[str, Any]] = {}
         self.moved: Dict[int, float] = {}  # rank -> local time its sequence number last changed
@@ -36,6 +41,7 @@ class Peers:
         self.first_failure: Optional[float] = None
         self.error: Optional[str] = None
         self.started = time.time()
+        self._status_seen: List[int] = []
         self._store = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -60,10 +66,10 @@ class Peers:
 
     def refresh(self) -> bool:
         """One read of every rank's heartbeat and of the verdict; False when the store did not answer."""
-        now = time.time()
+        now = time.time()  # a store that does not answer fails at the timeout: count from the asking
         try:
             if self._store is None:
-                self._store = storebeat.connect(self.addr)
+                self._store = storebeat.connect(self.addr, READER_CONNECT_S)
             store = self._store
             got = {r: self._read(store, f"{storebeat.PREFIX}{r}") for r in range(self.world_size)}
             verdict = self._read(store, storebeat.VERDICT_KEY)
@@ -73,6 +79,7 @@ class Peers:
                 self.first_failure = self.first_failure or now
                 self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             return False
+        now = time.time()  # answered now (the first call includes torch's import: seconds)
         with self._lock:
             self.answered, self.first_failure, self.error = now, None, None
             for r, hb in got.items():
@@ -83,6 +90,17 @@ class Peers:
                 self.beats[r] = hb
             if verdict is not None:
                 self.verdict = verdict
+            seen = sorted(self.beats)
+        if self.status_path and seen != self._status_seen:
+            self._status_seen = seen
+            from pathlib import Path
+
+            from zeropilot.runlog.layout import write_json_atomic
+
+            try:
+                write_json_atomic(Path(self.status_path), {"t": now, **self.summary()})
+            except OSError:
+                pass
         return True
 
     def waiting(self, now: float) -> bool:
@@ -93,8 +111,13 @@ class Peers:
         import os
 
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # c10d's retry warnings: the verdict says it once
+        debug = os.environ.get("ZEROPILOT_DEBUG_PEERS")
         while not self._stop.is_set():
-            self.refresh()
+            t0 = time.time()
+            ok = self.refresh()
+            if debug:
+                with open(debug, "a") as fh:
+                    fh.write(f"{t0:.1f} {time.time() - t0:.2f} {ok} {self.error}\n")
             self._stop.wait(storebeat.STORE_BEAT_S)
 
     def snapshot(self) -> Tuple[Dict[int, Dict[str, Any]], Dict[int, float]]:
@@ -113,21 +136,31 @@ class Peers:
         """Seconds the store has not answered, after it answered once (0 while it answers or never did)."""
         now = time.time() if now is None else now
         with self._lock:
-            if self.answered is None or self.first_failure is None:
+            if self.answered is None:
                 return 0.0
-            return now - self.first_failure
+            return max(0.0, now - self.answered - storebeat.STORE_BEAT_S)
 
     def publish_verdict(self, record: Dict[str, Any]) -> Dict[str, Any]:
-        """Write ``record`` as the job's verdict unless another node did first; returns the one that holds."""
-        try:
-            store = self._store or storebeat.connect(self.addr)
-            value = json.dumps(record, separators=(",", ":"), default=str)
-            held = store.compare_set(storebeat.VERDICT_KEY, "", value)
-            held = json.loads(held.decode("utf-8", "replace")) if held else record
-        except Exception:  # noqa: BLE001 - no store: this node's verdict stands alone
+        """Write ``record`` as the job's verdict unless another node did first; returns the one that holds (``record``
+        itself when the store does not answer within :data:`READER_CONNECT_S`)."""
+        if self.gone_for() > 0:
             return record
+        held: List[Any] = []
+
+        def run() -> None:
+            store = storebeat.connect(self.addr, READER_CONNECT_S)
+            value = json.dumps(record, separators=(",", ":"), default=str)
+            held.append(store.compare_set(storebeat.VERDICT_KEY, "", value))
+
+        thread = threading.Thread(target=_quiet(run), name="zeropilot-verdict", daemon=True)
+        thread.start()
+        thread.join(READER_CONNECT_S + 1)
+        try:
+            got = json.loads(held[0].decode("utf-8", "replace")) if held and held[0] else record
+        except ValueError:
+            got = record
         with self._lock:
-            self.verdict = held if isinstance(held, dict) else record
+            self.verdict = got if isinstance(got, dict) else record
             return self.verdict
 
     def summary(self) -> Dict[str, Any]:
@@ -139,10 +172,20 @@ class Peers:
     def close(self) -> None:
         """Stop the reader and wait for it (a thread inside a store call at the interpreter's exit aborts it)."""
         self._stop.set()
-        self._thread.join(timeout=2 * storebeat.CONNECT_TIMEOUT_S + 1)
+        self._thread.join(timeout=READER_CONNECT_S + 1)
 
 
-def from_heartbeats(beats: Dict[int, Dict[str, Any]], world_size: Optional[int]) -> Optional[Peers]:
+def _quiet(fn):
+    def run() -> None:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - the store did not answer: the caller goes on without it
+            pass
+    return run
+
+
+def from_heartbeats(beats: Dict[int, Dict[str, Any]], world_size: Optional[int],
+                    status_path: Optional[str] = None) -> Optional[Peers]:
     """A :class:`Peers` for the store the local ranks' heartbeats name (``store``: ``HOST:PORT``), or None."""
     for hb in beats.values():
         text = hb.get("store")
@@ -150,5 +193,5 @@ def from_heartbeats(beats: Dict[int, Dict[str, Any]], world_size: Optional[int])
             addr = storebeat.address({storebeat.STORE_ENV: text})
             size = hb.get("world_size") if isinstance(hb.get("world_size"), int) else world_size
             if addr is not None and isinstance(size, int) and 0 < size <= 65536:
-                return Peers(addr, size)
+                return Peers(addr, size, status_path)
     return None

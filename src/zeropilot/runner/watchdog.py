@@ -98,7 +98,8 @@ class Watchdog:
         if self.fired:
             return None
         if self.peers is None:
-            self.peers = peers_mod.from_heartbeats(self._beats(), self.world_size)
+            self.peers = peers_mod.from_heartbeats(self._beats(), self.world_size,
+                                                   str(self.dir.root / peers_mod.STATUS_FILE))
         now = time.time()
         if self.peers is not None:
             record = self._across_nodes(now)
