@@ -27,6 +27,7 @@ STORE_BEAT_S = 1.0  # one set per rank per second: the rate limit (bench/guard/s
 CONNECT_TIMEOUT_S = 10.0
 RETRY_S = 5.0
 MAX_FRAMES = 40
+MAX_CONNECT_ERRORS = 3
 
 
 def address(env: Mapping[str, str]) -> Optional[Tuple[str, int]]:
@@ -94,6 +95,7 @@ class StoreBeat:
         self.next_try = 0.0
         self.errors = 0
         self.sent = 0
+        self.connecting = False
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="zeropilot-store-beat", daemon=True)
@@ -115,12 +117,17 @@ class StoreBeat:
             if self.store is None:
                 if now < self.next_try or not _group_ready():
                     return False
+                self.connecting = True
                 try:
                     self.store = connect(self.addr)
-                except Exception:  # noqa: BLE001 - no store yet (the launcher starting) or gone: try again later
+                except Exception:  # noqa: BLE001 - not there: try again later, three times at most
                     self.next_try = now + RETRY_S
                     self.errors += 1
+                    if self.errors >= MAX_CONNECT_ERRORS:
+                        self._stop.set()
                     return False
+                finally:
+                    self.connecting = False
             try:
                 self.store.set(self.key, json.dumps(self.payload(), separators=(",", ":")))
                 self.sent += 1
@@ -144,7 +151,8 @@ class StoreBeat:
         """Publish the last heartbeat from the thread, waiting for it at most a second: a store whose machine froze
         never answers, and the rank's exit must not wait on it."""
         self._stop.set()
-        self._thread.join(timeout=1.0)
+        # a connect in progress must end before the interpreter does (torch's error then would abort the exit)
+        self._thread.join(timeout=2 * CONNECT_TIMEOUT_S + 2 if self.connecting else 1.0)
 
 
 def start(guard: Any, place: Mapping[str, Any], env: Optional[Mapping[str, str]] = None) -> Optional[StoreBeat]:

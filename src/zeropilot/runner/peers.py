@@ -22,7 +22,8 @@ from zeropilot.guard import storebeat
 SILENT_S = 10.0
 FIRST_ANSWER_S = 60.0  # the watchdog waits this long for the store's first answer before judging without it
 STORE_GONE_S = 15.0
-READER_CONNECT_S = 5.0
+READER_CONNECT_S = 3.0
+RECONNECT_S = 5.0  # after a failure: the job is often ending then, and a connect in progress delays the end
 STATUS_FILE = "store-peers.json"
 MAX_VALUE = 256 * 1024  # a heartbeat larger than this is not one of ours
 
@@ -118,6 +119,8 @@ class Peers:
             if debug:
                 with open(debug, "a") as fh:
                     fh.write(f"{t0:.1f} {time.time() - t0:.2f} {ok} {self.error}\n")
+            if not ok:
+                self._stop.wait(RECONNECT_S)
             self._stop.wait(storebeat.STORE_BEAT_S)
 
     def snapshot(self) -> Tuple[Dict[int, Dict[str, Any]], Dict[int, float]]:
@@ -172,7 +175,7 @@ class Peers:
     def close(self) -> None:
         """Stop the reader and wait for it (a thread inside a store call at the interpreter's exit aborts it)."""
         self._stop.set()
-        self._thread.join(timeout=READER_CONNECT_S + 1)
+        self._thread.join(timeout=2 * READER_CONNECT_S + 2)  # a connect in progress ends (torch retries once)
 
 
 def _quiet(fn):

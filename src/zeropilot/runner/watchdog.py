@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 
 from zeropilot.guard.flight import read_dump, summarize as fr_summary
 from zeropilot.guard.hangs import MARKER, RankState, hang_verdict, parse_stacks, where
+from zeropilot.guard import storebeat
 from zeropilot.guard.locks import find_locks
 from zeropilot.launch.machine import extensions_roots
 from zeropilot.runlog.layout import RunDir, write_json_atomic
@@ -239,7 +240,9 @@ class Watchdog:
             return self._write(self._record(store_gone(p, gone_s), self._local_states(self._beats(), set()),
                                             []))
         silent = [r for r in p.silent(now) if not self._local_and_alive(r)]
-        return self.fire(silent) if silent else None
+        if not silent or not p.silent(now, peers_mod.SILENT_S + 3 * storebeat.STORE_BEAT_S):
+            return None  # the ranks of a lost node fall silent within a beat of each other: wait for all of them
+        return self.fire(silent)
 
     def _ended(self, p: "peers_mod.Peers") -> bool:
         """Whether the job ended here (every rank seen said ``exit``, or no local rank lives): a store gone then is

@@ -11,10 +11,11 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--sleep-rank", type=int, default=-1)
 parser.add_argument("--sleep-step", type=int, default=3)
+parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
 args = parser.parse_args()
-dist.init_process_group("gloo")
+dist.init_process_group(args.backend)
 rank = dist.get_rank()
-t = torch.ones(1024)
+t = torch.ones(1024, device="cuda" if args.backend == "nccl" else "cpu")
 for step in range(args.steps):
     if rank == args.sleep_rank and step == args.sleep_step:
         time.sleep(600)  # the straggler: in its own code while every other rank waits in all_reduce
