@@ -26,6 +26,8 @@ from typing import Dict, List, Optional
 import pytest
 
 from tests import runjobs
+from tests.report.conftest import validate  # noqa: F401  (the report schema's validator, a fixture)
+from zeropilot.cli import main
 
 pytestmark = [pytest.mark.slow]
 TIMEOUT_S = 240.0
@@ -103,7 +105,7 @@ def _job(name: str, flags: List[str], loop: List[str], freeze: Optional[int] = N
             p.wait()
     hangs = {k: json.loads((outs[k] / "hang.json").read_text()) for k in (0, 1) if (outs[k] / "hang.json").exists()}
     runs = {k: json.loads((outs[k] / f"run-node-{k}.json").read_text()) for k in (0, 1) if k != freeze}
-    return {"hangs": hangs, "runs": runs, "logs": logs}
+    return {"hangs": hangs, "runs": runs, "logs": logs, "dirs": outs}
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,7 +121,7 @@ def _jobs() -> Dict[str, Dict]:
         return {k: f.result() for k, f in jobs.items()}
 
 
-def test_a_straggler_is_named_the_same_way_on_every_node_and_every_node_stops():
+def test_a_straggler_is_named_the_same_way_on_every_node_and_every_node_stops(validate, capsys):
     job = _jobs()["straggler"]
     assert sorted(job["hangs"]) == [0, 1], job["logs"]
     verdicts = [job["hangs"][k]["verdict"] for k in (0, 1)]
@@ -132,6 +134,12 @@ def test_a_straggler_is_named_the_same_way_on_every_node_and_every_node_stops():
     assert any(f"nodes_loop.py:{line}" in w for w in culprit["where"]), culprit
     assert "wait in all_reduce" in v["cause"] and "rank 3 on node 1" in v["cause"]
     assert all(job["runs"][k]["stopped_on_hang"] for k in (0, 1))
+    # one report of the job from both node directories: the verdict with its culprit's node
+    assert main(["report", *map(str, job["dirs"]), "--format", "json"]) in (0, 1)
+    doc = json.loads(capsys.readouterr().out)
+    assert validate(doc) == [], validate(doc)[:3]
+    main(["report", *map(str, job["dirs"])])
+    assert "rank 3 on node 1" in capsys.readouterr().out
 
 
 def test_a_lost_node_and_a_lost_store_are_named_and_the_survivors_stop():
