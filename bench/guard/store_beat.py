@@ -6,9 +6,11 @@ One process: a TCPStore served here (as torchrun's agent serves it), a gloo proc
 the guard's own publisher (:class:`zeropilot.guard.storebeat.StoreBeat`, the real class, one ``set`` per
 ``STORE_BEAT_S``). Measured:
 
-- ``set_us``: one heartbeat ``set`` (the payload as a rank sends it, 40 frames deep) through a client of its own;
-  ``payload_us``: building it (the main thread's frames, JSON) - the part that holds the GIL;
-- ``round_trips_per_s``: how many such sets one client does per second, back to back;
+- ``set_us``: one heartbeat ``set`` (the payload as a rank sends it, 40 frames deep) through a client of its own
+  (TCPStore's ``set`` does not wait for a reply); ``payload_us``: building it (the main thread's frames, JSON) - the
+  part that holds the GIL;
+- ``get_us`` and ``round_trips_per_s``: a ``get`` of that heartbeat (a full round trip, what a node's watchdog does
+  per rank and second), and how many one client does per second back to back;
 - the step time of a CPU training step (a small MLP, forward, backward, SGD) in alternating blocks with and without
   the publisher running: ``overhead_pct`` (median of the per-pair differences), and the bound the rate limit gives:
   ``bound_pct`` = (payload_us + set_us) / STORE_BEAT_S as a share of the wall time.
@@ -76,10 +78,11 @@ def main() -> int:
     client = storebeat.connect(addr)
     value = payload["p"]
     set_us = _median_us(lambda: client.set("zeropilot/hb/bench", value), 2000)
+    get_us = _median_us(lambda: client.get("zeropilot/hb/bench"), 2000)  # a round trip: the reply carries it
     t0 = time.perf_counter()
     n = 0
     while time.perf_counter() - t0 < 2.0:
-        client.set("zeropilot/hb/bench", value)
+        client.get("zeropilot/hb/bench")
         n += 1
     per_s = n / (time.perf_counter() - t0)
 
@@ -120,7 +123,7 @@ def main() -> int:
     result = {"command": "python bench/guard/store_beat.py --out " + args.out,
               "torch": torch.__version__, "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
               "store_beat_s": storebeat.STORE_BEAT_S, "payload_bytes": len(value), "payload_us": round(build, 1),
-              "set_us": round(set_us, 1), "round_trips_per_s": round(per_s), "sets_by_publisher": beat.sent,
+              "set_us": round(set_us, 1), "get_us": round(get_us, 1), "round_trips_per_s": round(per_s), "sets_by_publisher": beat.sent,
               "step_s": step, "beats_per_step": step / storebeat.STORE_BEAT_S,
               "bound_pct": round(100 * (build + set_us) * 1e-6 / storebeat.STORE_BEAT_S, 4),
               "overhead_pct": round(statistics.median(diffs), 3), "overhead_pct_pairs": [round(d, 3) for d in diffs],
