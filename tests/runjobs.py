@@ -16,6 +16,9 @@ Shared by the guard, report and repro tests. Every job is a real multi-process l
 - :func:`hang_save_rank0_only`: the save runs on rank 0 only; ``--hang-timeout 10 --on-hang stop``.
 - :func:`hang_sleep_rank1`: rank 1 sleeps before a barrier; ``--hang-timeout 10 --on-hang stop``.
 - :func:`hang_stale_lock`: a stale op-build lock blocks every rank before its first step.
+- :func:`hang_data_stall_rank1`, :func:`hang_storage_stall_rank1`, :func:`hang_mismatch`: a dataset that never
+  returns, a checkpoint file that never takes the bytes, a collective one rank calls alone.
+- :func:`op_build_stopped_then_next`: a real JIT op build stopped mid-way, then the next launch.
 
 Each returns a :class:`Job` (run directory, exit status, output, checkpoint folder). Jobs get their
 own ``TORCH_EXTENSIONS_DIR``, a free port, a timeout, and their process group is killed on every path.
@@ -192,12 +195,15 @@ def _stale_lock_job() -> Job:
 
 @functools.lru_cache(maxsize=None)
 def _hangs() -> dict:
-    """The three hang jobs at once: each spends most of its time waiting for the watchdog."""
+    """The hang jobs at once: each spends most of its time waiting for the watchdog."""
     from concurrent.futures import ThreadPoolExecutor
 
     jobs = {"save_rank0_only": lambda: _faults("hang_save_rank0_only", "save-rank0-only", HANG_FLAGS),
             "sleep_rank1": lambda: _faults("hang_sleep_rank1", "sleep-rank1", HANG_FLAGS),
-            "stale_lock": _stale_lock_job}
+            "stale_lock": _stale_lock_job,
+            "data_stall_rank1": lambda: _faults("hang_data_stall_rank1", "data-stall-rank1", HANG_FLAGS),
+            "storage_stall_rank1": lambda: _faults("hang_storage_stall_rank1", "storage-stall-rank1", HANG_FLAGS),
+            "mismatch": lambda: _faults("hang_mismatch", "mismatch", HANG_FLAGS)}
     with ThreadPoolExecutor(len(jobs)) as pool:
         futures = {name: pool.submit(fn) for name, fn in jobs.items()}
         return {name: f.result() for name, f in futures.items()}
@@ -216,3 +222,56 @@ def hang_sleep_rank1() -> Job:
 def hang_stale_lock() -> Job:
     """A lock left by a killed op build: every rank waits for it before its first step."""
     return _hangs()["stale_lock"]
+
+
+def hang_data_stall_rank1() -> Job:
+    """Rank 1's dataset never returns its third batch; rank 0 waits in ZeRO-3's all-gather."""
+    return _hangs()["data_stall_rank1"]
+
+
+def hang_storage_stall_rank1() -> Job:
+    """The save at step 2: rank 1's model-states file never takes the bytes (a FIFO); rank 0 waits for it."""
+    return _hangs()["storage_stall_rank1"]
+
+
+def hang_mismatch() -> Job:
+    """Rank 0 calls an all_reduce the other rank never calls; rank 1 goes on to the next all-gather."""
+    return _hangs()["mismatch"]
+
+
+BUILD_FLAGS = ["--no-check", "--hang-timeout", "3", "--on-hang", "stop"]
+
+
+@functools.lru_cache(maxsize=None)
+def op_build_stopped_then_next() -> tuple:
+    """A real JIT op build (``jobs/build_op.py``, 2 ranks) stopped by SIGTERM to ``zeropilot run`` while it
+    holds its lock, then the next launch on the same ``TORCH_EXTENSIONS_DIR``, whose build outlasts its 3 s hang
+    timeout. Returns (stopped Job, next Job)."""
+    import time
+
+    env = job_env("op_build")
+    base = root() / "op_build_stopped"
+    base.mkdir(parents=True, exist_ok=True)
+    run_dir = base / "run"
+    cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "build_op.py")]
+    argv = [sys.executable, "-m", "zeropilot", "run", "--out", str(run_dir), *BUILD_FLAGS, "--", *cmd]
+    proc = subprocess.Popen(argv, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.time() + JOB_TIMEOUT_S
+        locks = run_dir / "build-locks.jsonl"
+        while time.time() < deadline and proc.poll() is None:
+            if locks.exists() and "acquired" in locks.read_text():
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # as `timeout`, a scheduler or a user's kill would
+        out, err = proc.communicate(timeout=60)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    stopped = Job(run_dir, proc.returncode, out, err, base / "ckpt", argv)
+    cmd[4] = str(free_port())
+    nxt = zeropilot_run("op_build_next", cmd, BUILD_FLAGS, env=env)
+    return stopped, nxt

@@ -6,7 +6,9 @@ SPEC keys: size (qwen0.5b | qwen7b | tiny), stage, lora (rank or 0), mb, seq, st
 engine.save_checkpoint into save_dir), gather (stage3_gather_16bit_weights_on_model_save), gc (gradient
 checkpointing), zero_init (build inside deepspeed.zero.Init as the HF Trainer does), cap_gib (emulate a card of
 this size: the allocator gets cap_gib minus what this process holds outside PyTorch, measured after CUDA
-init, via torch.cuda.set_per_process_memory_fraction), rbs / pbs (bucket sizes), unused_head (elements of a
+init, via torch.cuda.set_per_process_memory_fraction), ga (gradient accumulation steps; ``steps`` counts micro
+steps), offload_opt / offload_param ("cpu": ZeRO offload; the optimizer stays torch's AdamW on the host),
+max_len (truncate every batch to this many tokens), rbs / pbs (bucket sizes), unused_head (elements of a
 frozen nn.Linear never used in forward: only a ZeRO-3 16-bit gather touches it), save16 (call
 engine.save_16bit_model at the end), outside_grow_at (step at which a helper process takes all but
 outside_leave_gib of the GPU), empty_cache (torch.cuda.empty_cache() after every step, as the HF Trainer's
@@ -47,12 +49,16 @@ def main():
         outside = total - free - torch.cuda.memory_reserved()
         torch.cuda.set_per_process_memory_fraction((spec["cap_gib"] * GiB - outside) / total)
     stage = spec.get("stage", 2)
-    ds = {"train_micro_batch_size_per_gpu": spec.get("mb", 1), "gradient_accumulation_steps": 1,
+    ds = {"train_micro_batch_size_per_gpu": spec.get("mb", 1), "gradient_accumulation_steps": spec.get("ga", 1),
           "bf16": {"enabled": True}, "steps_per_print": 10 ** 9,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "torch_adam": True}},
           "zero_optimization": {"stage": stage, "reduce_bucket_size": int(spec.get("rbs", 5e8)),
                                 "stage3_prefetch_bucket_size": int(spec.get("pbs", 5e7)),
                                 "stage3_gather_16bit_weights_on_model_save": bool(spec.get("gather", False))}}
+    for part in ("opt", "param"):
+        if spec.get(f"offload_{part}"):
+            key = "offload_optimizer" if part == "opt" else "offload_param"
+            ds["zero_optimization"][key] = {"device": spec[f"offload_{part}"]}
     cfg = AutoConfig.for_model("qwen2", max_position_embeddings=max(spec.get("seq", 512), 512), **SIZES[spec["size"]])
     if spec.get("zero_init") and stage == 3:
         from transformers.integrations import HfDeepSpeedConfig
@@ -90,7 +96,8 @@ def main():
                 hog.stdout.readline()
             torch.cuda.synchronize()
             t = time.perf_counter()
-            ids = torch.randint(0, cfg.vocab_size, (spec.get("mb", 1), spec.get("seq", 512)), device="cuda", generator=gen)
+            seq = min(spec.get("seq", 512), spec.get("max_len") or spec.get("seq", 512))
+            ids = torch.randint(0, cfg.vocab_size, (spec.get("mb", 1), seq), device="cuda", generator=gen)
             loss = engine(input_ids=ids, labels=ids).loss
             engine.backward(loss)
             engine.step()

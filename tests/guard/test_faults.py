@@ -93,3 +93,30 @@ def test_stale_build_lock_before_the_first_step():
     assert [lock["path"].endswith("deepspeed_shm_comm/lock") for lock in hang["locks"]] == [True]
     assert all(r["phase"] == "startup" for r in hang["ranks"])
     assert "file_baton" in (job.run_dir / "stacks-rank-0.txt").read_text()
+    assert hang["verdict"]["class"] == "stale_lock" and hang["locks"][0]["ours"] is False
+    # the stop removes nothing that was not this job's: the lock was there before it
+    run = json.loads((job.run_dir / "run.json").read_text())
+    assert run["locks_removed"] == [] and (hang["locks"][0]["path"] and __import__("os").path.exists(hang["locks"][0]["path"]))
+
+
+@pytest.mark.parametrize("make, cls, culprits, words", [
+    (runjobs.hang_data_stall_rank1, "data_loading", [1], ["__getitem__ (", "ds_faults.py", "rank(s) 0 wait in"]),
+    (runjobs.hang_storage_stall_rank1, "slow_storage", [1], ["writing the checkpoint", "rank(s) 0 wait"]),
+    (runjobs.hang_sleep_rank1, "straggler", [1], ["outside any collective", "ds_faults.py", "rank(s) 0 wait in barrier"]),
+    (runjobs.hang_save_rank0_only, "save_partial", [0], ["save", "every rank"]),
+    (runjobs.hang_mismatch, "collective_mismatch", [0, 1], ["all_reduce on rank 0", "barrier on rank 1"]),
+], ids=["data_loading", "slow_storage", "straggler", "save_partial", "collective_mismatch"])
+def test_each_hang_class_with_its_cause_and_culprit_on_real_ranks(make, cls, culprits, words):
+    job = make()
+    v = _hang(job)["verdict"]
+    assert (v["class"], v["ranks"]) == (cls, culprits), v
+    text = v["cause"] + " " + v["reason"]
+    assert all(w in text for w in words), text
+    assert job.returncode != 0 and json.loads((job.run_dir / "run.json").read_text())["stopped_on_hang"]
+
+
+def test_the_collective_mismatch_is_read_from_the_gloo_flight_recorder():
+    hang = _hang(runjobs.hang_mismatch())
+    assert sorted(hang["flight_recorder"]) == ["fr-trace-rank-0", "fr-trace-rank-1"]
+    desync = hang["flight_recorder_summary"]["desync"]
+    assert desync is not None and "allreduce" in " ".join(desync["ops"].values()).replace("_", "")

@@ -43,3 +43,30 @@ def test_dead_and_missing_ranks_come_first():
 def test_no_rank_and_a_lock_blames_the_lock():
     v = hang_verdict([], 2, 30.0, [{"path": "/c/torch_extensions/py311/op/lock", "age_s": 900.0}])
     assert "lock" in v["cause"] and v["fixes"][0].startswith("if no build is running, delete /c/")
+
+
+def _waits_on_lock(rank):
+    return RankState(rank, phase="init", step=0, alive=True, frames=[
+        {"file": "/work/train.py", "line": 9, "func": "main"},
+        {"file": "/sp/torch/utils/cpp_extension.py", "line": 2400, "func": "_jit_compile"},
+        {"file": "/sp/torch/utils/file_baton.py", "line": 50, "func": "wait"}])
+
+
+def test_a_lock_our_live_holder_sits_on_is_a_stalled_build_naming_the_holder_not_a_stale_lock():
+    lock = {"path": "/e/op/lock", "age_s": 40.0, "state": "live", "holder_rank": "0", "holder_pid": 7}
+    holder = RankState(0, phase="init", step=0, alive=True, frames=[
+        {"file": "/work/train.py", "line": 9, "func": "main"},
+        {"file": "/sp/torch/utils/cpp_extension.py", "line": 2893, "func": "_run_ninja_build"},
+        {"file": "/usr/lib/python3.11/subprocess.py", "line": 1196, "func": "communicate"}])
+    v = hang_verdict([holder, _waits_on_lock(1)], 2, 30.0, [lock])
+    assert v["class"] == "build_stalled" and v["ranks"] == [0] and "taken by rank(s) 0" in v["cause"]
+    v = hang_verdict([_waits_on_lock(0), _waits_on_lock(1)], 2, 30.0, [dict(lock, state="stale", holder_rank=None)])
+    assert v["class"] == "stale_lock" and v["ranks"] == [0, 1] and v["fixes"][0].endswith("/e/op/lock")
+
+
+def test_zero3s_own_gather_is_a_collective():
+    frames = [{"file": "/work/train.py", "line": 82, "func": "main"},
+              {"file": "/sp/deepspeed/runtime/engine.py", "line": 4954, "func": "save_checkpoint"},
+              {"file": "/sp/deepspeed/runtime/zero/partition_parameters.py", "line": 2112,
+               "func": "_allgather_params_coalesced"}]
+    assert collective(frames) == "_allgather_params_coalesced"

@@ -8,7 +8,8 @@ writing a checkpoint, or in the user's own code. The verdict of ``hang.json`` na
 
 - ``rank_gone``: a rank died or never started while the others wait for it;
 - ``stale_lock``: the ranks wait on an op-build lock no live build holds (a live build is progress: the watchdog
-  extends its deadline instead of firing, :mod:`zeropilot.runner.watchdog`);
+  extends its deadline instead of firing, :mod:`zeropilot.runner.watchdog`); ``build_stalled``: a live process of
+  this job holds the lock but its build made no progress for the whole timeout;
 - ``data_loading``: a rank is stuck in its dataset, collate function or DataLoader worker;
 - ``slow_storage``: ranks in a save are writing the checkpoint while the others wait for them;
 - ``straggler``: a rank runs its own code outside any collective while the others wait (one rank alone in its
@@ -35,6 +36,9 @@ _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barr
                 "monitored_barrier", "_all_gather_base", "all_gather_into_tensor", "reduce_scatter_tensor",
                 "all_to_all_single", "_reduce_scatter_base")
 _COMM_FILES = ("torch/distributed/", "deepspeed/comm/", "torch/nn/parallel/", "deepspeed/runtime/comm/")
+#: DeepSpeed's own wrappers that wait on a collective's handle (ZeRO-3's parameter gather waits in
+#: ``partition_parameters._allgather_params_coalesced``, below which only C++ runs)
+_DS_COLLECTIVE = re.compile(r"all_?gather|reduce_?scatter|all_?reduce|barrier|broadcast")
 _DATA_FILES = ("torch/utils/data/", "accelerate/data_loader.py", "transformers/data/data_collator.py",
                "datasets/arrow_dataset.py", "datasets/iterable_dataset.py")
 _DATA_FUNCS = ("__getitem__", "__getitems__", "__iter__", "__next__")
@@ -87,6 +91,8 @@ def collective(frames: List[Dict[str, Any]]) -> Optional[str]:
         if "file_baton" in path:
             return "build lock (torch.utils.file_baton)"
         if any(p in path for p in _COMM_FILES) and f["func"].lstrip("_") in names:
+            return f["func"]
+        if "deepspeed/" in path and _DS_COLLECTIVE.search(f["func"].lower()):
             return f["func"]
     return None
 
@@ -229,6 +235,17 @@ def hang_verdict(states: List[RankState], world_size: Optional[int], timeout_s: 
                         ["look at the first error of those ranks (their rank-N.jsonl and the launcher's output)"],
                         gone, base, lines)
     lockers = by("lock")
+    if lockers and locks and not stale:
+        holders = sorted({int(lock["holder_rank"]) for lock in locks if str(lock.get("holder_rank")).isdigit()})
+        return _verdict("build_stalled", holders or [s.rank for s in lockers],
+                        f"rank(s) {_ranks(lockers)} wait on an op-build lock a live process of this job holds "
+                        f"({_lock_text(locks)}"
+                        + (f", taken by rank(s) {', '.join(map(str, holders))}" if holders else "")
+                        + "), but the build made no progress for the whole timeout: no compiler used CPU and the "
+                        "build folder did not change",
+                        ["look at the holder's stack (stacks-rank-N.txt) and at its compiler processes",
+                         "if the build is legitimately slow (a loaded machine), raise --hang-timeout"],
+                        lockers, base, lines)
     if lockers:
         return _verdict("stale_lock", [s.rank for s in lockers],
                         f"rank(s) {_ranks(lockers)} wait on an op-build lock that no live build holds (left by a "

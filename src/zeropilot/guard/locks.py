@@ -135,7 +135,8 @@ def find_locks(env: Optional[Mapping[str, str]] = None, run_dir: Optional[Path] 
     """Every op-build lock of the launch's environment, oldest first: path, op, age, state, ours.
 
     ``state``: ``live`` when a compiler of this job works in the lock's folder (``live_dirs``) or a live process of
-    this job holds it, else ``stale``; ``ours``: a process of this job took it (``run_dir``'s ``build-locks.jsonl``).
+    this job holds it, else ``stale``; ``ours``: a process of this job took it (``run_dir``'s ``build-locks.jsonl``);
+    ``holder_pid`` / ``holder_rank``: who of this job took it (None: not this job).
     """
     roots = extensions_roots(os.environ if env is None else env)
     held = taken(run_dir) if run_dir is not None else {}
@@ -147,5 +148,6 @@ def find_locks(env: Optional[Mapping[str, str]] = None, run_dir: Optional[Path] 
         holder = held.get(str(b.path))
         building = building or bool(holder and alive is not None and alive(holder.get("pid")))
         out.append({"path": str(b.path), "op": b.op, "age_s": round(b.age_s, 1), "stale": b.stale,
-                    "state": "live" if building else "stale", "ours": str(b.path) in held})
+                    "state": "live" if building else "stale", "ours": str(b.path) in held,
+                    "holder_pid": (holder or {}).get("pid"), "holder_rank": (holder or {}).get("rank")})
     return out

@@ -75,7 +75,8 @@ def display(where: Sequence[str], frames: Optional[Sequence[Dict[str, Any]]] = N
             limit: int = 8) -> Tuple[List[str], List[str]]:
     """(shown, folded): the frames to show, innermost last, and the library frames folded away.
 
-    Shown: the user's and the model's frames (the innermost ``limit``), then the innermost frame of all when it is
+    Shown: the user's and the model's frames (the innermost ``limit``), the library call the innermost of them made
+    (the API the user called: ``save_checkpoint``, ``backward``), then the innermost frame of all when it is
     library code (where the allocation or the wait happened). Folded: every other frame, as text. ``frames`` are
     the recorded objects (with full paths); without them the ``where`` strings are classified by file name.
     """
@@ -85,6 +86,8 @@ def display(where: Sequence[str], frames: Optional[Sequence[Dict[str, Any]]] = N
         return [], []
     own = [i for i, f in enumerate(parsed) if f["kind"] in ("user", "model")][-limit:]
     keep = set(own)
+    if own and own[-1] + 1 < len(parsed):
+        keep.add(own[-1] + 1)
     keep.add(len(parsed) - 1)
     shown = [text(parsed[i]) if frames else where[i] for i in sorted(keep)]
     folded = [text(f) if frames else where[i] for i, f in enumerate(parsed) if i not in keep]

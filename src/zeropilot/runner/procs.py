@@ -1,7 +1,8 @@
 """The job's processes as Linux shows them in ``/proc``: compilers building an op, a rank's children.
 
-The supervisor starts the job in a session of its own (``start_new_session``), so every process of the job
-carries that session id unless it left it; ``/proc/PID/stat`` gives session, parent, state and CPU time, and
+The supervisor starts the job in a session of its own (``start_new_session``); the job's processes are those of
+that session and every descendant of its first process (launchers start their ranks in sessions of their own:
+torchrun's workers do); ``/proc/PID/stat`` gives session, parent, state and CPU time, and
 ``/proc/PID/cwd`` the folder a compiler runs in (PyTorch runs ninja in the op's build folder). Read on demand
 only (when the watchdog is about to fire), bounded by :data:`MAX_PROCS`; elsewhere than Linux it finds nothing.
 """
@@ -61,6 +62,23 @@ def scan(session: Optional[int] = None) -> List[Proc]:
     return out
 
 
+def job(root: int) -> List[Proc]:
+    """The job's processes: those of session ``root`` and every descendant of process ``root``."""
+    every = scan()
+    kids: Dict[int, List[Proc]] = {}
+    for p in every:
+        kids.setdefault(p.ppid, []).append(p)
+    out = {p.pid: p for p in every if p.session == root}
+    todo, seen = [root, *out], {root, *out}
+    while todo:
+        for child in kids.get(todo.pop(), []):
+            if child.pid not in seen:
+                seen.add(child.pid)
+                out[child.pid] = child
+                todo.append(child.pid)
+    return list(out.values())
+
+
 def cwd(pid: int) -> Optional[str]:
     try:
         return os.readlink(f"/proc/{pid}/cwd")
@@ -68,10 +86,10 @@ def cwd(pid: int) -> Optional[str]:
         return None
 
 
-def compilers(session: int) -> List[Dict[str, object]]:
-    """The job's compiler processes now: pid, name, CPU ticks, working folder."""
+def compilers(root: int) -> List[Dict[str, object]]:
+    """The job's compiler processes now (:func:`job`): pid, name, CPU ticks, working folder."""
     return [{"pid": p.pid, "comm": p.comm, "ticks": p.ticks, "cwd": cwd(p.pid)}
-            for p in scan(session) if p.comm in COMPILERS]
+            for p in job(root) if p.comm in COMPILERS]
 
 
 def children(pid: int) -> List[int]:

@@ -2,7 +2,7 @@
 
 It reads heartbeats (``heartbeat-rank-N.json``) and the size of every ``rank-N.jsonl``; progress is
 any change of either. An op build is progress too: when the deadline comes while a compiler of this job
-(``/proc``: same session, :mod:`zeropilot.runner.procs`) is alive and using CPU, or the build folder changed, the
+(``/proc``: the job's session and the descendants of its first process, :mod:`zeropilot.runner.procs`) is alive and using CPU, or the build folder changed, the
 deadline moves on by another timeout and the build is recorded (``builds`` in run.json) instead of a hang. On a
 hang it asks every live rank for its stacks (faulthandler's signal, see :mod:`zeropilot.guard.rank`) and its
 flight recorder (NCCL: its dump pipe; gloo: the guard's heartbeat thread, on ``.fr-request``), waits a moment
@@ -68,7 +68,7 @@ class Watchdog:
         self.action = action
         self.world_size = world_size
         self.env = env
-        self.session = session  # the job's session id (the supervisor's child): its compilers are ours
+        self.session = session  # the job's first process (and session): its compilers are ours
         self.last_key: Tuple = ()
         self.last_change = time.time()
         self.fired = False
@@ -89,6 +89,10 @@ class Watchdog:
                 parts.append((r, os.path.getsize(self.dir.events(r))))
             except OSError:
                 pass
+        try:  # an op-build lock taken or given back by the job is progress too
+            parts.append(("build-locks", os.path.getsize(self.dir.build_locks)))
+        except OSError:
+            pass
         if self.peers is not None:
             beats, _ = self.peers.snapshot()
             parts.extend(("store", r, hb.get("progress"), hb.get("phase"), hb.get("activity"))
@@ -114,13 +118,21 @@ class Watchdog:
         limit = self.timeout_s if key else max(self.timeout_s, STARTUP_GRACE_S)
         if now - self.last_change < limit:
             return None
-        if self.building(now):
-            self.last_change = now  # an op build is progress: another timeout from here
+        if self.building(now) or self.finished():
+            self.last_change = now  # an op build is progress; ranks that all ended wait for their launcher
             return None
         if self.peers is not None and self.peers.waiting(now):
             return None  # the other nodes' heartbeats are on their way: judge with them
         self.fired = True
         return self.fire()
+
+    def finished(self) -> bool:
+        """Every rank (all ``world_size`` of them, where known) ended its work (phase ``exit``): the launcher is
+        ending the job, which is not a hang (a slow interpreter teardown on a loaded machine takes seconds)."""
+        beats = self._beats()
+        if not beats or (self.world_size and len(beats) < self.world_size):
+            return False
+        return all(hb.get("phase") == "exit" for hb in beats.values())
 
     def _op_folder(self, cwd: Optional[str]) -> Optional[str]:
         """The op build folder a compiler works in: PyTorch runs ninja (and so the compiler) in it; None when the
@@ -133,9 +145,25 @@ class Watchdog:
                 return cwd
         return None
 
+    def _held_folders(self) -> List[str]:
+        """Build folders whose lock a live process of this job took and has not given back (``build-locks.jsonl``)."""
+        from zeropilot.guard.locks import taken
+
+        return [os.path.dirname(p) for p, rec in taken(self.dir.root).items() if _alive(rec.get("pid"))]
+
+    def _folder_changed(self, folder: str) -> bool:
+        try:
+            mtime = max((e.stat().st_mtime for e in os.scandir(folder)), default=0.0)
+        except OSError:
+            mtime = 0.0
+        changed = mtime > self._build_mtime.get(folder, -1.0)
+        self._build_mtime[folder] = mtime
+        return changed
+
     def building(self, now: Optional[float] = None) -> bool:
-        """Whether an op build of this job made progress since the last look: a compiler of the job's session used
-        CPU (or appeared), or its build folder changed. Records it in :attr:`builds`."""
+        """Whether an op build of this job made progress since the last look: a compiler of the job used CPU (or
+        appeared), or a build folder changed (one a compiler of the job works in, or whose lock a live process of
+        the job holds: it writes ``build.ninja`` before the compiler starts). Records it in :attr:`builds`."""
         if self.session is None:
             return False
         now = time.time() if now is None else now
@@ -145,28 +173,22 @@ class Watchdog:
         for c in comps:
             pid, t = int(c["pid"]), int(c["ticks"])
             ticks[pid] = t
-            if t > self._ticks.get(pid, -1):
-                progressed = True
-            folder = self._op_folder(c.get("cwd"))
-            if folder is not None:
-                try:
-                    mtime = max((e.stat().st_mtime for e in os.scandir(folder)), default=0.0)
-                except OSError:
-                    mtime = 0.0
-                if mtime > self._build_mtime.get(folder, -1.0):
-                    progressed = True
-                self._build_mtime[folder] = mtime
+            progressed = progressed or t > self._ticks.get(pid, -1)
         self._ticks = ticks
-        if not comps or not progressed:
+        folders = {f for f in (self._op_folder(c.get("cwd")) for c in comps) if f} | set(self._held_folders())
+        for folder in sorted(folders):
+            progressed = self._folder_changed(folder) or progressed
+        if not progressed:
             return False
-        for c in comps:
-            folder = self._op_folder(c.get("cwd")) or str(c.get("cwd"))
+        for folder in sorted(folders) or [str(c.get("cwd")) for c in comps[:1]]:
             b = self.builds.setdefault(folder, {"op": os.path.basename(folder), "folder": folder, "first_t": now,
                                                 "last_t": now, "compilers": []})
             b["last_t"] = now
-            name = f"{c['comm']} (pid {c['pid']})"
-            if name not in b["compilers"] and len(b["compilers"]) < 20:
-                b["compilers"].append(name)
+            for c in comps:
+                name = f"{c['comm']} (pid {c['pid']})"
+                if self._op_folder(c.get("cwd")) in (folder, None) and name not in b["compilers"] \
+                        and len(b["compilers"]) < 20:
+                    b["compilers"].append(name)
         return True
 
     def live_dirs(self) -> List[str]:

@@ -6,6 +6,11 @@ FAULT:
   kill-in-save     rank 1 is SIGKILLed while it writes its model states (its client_state pickles a bomb)
   save-rank0-only  the save runs under ``if rank == 0`` (the others go on training: a hang)
   sleep-rank1      rank 1 sleeps before a barrier the others are waiting in (a hang)
+  data-stall-rank1 rank 1's dataset never returns its third batch (a read without a timeout: a hang)
+  storage-stall-rank1  the save at step 2 writes rank 1's model states into a file that never takes the bytes
+                   (a FIFO nobody reads: a stalled network filesystem, as the rank sees it)
+  mismatch         rank 0 averages its loss with an all_reduce the other ranks never call, then every rank
+                   meets in a barrier (a hang)
   none             no fault
 """
 
@@ -26,6 +31,21 @@ class _KillOnPickle:
         return (int, (0,))
 
 
+class Samples(torch.utils.data.Dataset):
+    """Random inputs; with ``stall_at``, that sample's read never returns."""
+
+    def __init__(self, stall_at=None):
+        self.stall_at = stall_at
+
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        if i == self.stall_at:
+            time.sleep(3600)
+        return torch.randn(32)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--fault", default="none")
@@ -40,8 +60,10 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
     engine, _, _, _ = deepspeed.initialize(args=a, model=model, model_parameters=model.parameters())
     rank = engine.global_rank
+    stall = 8 if a.fault == "data-stall-rank1" and rank == 1 else None  # the third batch of 4
+    batches = iter(torch.utils.data.DataLoader(Samples(stall), batch_size=4))
     for step in range(1, a.steps + 1):
-        x = torch.randn(4, 32).to(engine.device)
+        x = next(batches).to(engine.device)
         loss = engine(x).pow(2).mean()
         engine.backward(loss)
         engine.step()
@@ -52,6 +74,16 @@ def main():
             elif a.fault == "save-rank0-only":
                 if rank == 0:
                     engine.save_checkpoint(a.save_dir)
+            elif a.fault == "storage-stall-rank1":
+                if rank == 1:
+                    tag = os.path.join(a.save_dir, "global_step2")
+                    os.makedirs(tag, exist_ok=True)
+                    os.mkfifo(os.path.join(tag, "zero_pp_rank_1_mp_rank_00_model_states.pt"))
+                engine.save_checkpoint(a.save_dir)
+            elif a.fault == "mismatch":
+                if rank == 0:
+                    torch.distributed.all_reduce(loss.detach().clone())
+                torch.distributed.barrier()
             elif a.fault == "sleep-rank1":
                 if rank == 1:
                     time.sleep(3600)
