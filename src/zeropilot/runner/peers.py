@@ -42,6 +42,8 @@ class Peers:
         self.first_failure: Optional[float] = None
         self.error: Optional[str] = None
         self.started = time.time()
+        self.adopted = False  # the store's verdict replaced one this node could not publish
+        self.confirmed = True  # False after a verdict this node could not publish: the store's, once read, wins
         self._status_seen: List[int] = []
         self._store = None
         self._lock = threading.Lock()
@@ -90,6 +92,8 @@ class Peers:
                     self.moved[r] = now
                 self.beats[r] = hb
             if verdict is not None:
+                if self.verdict != verdict and not self.confirmed:
+                    self.adopted = True
                 self.verdict = verdict
             seen = sorted(self.beats)
         if self.status_path and seen != self._status_seen:
@@ -148,6 +152,7 @@ class Peers:
         itself when the store does not answer within :data:`READER_CONNECT_S`)."""
         if self.gone_for() > 0:
             return record
+        self.confirmed = False
         held: List[Any] = []
 
         def run() -> None:
@@ -157,12 +162,13 @@ class Peers:
 
         thread = threading.Thread(target=_quiet(run), name="zeropilot-verdict", daemon=True)
         thread.start()
-        thread.join(READER_CONNECT_S + 1)
+        thread.join(3 * READER_CONNECT_S + 5)  # once per job; a loaded machine answers slowly
         try:
             got = json.loads(held[0].decode("utf-8", "replace")) if held and held[0] else record
         except ValueError:
             got = record
         with self._lock:
+            self.confirmed = bool(held)
             self.verdict = got if isinstance(got, dict) else record
             return self.verdict
 

@@ -195,6 +195,7 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
         if proc.poll() is None:
             _stop(proc)
         if dog.peers is not None:
+            dog.settle()  # one verdict on every node, also when this node's could not be published
             dog.peers.close()
     _signal_group(proc.pid, signal.SIGKILL)  # nothing of the job outlives zeropilot run
     _remove_pipes(env.get(PIPE_ENV, ""), d.root)

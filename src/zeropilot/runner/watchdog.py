@@ -101,6 +101,7 @@ class Watchdog:
 
     def poll(self) -> Optional[Dict]:
         if self.fired:
+            self.settle(0.0)
             return None
         if self.peers is None:
             self.peers = peers_mod.from_heartbeats(self._beats(), self.world_size,
@@ -265,6 +266,19 @@ class Watchdog:
         if not silent or not p.silent(now, peers_mod.SILENT_S + 3 * storebeat.STORE_BEAT_S):
             return None  # the ranks of a lost node fall silent within a beat of each other: wait for all of them
         return self.fire(silent)
+
+    def settle(self, wait_s: float = 2 * storebeat.STORE_BEAT_S + 1) -> None:
+        """After a verdict this node could not publish: take the store's once the reader has it (waiting up to
+        ``wait_s``), so that every node writes the one verdict."""
+        p = self.peers
+        if p is None or not self.fired or p.confirmed:
+            return
+        end = time.time() + wait_s
+        while not p.adopted and time.time() < end:
+            time.sleep(0.2)
+        if p.adopted and p.verdict is not None:
+            p.adopted, p.confirmed = False, True
+            self._adopt(p.verdict)
 
     def _ended(self, p: "peers_mod.Peers") -> bool:
         """Whether the job ended here (every rank seen said ``exit``, or no local rank lives): a store gone then is
