@@ -116,13 +116,8 @@ class Peers:
         import os
 
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # c10d's retry warnings: the verdict says it once
-        debug = os.environ.get("ZEROPILOT_DEBUG_PEERS")
         while not self._stop.is_set():
-            t0 = time.time()
             ok = self.refresh()
-            if debug:
-                with open(debug, "a") as fh:
-                    fh.write(f"{t0:.1f} {time.time() - t0:.2f} {ok} {self.error}\n")
             if not ok:
                 self._stop.wait(RECONNECT_S)
             self._stop.wait(storebeat.STORE_BEAT_S)
