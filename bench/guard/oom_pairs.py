@@ -1,20 +1,22 @@
 """Real OOMs under a memory cap on one GPU, each re-run with the first fix zeropilot printed; the guard's overhead.
 
-    python bench/guard/oom_pairs.py OUT [--budget-s 330]
+    python bench/guard/oom_pairs.py OUT [--budget-s 330] [--only NAME ...] [--part NAME]
 
 For each scenario: the job runs under ``zeropilot run --no-check`` and runs out of memory; the driver reads the
 OOM record (``oom-rank-0.json``: verdict and fixes, best first, as ``zeropilot report`` prints them), takes the
 first fix that this machine can apply (one GPU: not "more GPUs"; a fix with no ``change`` is advice, not a
 setting), applies its ``change`` to the job's spec or environment and runs the job again under the guard: the
-pair holds when the second run ends with exit 0 and no OOM record. Then the guard's overhead: the same job with
-and without ``zeropilot run`` (order guard, plain, plain, guard), median warm step of each, and the guard's own
-work per optimizer step measured in a rank (``hook_cost.py``) against the plain job's median step.
+pair holds when the second run ends with exit 0 and no OOM record. The guard's overhead (``overhead``): the same
+GPU-bound job (the shape of ``overhead_ab.sh``) with and without ``zeropilot run`` in interleaved pairs (guard
+plain, plain guard, guard plain), the median warm step of each run, the median of the per-pair ratios; and the
+guard's own work per optimizer step measured in a rank (``hook_cost.py``) against the plain job's median step.
 
-Writes OUT/oom_pairs.json (the summary) and OUT/oom_pairs_runs.tar.gz (every run directory ``zeropilot run``
-wrote, each command's output ``<name>.out`` and ``zeropilot report`` of each run ``<name>.report.txt``).
-Scenarios run one at a time: memory outside PyTorch is read device-wide, so two jobs on one GPU would see each
-other. Each run's time limit is cut to what is left of ``--budget-s``; a scenario that cannot start in time is
-listed as skipped.
+Writes OUT/oom_pairs-<part>.json (the summary) and OUT/oom_pairs_<part>_runs.tar.gz (folder ``oom_pairs/``:
+every run directory ``zeropilot run`` wrote, each command's output ``<name>.out``, ``zeropilot report`` of each
+run ``<name>.report.txt`` and the summary as ``summary-<part>.json``), so the tarballs of several calls unpack
+into one folder. Scenarios run one at a time: memory outside PyTorch is read device-wide, so two jobs on one GPU
+would see each other. A scenario starts only when its first run's limit fits in what is left of ``--budget-s``
+(else it is listed as skipped); the re-run with the fix gets its own full limit.
 """
 
 import argparse
@@ -33,7 +35,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LM, HF = str(HERE / "train_lm.py"), str(HERE / "hf_long_batch.py")
-OV = {"size": "qwen0.5b", "stage": 2, "mb": 4, "seq": 1024, "steps": 40, "warmup": 5}
+# GPU-bound (as overhead_ab.sh): a launch-bound step (micro batch 4 x 1024, no checkpointing) varies by 15% from
+# step to step and 5% from run to run, which hid the guard's cost in the first GPU call
+OV = {"size": "qwen0.5b", "stage": 2, "mb": 8, "seq": 2048, "gc": True, "steps": 30, "warmup": 5}
+OV_PAIRS = (("guard", "plain"), ("plain", "guard"), ("guard", "plain"))
 
 # name, job, spec, expected class, time limit (s), what a DeepSpeed expert would change first
 SCENARIOS = [
@@ -72,10 +77,12 @@ class Runner:
     def left(self) -> float:
         return self.end - time.monotonic()
 
-    def run(self, name: str, script: str, spec, env=None, guard=True, limit=60, zp_args=()) -> dict:
-        """One job, under the guard or plain; its output in runs/<name>.out, its run directory runs/<name>."""
-        limit = min(limit, self.left() - 5)
-        if limit < 15:
+    def run(self, name: str, script: str, spec, env=None, guard=True, limit=60, zp_args=(), own=False) -> dict:
+        """One job, under the guard or plain; its output in runs/<name>.out, its run directory runs/<name>.
+
+        It starts only when ``limit`` fits in what is left of the budget, unless it has its ``own`` time (a re-run
+        with a fix: cutting it short would read as a fix that failed)."""
+        if not own and self.left() < limit:
             return {"name": name, "skipped": "out of time"}
         job = [sys.executable, script] if spec is None else \
             ["torchrun", "--nproc_per_node", "1", "--master_port", str(port()), script, json.dumps(spec)]
@@ -151,6 +158,9 @@ def pair(r: Runner, name, script, spec, expected, limit, expert) -> dict:
     first = r.run(name, script, spec, limit=limit, zp_args=("--memory-history",) if spec is None else ())
     row["oom_run"] = first
     recs = first.get("oom_records") or []
+    if first.get("skipped"):
+        row["pair"] = f"skipped: {first['skipped']}"
+        return row
     if not recs:
         row["pair"] = "no OOM in the first run"
         return row
@@ -164,7 +174,7 @@ def pair(r: Runner, name, script, spec, expected, limit, expert) -> dict:
         made = apply(spec, {}, f.get("change") or {}, r.scratch) if f.get("change") else None
         if made is not None:
             row["applied"] = {"index": i, "first_printed": i == 0, **row["fixes"][i]}
-            second = r.run(f"{name}-fixed", script, made[0], env=made[1], limit=limit)
+            second = r.run(f"{name}-fixed", script, made[0], env=made[1], limit=limit, own=True)
             second["spec"] = made[0]
             row["fixed_run"] = second
             ok = second.get("rc") == 0 and not second.get("oom_records")
@@ -181,24 +191,34 @@ def pair(r: Runner, name, script, spec, expected, limit, expert) -> dict:
 
 
 def overhead(r: Runner) -> dict:
-    out = {"spec": OV, "order": ["guard", "plain", "plain", "guard"], "runs": []}
-    for i, kind in enumerate(out["order"], 1):
-        res = r.run(f"overhead-{kind}-{i}", LM, OV, guard=kind == "guard", limit=90)
-        data = res.get("result")
-        med = statistics.median(data["step_seconds"][OV["warmup"]:]) if data else None
-        out["runs"].append({"kind": kind, "rc": res.get("rc"), "median_step_s": med, "skipped": res.get("skipped")})
-    g = [x["median_step_s"] for x in out["runs"] if x["kind"] == "guard" and x["median_step_s"]]
-    p = [x["median_step_s"] for x in out["runs"] if x["kind"] == "plain" and x["median_step_s"]]
-    if g and p:
-        out["end_to_end_percent"] = round(100 * (statistics.mean(g) / statistics.mean(p) - 1), 3)
-    hook = r.run("hook-cost", str(HERE / "hook_cost.py"), None, limit=60)
-    if hook.get("result") and p:
+    out = {"spec": OV, "pairs": [], "runs": []}
+    for i, kinds in enumerate(OV_PAIRS, 1):
+        meds = {}
+        for kind in kinds:
+            res = r.run(f"overhead-{i}-{kind}", LM, OV, guard=kind == "guard", limit=60)
+            data = res.get("result")
+            med = statistics.median(data["step_seconds"][OV["warmup"]:]) if data else None
+            meds[kind] = med
+            out["runs"].append({"pair": i, "kind": kind, "rc": res.get("rc"), "median_step_s": med,
+                                "skipped": res.get("skipped")})
+        if meds.get("guard") and meds.get("plain"):
+            out["pairs"].append({"pair": i, "order": list(kinds), "guard_s": meds["guard"], "plain_s": meds["plain"],
+                                 "percent": round(100 * (meds["guard"] / meds["plain"] - 1), 3)})
+    if out["pairs"]:
+        out["end_to_end_percent"] = statistics.median(p["percent"] for p in out["pairs"])
+    plain = [x["median_step_s"] for x in out["runs"] if x["kind"] == "plain" and x["median_step_s"]]
+    if len(plain) > 1:
+        out["plain_spread_percent"] = round(100 * (max(plain) / min(plain) - 1), 3)
+    hook = r.run("hook-cost", str(HERE / "hook_cost.py"), None, limit=30)
+    if hook.get("result") and plain:
         us = hook["result"]["median_us"]
         out["guard_work_per_step_us"] = round(us, 1)
-        out["in_rank_percent"] = round(100 * us * 1e-6 / statistics.mean(p), 4)
-    out["note"] = ("end_to_end_percent: guard runs against plain runs at different times (run-to-run noise of a "
-                   "median step is ~1-3% on these machines); in_rank_percent: the guard's measured work per "
-                   "optimizer step over the plain job's median step")
+        out["in_rank_percent"] = round(100 * us * 1e-6 / statistics.median(plain), 4)
+    out["note"] = ("end_to_end_percent: median over the pairs of guard/plain - 1 (each pair: the two runs back to "
+                   "back, the order alternating); plain_spread_percent: how far the plain runs' medians are apart "
+                   "(the noise between runs); in_rank_percent: the guard's measured work per optimizer step over the "
+                   "plain job's median step. zeropilot run also sets PyTorch's flight recorder "
+                   "(TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE=2000): part of what is measured")
     return out
 
 
@@ -221,27 +241,33 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--budget-s", type=float, default=330)
-    ap.add_argument("--only", nargs="*", help="scenario names (default: all, then the overhead)")
+    ap.add_argument("--only", nargs="*", help="scenario names and 'overhead', in the order given (default: all)")
+    ap.add_argument("--part", default="all", help="names this call's summary and tarball (several calls, one folder)")
     a = ap.parse_args()
     out = Path(a.out)
     r = Runner(out, a.budget_s)
+    names = [s[0] for s in SCENARIOS] + ["overhead"]
+    wanted = [n for n in (a.only or [names[0], names[1], "overhead", *names[2:-1]]) if n]
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+        sys.exit(f"oom_pairs: unknown scenario {', '.join(unknown)} (known: {', '.join(names)})")
     ver = subprocess.Popen([sys.executable, "-c", VERSIONS], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                            text=True)
-    summary = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pairs": [], "overhead": None}
-    order = [s for s in SCENARIOS if not a.only or s[0] in a.only]
+    summary = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "part": a.part, "scenarios": wanted,
+               "pairs": [], "overhead": None}
+    by_name = {s[0]: s for s in SCENARIOS}
     try:
-        for i, s in enumerate(order):
-            summary["pairs"].append(pair(r, *s))
-            if i == 1 and not a.only:  # the overhead after the first two pairs, so it is measured in any case
+        for name in wanted:
+            if name == "overhead":
                 summary["overhead"] = overhead(r)
-        if summary["overhead"] is None and not a.only:
-            summary["overhead"] = overhead(r)
+            else:
+                summary["pairs"].append(pair(r, *by_name[name]))
     finally:
         summary["versions"] = versions(ver)
         summary["wall_s"] = round(a.budget_s - r.left(), 1)
-        (r.runs / "oom_pairs.json").write_text(json.dumps(summary, indent=1))
-        (out / "oom_pairs.json").write_text(json.dumps(summary, indent=1))
-        with tarfile.open(out / "oom_pairs_runs.tar.gz", "w:gz") as tar:
+        (r.runs / f"summary-{a.part}.json").write_text(json.dumps(summary, indent=1))
+        (out / f"oom_pairs-{a.part}.json").write_text(json.dumps(summary, indent=1))
+        with tarfile.open(out / f"oom_pairs_{a.part}_runs.tar.gz", "w:gz") as tar:
             tar.add(r.runs, arcname="oom_pairs")
         shutil.rmtree(r.runs, ignore_errors=True)
         shutil.rmtree(r.scratch, ignore_errors=True)

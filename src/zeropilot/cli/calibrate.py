@@ -27,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  "plan finds it)")
     p.add_argument("--checkpoint-dir", default=".", help="where checkpoints go: the disk to time (default .)")
     p.add_argument("--disk-mib", type=int, default=1024, help="MiB written to time the disk (default 1024)")
+    p.add_argument("--network-mib", type=int, default=64,
+                   help="MiB per all-gather / reduce-scatter when timing the network (run as the ranks of a launch "
+                        "across nodes: `torchrun ... -m zeropilot calibrate`; default 64)")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.set_defaults(func=run)
 
@@ -45,6 +48,14 @@ def render(profile, path: Path) -> str:
              f"{'unmeasured' if profile.expandable_segments is None else profile.expandable_segments}",
              f"  disk write ({profile.disk_path}): {profile.disk_write_bytes_per_s / 1e9:.2f} GB/s",
              f"  host memory: {_gib(profile.host_mem_bytes)}"]
+    if profile.nodes > 1 or profile.network:
+        lines.append(f"  nodes: {profile.nodes}, {profile.ranks_per_node or '?'} ranks per node; outside PyTorch per "
+                     "node: " + ", ".join(f"{k} {_gib(v)}" for k, v in profile.outside_torch_per_node.items()))
+        for kind, entry in profile.network.items():
+            lines.append(f"  network, {kind.replace('_', '-')} ({entry.get('ranks')} ranks, "
+                         f"{profile.network_backend}): " + ", ".join(
+                             f"{op.replace('_', '-')} {m['busbw_bytes_per_s'] / 1e9:.3f} GB/s"
+                             for op, m in entry.items() if isinstance(m, dict)))
     lines += [f"  unmeasured: {k}: {v}" for k, v in profile.unmeasured.items()]
     lines.append(f"profile written to {path}")
     return "\n".join(lines) + "\n"
@@ -65,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from zeropilot.calibrate.run import calibrate, write_profile
     from zeropilot.envelope import dumps
 
+    from zeropilot.calibrate.launched import calibrate_launched, launched
     from zeropilot.safefile import check_output, kind_of
 
     if args.out:
@@ -72,7 +84,14 @@ def run(args: argparse.Namespace) -> int:
     if kind_of(args.checkpoint_dir) != "dir":
         raise InputError("--checkpoint-dir: not a folder" if kind_of(args.checkpoint_dir) else
                          "--checkpoint-dir: no such folder", args.checkpoint_dir)
-    profile = calibrate(args.nproc, Path(args.checkpoint_dir), args.disk_mib)
+    if launched():  # a rank of the user's own launch (across nodes): measure here, rank 0 writes the profile
+        if not 1 <= args.network_mib <= 4096:
+            raise InputError(f"--network-mib {args.network_mib}: 1 to 4096")
+        profile = calibrate_launched(Path(args.checkpoint_dir), args.disk_mib, args.network_mib)
+        if profile is None:
+            return 0
+    else:
+        profile = calibrate(args.nproc, Path(args.checkpoint_dir), args.disk_mib)
     path = Path(args.out) if args.out else search_dirs()[0] / file_name(profile)
     write_profile(profile, path)
     if args.format == "json":

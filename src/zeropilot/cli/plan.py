@@ -315,10 +315,28 @@ def run(args: argparse.Namespace) -> int:
         if not found or not found[0]:
             raise InputError("--write-ds-config needs --search with a configuration that fits")
         _write_json_atomic(args.write_ds_config, deepspeed_config(found[0][0].plan.inputs))
+    comm = _step_comm(inputs, args._profile)
     if args.format == "json":
         from zeropilot.envelope import PLAN_SCHEMA, dumps, envelope
 
-        sys.stdout.write(dumps(envelope(PLAN_SCHEMA, to_dict(plan, found))))
+        doc = to_dict(plan, found)
+        doc["step_comm"] = comm.to_dict() if comm is not None else None
+        sys.stdout.write(dumps(envelope(PLAN_SCHEMA, doc)))
     else:
         print(render_text(plan, found), end="")
+        if comm is not None:
+            from zeropilot.memory.comm import render_lines
+
+            print("\n".join(render_lines(comm)))
     return 0
+
+
+def _step_comm(inputs, profile):
+    """The step's collectives across nodes (or at a profile's measured speed), None for a one-node plan without
+    network figures (nothing to say)."""
+    from zeropilot.memory.comm import step_comm
+
+    nodes = inputs.hardware.nodes if inputs.hardware else 1
+    if nodes <= 1 and not getattr(profile, "network", None):
+        return None
+    return step_comm(inputs, profile)

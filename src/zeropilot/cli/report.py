@@ -12,13 +12,20 @@ from zeropilot.errors import InputError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("report", help="summarise a run directory written by `zeropilot run`")
-    p.add_argument("run_dir", metavar="DIR", type=Path, help="the run directory")
+    p = subparsers.add_parser("report", help="summarise a run directory written by `zeropilot run`",
+                              description="Summarise what every rank of a `zeropilot run` did. For a job across "
+                                          "nodes give each node's run directory, or the folder holding them, or "
+                                          "the one directory every node wrote: one report of the whole job.")
+    p.add_argument("run_dir", metavar="DIR", type=Path, nargs="+",
+                   help="the run directory; several (or a folder of them) for the nodes of one job")
     p.add_argument("--format", choices=("text", "json", "html"), default="text",
                    help="text (default), json (schema docs/report.schema.json) or html (one self-contained page)")
     p.add_argument("--out", metavar="FILE", type=Path, help="write the report to FILE (atomically) instead of stdout")
     p.add_argument("--compare", metavar="DIR2", type=Path,
                    help="a second run directory to put side by side (before and after a fix)")
+    p.add_argument("--checkpoint", metavar="PATH", nargs="?", const="last",
+                   help="check a checkpoint with `ckpt inspect`'s reader and say on which world size the job can "
+                        "resume from it: PATH, or without PATH the last save the run recorded (that path is read)")
     p.set_defaults(func=run)
 
 
@@ -39,11 +46,13 @@ def _write(text: str, out: Path) -> None:
 
 
 def _render(args: argparse.Namespace) -> str:
-    from zeropilot.runlog import read_run, summarize
+    from zeropilot.runlog import summarize
     from zeropilot.runlog import text as text_render
+    from zeropilot.runlog.job import checkpoint_section, read_job
 
-    records = read_run(args.run_dir)
+    records = read_job(args.run_dir)
     summary = summarize(records)
+    summary["checkpoint"] = checkpoint_section(summary, args.checkpoint) if args.checkpoint else None
     if args.compare is None:
         if args.format == "json":
             return render_json(summary)
@@ -53,7 +62,7 @@ def _render(args: argparse.Namespace) -> str:
         return text_render.render(summary)
     from zeropilot.runlog.summary import compare
 
-    other = read_run(args.compare)
+    other = read_job([args.compare])
     cmp = compare(summary, summarize(other))
     if args.format == "json":
         return render_json(cmp)

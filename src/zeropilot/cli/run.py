@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Tuple
 
 from zeropilot.errors import InputError
 from zeropilot.safefile import check_output
@@ -44,14 +44,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _out_dir(out: Optional[Path]) -> Path:
+def _out_dir(out: Optional[Path]) -> Tuple[Path, bool]:
+    """The run directory, made if missing, and whether it was empty (a node of a job across nodes may share
+    one that other nodes already write: :func:`_claim` decides)."""
     if out is None:
         out = Path("zeropilot-runs") / time.strftime("%Y%m%d-%H%M%S")
     check_output(out, "dir")  # a file, FIFO or device there: never used as a run directory
-    if out.is_dir() and any(out.iterdir()):
-        raise InputError("the run directory exists and is not empty: pick another --out", path=out)
+    empty = not out.exists() or not any(out.iterdir())
     out.mkdir(parents=True, exist_ok=True)
-    return out.resolve()
+    return out.resolve(), empty
+
+
+def _claim(out: Path, empty: bool, node: Optional[dict]) -> Tuple[Optional[Path], Path]:
+    """(run.json path or None for DIR/run.json, launch script path) for this supervisor; an input error when the
+    directory belongs to another run. A node of a launch across nodes (``node.file_key``) may share a directory
+    with the other nodes' supervisors: only its own ``run-node-<key>.json`` must be new."""
+    from zeropilot.runlog.layout import RunDir
+
+    key = (node or {}).get("file_key")
+    if key is None:
+        if not empty:
+            raise InputError("the run directory exists and is not empty: pick another --out", path=out)
+        return None, out / "launch.sh"
+    run_file = RunDir(out).node_run_file(key)
+    if run_file.exists() or (RunDir(out).run_file.exists()):
+        raise InputError(f"the run directory already holds a run of node {key} (or a one-node run): pick "
+                         "another --out", path=out)
+    return run_file, out / f"launch-node-{key}.sh"
 
 
 def hang_timeout(flag: Optional[float], plan: Optional[dict]) -> float:
@@ -106,13 +125,19 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise InputError("no command: zeropilot run [options] -- COMMAND ...")
-    out = _out_dir(args.out)
-    script = runinfo.write_launch_script(command, out / "launch.sh")
+    out, empty = _out_dir(args.out)
+    script = runinfo.write_launch_script(command, out / f".launch-{os.getpid()}.sh")
     check_summary, launch, errors, plan = None, None, [], None
     try:
-        check_summary, launch, errors = runinfo.run_check(command, script)
-    except InputError as exc:
-        check_summary = {"errors": None, "warnings": None, "codes": [], "skipped": exc.render()}
+        try:
+            check_summary, launch, errors = runinfo.run_check(command, script)
+        except InputError as exc:
+            check_summary = {"errors": None, "warnings": None, "codes": [], "skipped": exc.render()}
+        node = runinfo.node_record(launch)
+        run_file, final = _claim(out, empty, node)
+        os.replace(script, final)
+    finally:
+        script.unlink(missing_ok=True)
     if errors and not args.no_check:
         for line in errors:
             print(f"zeropilot run: check: {line}", file=sys.stderr)
@@ -123,10 +148,10 @@ def run(args: argparse.Namespace) -> int:
         plan = runinfo.make_plan(launch)
     world = getattr(getattr(launch, "world_size", None), "value", None)
     timeout = hang_timeout(args.hang_timeout, plan)
-    record = runinfo.run_record(command, check_summary, plan, world, timeout, args.on_hang)
+    record = runinfo.run_record(command, check_summary, plan, world, timeout, args.on_hang, node)
     opts = RunOptions(command=command, out=out, hang_timeout_s=timeout, on_hang=args.on_hang,
                       memory_history=args.memory_history, world_size=world,
-                      torch_version=record["versions"].get("torch"))
+                      torch_version=record["versions"].get("torch"), run_file=run_file)
     if args.metrics:  # the launch inherits this environment; rank 0's guard reads it
         from zeropilot.guard.metrics import MODE_ENV
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from zeropilot.runlog.events import EventWriter, event
 from zeropilot.runlog.layout import RunDir, write_json_atomic
+from zeropilot.runlog.nodes import rank_place
 from zeropilot.guard import telemetry
 
 RUN_DIR_ENV = "ZEROPILOT_RUN_DIR"
@@ -84,6 +85,7 @@ class RankGuard:
         self.rank = rank
         self.framework = framework
         self.pid = os.getpid()
+        self.host = socket.gethostname()  # the heartbeat says where its pid lives (a shared run directory)
         self.live_since = time.time()
         self.writer = EventWriter(self.dir.events(rank))
         self.step = 0
@@ -119,6 +121,12 @@ class RankGuard:
         self.beat(force=True)
         self._thread = threading.Thread(target=self._beat_loop, name="zeropilot-heartbeat", daemon=True)
         self._thread.start()
+        from zeropilot.guard import storebeat
+
+        self.place = rank_place(os.environ, self.host)
+        self.store_beat = storebeat.start(self, self.place)  # across nodes: heartbeats in the job's c10d store
+        if self.store_beat is not None:
+            self.beat(force=True)  # the node's watchdog finds the store's address here
 
     def announce(self, framework: Optional[str] = None) -> None:
         """The ``start`` record, once, when the rank shows what it runs (after its device is set up)."""
@@ -129,11 +137,12 @@ class RankGuard:
             self.framework = framework
         torch = _torch()
         self.allocator_settings = telemetry.allocator_settings(torch)
-        self.writer.write(event("start", self.rank, pid=self.pid, host=socket.gethostname(),
+        host = socket.gethostname()
+        self.writer.write(event("start", self.rank, pid=self.pid, host=host,
                                 local_rank=_env_int("LOCAL_RANK"), world_size=_env_int("WORLD_SIZE"),
                                 device=telemetry.device_info(torch), framework=self.framework,
                                 allocator_settings=self.allocator_settings, argv=list(sys.argv),
-                                live_since=self.live_since))
+                                live_since=self.live_since, node=rank_place(os.environ, host)))
 
     # -- stacks -------------------------------------------------------------------------------
     def _install_stack_dump(self) -> None:
@@ -172,9 +181,10 @@ class RankGuard:
         self._beat_written = key
         try:
             write_json_atomic(self.dir.heartbeat(self.rank), {
-                "t": time.time(), "rank": self.rank, "pid": self.pid, "phase": self.phase,
+                "t": time.time(), "rank": self.rank, "pid": self.pid, "host": self.host, "phase": self.phase,
                 "phase_since": self.phase_since, "step": self.step, "progress": self.progress,
-                "activity": self.activity})
+                "activity": self.activity, "world_size": _env_int("WORLD_SIZE"),
+                "store": _store_text(getattr(self, "store_beat", None))})
         except OSError:
             pass
 
@@ -304,6 +314,8 @@ class RankGuard:
         self.phase = "exit"
         self.progress += 1
         self.beat()
+        if self.store_beat is not None:
+            self.store_beat.close()
         if not self.failed:
             self.record("end", steps=self.step)
         self.writer.close()
@@ -315,6 +327,11 @@ class RankGuard:
                     os.unlink(self.dir.stacks(self.rank))
             except OSError:
                 pass
+
+
+def _store_text(beat: Any) -> Optional[str]:
+    """``HOST:PORT`` of the store this rank publishes its heartbeat in (the node's watchdog reads it there)."""
+    return f"{beat.addr[0]}:{beat.addr[1]}" if beat is not None else None
 
 
 def current(framework: str = "python") -> Optional[RankGuard]:

@@ -27,6 +27,9 @@ class LaunchCommand:
         program_args_index: index in ``command.argv`` where program_args start.
         config_file: an accelerate ``--config_file`` or LLaMA-Factory YAML it names.
         flags: the launcher's own flags, name -> (value, argv index).
+        wrapper: ``srun`` when Slurm's ``srun`` starts the launcher (``srun torchrun ...``, ``srun python ...``).
+        wrapper_flags: the wrapper's flags, name -> (value, argv index in the whole command): short names
+            spelled long (``-N`` is ``nodes``, ``-n`` is ``ntasks``).
     """
 
     command: Command
@@ -39,6 +42,8 @@ class LaunchCommand:
     program_args_index: int = 0
     config_file: Optional[str] = None
     flags: Dict[str, Tuple[Optional[str], int]] = field(default_factory=dict)
+    wrapper: Optional[str] = None
+    wrapper_flags: Dict[str, Tuple[Optional[str], int]] = field(default_factory=dict)
 
 
 def _norm(flag: str) -> str:
@@ -74,12 +79,55 @@ def _takes_value(key: str) -> bool:
     return key not in _BOOL_FLAGS
 
 
+_PROGRAMS = ("deepspeed", "torchrun", "accelerate", "llamafactory-cli", "lmf") + _PYTHONS
+_SRUN_SHORT = {"N": "nodes", "n": "ntasks", "c": "cpus_per_task", "G": "gpus", "w": "nodelist", "p": "partition"}
+
+
+def _srun_flags(words: List[str]) -> Dict[str, Tuple[Optional[str], int]]:
+    """``srun``'s own flags (``words`` are argv[1:program]): ``--name=v``, ``--name v``, ``-N 2``, ``-N2``."""
+    flags: Dict[str, Tuple[Optional[str], int]] = {}
+    i = 0
+    while i < len(words):
+        word, index = words[i], i + 1
+        if word.startswith("--"):
+            name, eq, value = word[2:].partition("=")
+            if not eq and i + 1 < len(words) and not words[i + 1].startswith("-"):
+                value, i = words[i + 1], i + 1
+            flags[_norm(name)] = (value if (eq or value) else None, index)
+        elif word.startswith("-") and len(word) >= 2:
+            name, value = word[1], word[2:] or None
+            if value is None and i + 1 < len(words) and not words[i + 1].startswith("-"):
+                value, i = words[i + 1], i + 1
+            flags[_SRUN_SHORT.get(name, name)] = (value, index)
+        i += 1
+    return flags
+
+
+def _unwrap_srun(command: Command) -> Optional[LaunchCommand]:
+    """``srun [flags] LAUNCHER ...``: the launcher's command, with srun's flags kept."""
+    argv = command.argv
+    at = next((i for i in range(1, len(argv)) if Path(argv[i]).name in _PROGRAMS), None)
+    if at is None:
+        return None
+    inner = Command(argv[at:], command.file, command.line, command.env, command.text, command.offsets[at:])
+    lc = interpret(inner)
+    if lc is None:
+        return None
+    lc.command = command  # the whole line, so findings and edits point at what the user wrote
+    lc.program_args_index += at
+    lc.flags = {k: (v, i + at) for k, (v, i) in lc.flags.items()}
+    lc.wrapper, lc.wrapper_flags = "srun", _srun_flags(argv[1:at])
+    return lc
+
+
 def interpret(command: Command) -> Optional[LaunchCommand]:
     """The launch a command makes, or None when it starts no training."""
     argv = command.argv
     if not argv:
         return None
     name = Path(argv[0]).name
+    if name == "srun":
+        return _unwrap_srun(command)
     if name == "deepspeed":
         flags, i = _launcher_flags(argv, 1, _takes_value)
         return _with_program(command, "deepspeed", flags, i, nproc=_get(flags, "num_gpus", "num_accelerators"),

@@ -27,7 +27,7 @@ MAX_DEPTH = 4
 _SKIP_DIRS = {".git", ".hg", "__pycache__", "node_modules", ".venv", "venv", "site-packages", "wandb",
               ".mypy_cache", ".pytest_cache", ".tox", "runs", "logs"}
 _CONFIG_SUFFIXES = {".json", ".yaml", ".yml", ".conf"}
-_SCRIPT_SUFFIXES = {".sh", ".bash"}
+_SCRIPT_SUFFIXES = {".sh", ".bash", ".sbatch", ".slurm"}
 _REQ_NAME = re.compile(r"^(requirements.*|.*freeze.*|constraints.*)\.txt$", re.I)
 # Files a model, tokenizer, checkpoint or dataset folder holds beside a launch: never a launch, and some are
 # large (a 150k-token tokenizer.json is 7-11 MB). Discovery skips them by name, without reading them.
@@ -405,6 +405,9 @@ def _world_size(launch: Launch, override: Optional[int]) -> WorldSize:
             reason = f"{lc.launcher} uses every visible device ({var.name})"
         if lc.launcher == "python":
             nproc, reason = 1, "plain python command"
+        spread = _multinode_world(launch, lc)
+        if spread is not None:
+            return WorldSize(spread[0], spread[1], cmd.file, cmd.line, spread[2], spread[3], visible, var)
         if nproc is not None:
             return WorldSize(nproc * nnodes, reason, cmd.file, cmd.line, nproc, nnodes, visible, var)
     for doc in launch.accelerate_configs:
@@ -414,6 +417,27 @@ def _world_size(launch: Launch, override: Optional[int]) -> WorldSize:
                              n, as_int(doc.value("num_machines")) or 1, visible, var)
     return WorldSize(None, "no launcher found that says how many processes", visible_devices=visible,
                      visible_var=var)
+
+
+def _multinode_world(launch: Launch, lc: LaunchCommand) -> Optional[Tuple[int, str, Optional[int], int]]:
+    """(world, reason, per node, nodes) where the node settings decide it: ``srun python train.py`` (one rank
+    per Slurm task) and ``deepspeed --hostfile`` (the active hosts' slots, :mod:`zeropilot.launch.multinode`)."""
+    from zeropilot.launch.multinode import hostfile_slots, node_facts, srun_world
+
+    nl = next((n for n in node_facts(launch).commands if n.command is lc), None)
+    if nl is None:
+        return None
+    if lc.launcher == "python" and lc.wrapper == "srun":
+        found = srun_world(nl)
+        if found is not None:
+            nodes = nl.scheduler_nodes.value if nl.scheduler_nodes is not None else 1
+            per = nl.tasks_per_node.value if nl.tasks_per_node is not None else None
+            return found[0], f"srun: one rank per task ({found[1]})", per, nodes
+    if lc.launcher == "deepspeed" and nl.hostfile is not None and not nl.hostfile.error:
+        slots = hostfile_slots(nl)
+        if slots:
+            return slots, f"deepspeed --hostfile: slots of {nl.nnodes.value} host(s)", None, nl.nnodes.value
+    return None
 
 
 def _accelerate_processes(launch: Launch, lc: LaunchCommand) -> Optional[int]:

@@ -50,7 +50,9 @@ def verdict_of(gpu: GpuMemory, gpu_bytes: Optional[int], nodes: int = 1, outside
                                         f"peak is {gpu.peak_bytes / GIB:.1f} GiB of {gpu_bytes / GIB:.1f} GiB "
                                         f"({head / GIB:+.1f} GiB). Measure memory outside PyTorch per rank on "
                                         "your nodes (`zeropilot run` records it: `zeropilot report DIR`, column "
-                                        "'outside torch') and plan with --outside-torch GiB")
+                                        "'outside torch') and plan with --outside-torch GiB, or run `zeropilot "
+                                        "calibrate` as the ranks of a launch across your nodes and plan with "
+                                        "--hardware PROFILE")
     if head >= 0:
         return Verdict("fits", head, f"fits: {head / GIB:.1f} GiB headroom of {gpu_bytes / GIB:.1f} GiB "
                                      f"({100 * head / gpu_bytes:.0f}%)")

@@ -50,6 +50,15 @@ class Profile:
         versions: torch, its CUDA/HIP, DeepSpeed.
         wall_s: how long calibrate ran.
         unmeasured: field -> why it is missing.
+        nodes: nodes the profile was measured across (1: one machine; more: ``calibrate`` run as the ranks of a
+            launch across nodes, :mod:`zeropilot.calibrate.launched`); its outside-PyTorch figure then includes
+            NCCL's inter-node buffers.
+        ranks_per_node: ranks on each node, where they were as many on every node.
+        outside_torch_per_node: node (``node N``) -> the largest outside-PyTorch figure of its ranks.
+        network: per group kind (``world``, ``intra_node``, ``inter_node``) and collective (``all_gather``,
+            ``reduce_scatter``): ``busbw_bytes_per_s`` (nccl-tests' bus bandwidth), ``bytes``, ``seconds``, and the
+            group's ``ranks`` (:mod:`zeropilot.calibrate.network`).
+        network_backend: ``nccl`` (GPUs) or ``gloo`` (a CPU run: not a GPU figure).
         path: the file it was read from (not stored).
     """
 
@@ -67,6 +76,11 @@ class Profile:
     versions: Dict[str, Optional[str]] = field(default_factory=dict)
     wall_s: Optional[float] = None
     unmeasured: Dict[str, str] = field(default_factory=dict)
+    nodes: int = 1
+    ranks_per_node: Optional[int] = None
+    outside_torch_per_node: Dict[str, Optional[int]] = field(default_factory=dict)
+    network: Dict[str, Dict[str, object]] = field(default_factory=dict)
+    network_backend: Optional[str] = None
     path: Optional[str] = field(default=None, compare=False)
 
     def to_dict(self) -> dict:
@@ -123,7 +137,50 @@ def from_dict(data: dict, where: str = "profile") -> Profile:
         versions={str(k): (str(v) if v is not None else None) for k, v in (data.get("versions") or {}).items()},
         wall_s=data.get("wall_s") if isinstance(data.get("wall_s"), (int, float)) else None,
         unmeasured={str(k): str(v) for k, v in (data.get("unmeasured") or {}).items()},
+        **_nodes_fields(data, where),
         path=where)
+
+
+_NET_KINDS = ("world", "intra_node", "inter_node")
+_NET_OPS = ("all_gather", "reduce_scatter")
+
+
+def _nodes_fields(data: dict, where: str) -> dict:
+    """The fields of a profile measured across nodes (absent in one-machine profiles: defaults)."""
+    nodes = data.get("nodes", 1)
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 65536:
+        raise InputError(f"hardware profile {where}: nodes must be a positive integer")
+    per = data.get("ranks_per_node")
+    if per is not None and (isinstance(per, bool) or not isinstance(per, int) or per < 1):
+        raise InputError(f"hardware profile {where}: ranks_per_node must be a positive integer or null")
+    outside = data.get("outside_torch_per_node")
+    net = data.get("network")
+    outside, net = {} if outside is None else outside, {} if net is None else net
+    if not isinstance(outside, dict) or not isinstance(net, dict) or len(outside) > 65536:
+        raise InputError(f"hardware profile {where}: outside_torch_per_node and network must be objects")
+    network: Dict[str, Dict[str, object]] = {}
+    for kind in _NET_KINDS:
+        entry = net.get(kind)
+        if not isinstance(entry, dict):
+            continue
+        clean: Dict[str, object] = {}
+        for op in _NET_OPS:
+            m = entry.get(op)
+            bw = m.get("busbw_bytes_per_s") if isinstance(m, dict) else None
+            if m is None:
+                continue
+            if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not 0 < bw < 1e15:
+                raise InputError(f"hardware profile {where}: network.{kind}.{op}.busbw_bytes_per_s must be positive")
+            clean[op] = {"busbw_bytes_per_s": float(bw), "bytes": _int_or_none(m.get("bytes"), "bytes", where),
+                         "seconds": m.get("seconds") if isinstance(m.get("seconds"), (int, float)) else None}
+        ranks = entry.get("ranks")
+        clean["ranks"] = ranks if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0 else None
+        network[kind] = clean
+    backend = data.get("network_backend")
+    return {"nodes": nodes, "ranks_per_node": per,
+            "outside_torch_per_node": {str(k)[:200]: _int_or_none(v, f"outside_torch_per_node.{k}", where)
+                                       for k, v in outside.items()},
+            "network": network, "network_backend": backend if backend in ("nccl", "gloo") else None}
 
 
 def load(path: str) -> Profile:
@@ -147,7 +204,10 @@ def slug(name: str) -> str:
 
 
 def file_name(profile: Profile) -> str:
-    return f"{slug(profile.gpu_name or 'cpu')}-ws{profile.world_size}.json"
+    """``<gpu>-ws<N>.json``; a profile measured across nodes adds ``-nodes<K>`` (never picked by :func:`find`:
+    pass it with ``--hardware``)."""
+    nodes = f"-nodes{profile.nodes}" if profile.nodes > 1 else ""
+    return f"{slug(profile.gpu_name or 'cpu')}-ws{profile.world_size}{nodes}.json"
 
 
 def search_dirs() -> List[Path]:
@@ -204,10 +264,12 @@ def apply(profile: Profile, constants, world_size: int, stage: int) -> Tuple[obj
     c = constants
     if profile.outside_torch_bytes is not None:
         base = profile.outside_torch_bytes
+        across = f" on {profile.nodes} nodes" if profile.nodes > 1 else ""
         c = with_outside_torch(c, base, f"hardware profile {Path(profile.path or '').name or 'given'}, measured at "
-                                        f"world size {profile.world_size}", raw_build_extra=RAW_BUILD_EXTRA)
+                                        f"world size {profile.world_size}{across}", raw_build_extra=RAW_BUILD_EXTRA,
+                               nodes=profile.nodes)
         notes.append(f"outside PyTorch: {base / GIB:.2f} GiB per rank from the hardware profile "
-                     f"({profile.gpu_name}, world size {profile.world_size})")
+                     f"({profile.gpu_name}, world size {profile.world_size}{across})")
         if world_size != profile.world_size:
             notes.append(f"the profile was measured at world size {profile.world_size}, the plan is for "
                          f"{world_size}: run `zeropilot calibrate --nproc {min(world_size, 8)}` for this size")

@@ -28,6 +28,7 @@ TOPICS = (
     "oracle",
     "memory",
     "tuning",
+    "multinode",
 )
 
 __all__ = ["Applicability", "Edit", "Finding", "Fix", "Hit", "Rule", "Severity", "all_rules", "get_rule", "rule",

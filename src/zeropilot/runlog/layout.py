@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 
 RUN_SCHEMA = "zeropilot.run/1"
 
+_NODE_RUN_FILE = re.compile(r"^run-node-[A-Za-z0-9._-]{1,96}\.json$")
 _RANK_FILE = re.compile(r"^(rank|heartbeat-rank|oom-rank|stacks-rank)-(\d{1,6})\.(jsonl|json|txt)$")
 
 
@@ -24,6 +25,19 @@ class RunDir:
     @property
     def run_file(self) -> Path:
         return self.root / "run.json"
+
+    def node_run_file(self, key: str) -> Path:
+        """``run.json`` of one node's supervisor when each node of a job runs its own ``zeropilot run`` (so that
+        nodes sharing one directory do not overwrite each other's): ``run-node-<node rank>.json``."""
+        return self.root / f"run-node-{key}.json"
+
+    def node_run_files(self, limit: int = 4096) -> List[Path]:
+        """The ``run-node-*.json`` files here, by name (at most ``limit``)."""
+        try:
+            names = sorted(n for n in os.listdir(self.root) if _NODE_RUN_FILE.match(n))
+        except OSError:
+            return []
+        return [self.root / n for n in names[:limit]]
 
     @property
     def hang_file(self) -> Path:

@@ -270,5 +270,25 @@ def hang(record: Dict[str, Any]) -> Dict[str, Any]:
         "flight_recorder_summary": _flight_summary(record.get("flight_recorder_summary")),
         "verdict": {"class": text(v.get("class")), "ranks": ints(v.get("ranks")), "where": texts(v.get("where")),
                     "reason": text(v.get("reason")), "cause": text(v.get("cause")), "fixes": fixes(v.get("fixes")),
-                    "ranks_detail": texts(v.get("ranks_detail"))},
+                    "ranks_detail": texts(v.get("ranks_detail")), "culprits": _culprits(v.get("culprits")),
+                    "nodes_lost": ints(v.get("nodes_lost"))},
+        "named_by": _named_by(record.get("named_by")),
     }
+
+
+def _culprits(value: Any) -> List[Dict[str, Any]]:
+    """The verdict's culprit ranks with their node (a watchdog across nodes)."""
+    out = []
+    for c in value if isinstance(value, list) else []:
+        if isinstance(c, dict) and integer(c.get("rank")) is not None:
+            out.append({"rank": integer(c.get("rank")), "node_rank": integer(c.get("node_rank")),
+                        "host": text(c.get("host")), "where": texts(c.get("where"))})
+    return out[:MAX_ITEMS]
+
+
+def _named_by(value: Any) -> Optional[Dict[str, Any]]:
+    """The node whose watchdog judged (the verdict every node took from the job's store)."""
+    if not isinstance(value, dict):
+        return None
+    return {"host": text(value.get("host")), "node_rank": integer(value.get("node_rank")),
+            "run_dir": text(value.get("run_dir"))}

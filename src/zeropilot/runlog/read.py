@@ -17,7 +17,7 @@ import os
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from zeropilot import safefile
 from zeropilot.errors import InputError
@@ -66,6 +66,10 @@ class RunRecords:
     heartbeats: Dict[int, Dict[str, Any]]
     problems: List[str]
     stacks: Dict[int, str] = field(default_factory=dict)  # stacks-rank-N.txt, bounded, undecodable bytes replaced
+    # run-node-K.json of each node's supervisor (a job across nodes, ``runlog.job``): file key -> record
+    node_runs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    rank_dirs: Dict[int, Path] = field(default_factory=dict)  # rank -> the directory its records came from
+    clock: Optional[Dict[str, Any]] = None  # how the nodes' clocks were aligned (``runlog.job.align_clocks``)
 
 
 LIMIT = float(1 << 62)  # no time, step, second count or byte count of a real run comes near 4.6e18
@@ -215,16 +219,28 @@ def read_stack(path: Path, problems: List[str]) -> Optional[str]:
     return raw.decode("utf-8", errors="replace")
 
 
-def read_run(root: Path) -> RunRecords:
-    """Read a run directory written by ``zeropilot run``; an input error if it is none."""
+def read_run(root: Path, budget: Optional[_Budget] = None) -> RunRecords:
+    """Read a run directory written by ``zeropilot run``; an input error if it is none.
+
+    Where each node of a job ran its own ``zeropilot run`` into this directory there is no ``run.json`` but one
+    ``run-node-K.json`` per node: they are kept in ``node_runs`` and merged into ``run``
+    (:func:`zeropilot.runlog.job.merge_runs`). ``budget`` is shared when several directories make one job.
+    """
     root = Path(root)
     if not root.is_dir():
         raise InputError("not a run directory (" + ("not a folder" if root.exists() else "no such folder") + ")",
                          path=root)
     d = RunDir(root)
     problems: List[str] = []
-    run = read_side_json(d.run_file, problems)
-    budget = _Budget(MAX_STEP_ROWS, MAX_EVENTS)
+    run = read_side_json(d.run_file, problems) if os.path.lexists(d.run_file) else None
+    node_runs = {}
+    for path in d.node_run_files():
+        got = read_side_json(path, problems)
+        if got is not None:
+            node_runs[path.name[len("run-node-"):-len(".json")]] = got
+    if run is None and node_runs:
+        run = merge_runs(node_runs, problems)
+    budget = budget if budget is not None else _Budget(MAX_STEP_ROWS, MAX_EVENTS)
     ranks = {r: read_rank(d.events(r), r, problems, budget) for r in d.ranks("rank")
              if regular_file(d.events(r), problems)}
     if budget.dropped_steps or budget.dropped_events:
@@ -236,7 +252,36 @@ def read_run(root: Path) -> RunRecords:
     beats = _by_rank(d.ranks("heartbeat-rank"), lambda r: read_side_json(d.heartbeat(r), problems))
     stacks = _by_rank(d.ranks("stacks-rank"), lambda r: read_stack(d.stacks(r), problems))
     return RunRecords(root=root, run=run, ranks=ranks, ooms=ooms, hang=read_side_json(d.hang_file, problems),
-                      heartbeats=beats, problems=problems, stacks=stacks)
+                      heartbeats=beats, problems=problems, stacks=stacks, node_runs=node_runs,
+                      rank_dirs={r: root for r in ranks})
+
+
+def merge_runs(runs: Dict[str, Dict[str, Any]], problems: List[str]) -> Dict[str, Any]:
+    """The supervisors' records of one job's nodes as one ``run.json``: the first node's (lowest key) command,
+    versions and plan; the earliest start; the worst exit status; ended when at least one node ended (a node
+    whose supervisor recorded no end is noted: its machine or its ``zeropilot run`` may be gone)."""
+    keys = sorted(runs, key=_sort_key)
+    first = dict(runs[keys[0]])
+    ended = [runs[k] for k in keys if "ended_at" in runs[k]]
+    starts = [t for t in (_num(runs[k].get("started_at")) for k in keys) if t is not None]
+    if starts:
+        first["started_at"] = min(starts)
+    first.pop("ended_at", None)
+    first.pop("exit_code", None)
+    if ended:
+        first["ended_at"] = max((_num(r.get("ended_at")) or 0.0) for r in ended)
+        codes = [_int(r.get("exit_code")) for r in ended]
+        first["exit_code"] = next((c for c in codes if c not in (0, None)), 0)
+        first["signal"] = next((_txt(r.get("signal")) for r in ended if _txt(r.get("signal"))), None)
+        first["stopped_on_hang"] = any(r.get("stopped_on_hang") is True for r in ended)
+    for k in keys:
+        if ended and "ended_at" not in runs[k]:
+            problems.append(f"node {k}: its zeropilot run recorded no end (its machine or supervisor may be gone)")
+    return first
+
+
+def _sort_key(key: str) -> Tuple[int, Any]:
+    return (0, int(key)) if key.isdigit() else (1, key)
 
 
 def _by_rank(ranks: List[int], read: Callable[[int], Any]) -> Dict[int, Any]:
@@ -247,3 +292,17 @@ def _by_rank(ranks: List[int], read: Callable[[int], Any]) -> Dict[int, Any]:
         if got is not None:
             out[r] = got
     return out
+
+
+def _num(value: Any) -> Optional[float]:
+    x = _number(value)
+    return None if math.isnan(x) else x
+
+
+def _int(value: Any) -> Optional[int]:
+    x = _num(value)
+    return None if x is None else int(x)
+
+
+def _txt(value: Any) -> Optional[str]:
+    return value[:4000] if isinstance(value, str) else None

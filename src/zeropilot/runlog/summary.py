@@ -15,7 +15,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional
 
-from zeropilot.runlog import normalize as nz
+from zeropilot.runlog import job, normalize as nz
 from zeropilot.runlog.events import MEMORY_FIELDS
 from zeropilot.runlog.frames import display
 from zeropilot.runlog.read import RankRecords, RunRecords
@@ -358,12 +358,16 @@ def summarize(records: RunRecords) -> Dict[str, Any]:
     ranks = [_rank_summary(rec, plan_bytes, records.ooms.get(r)) for r, rec in sorted(records.ranks.items())]
     ooms = [nz.oom(rec, r) for r, rec in sorted(records.ooms.items())]
     hang = nz.hang(records.hang) if records.hang is not None else None
+    nodes = job.nodes_section(records, ranks)  # a job across nodes: ranks grouped, clocks, a lost node
+    verdict = _verdict(records, ranks, ooms, hang)
+    if nodes is not None:
+        verdict = job.node_verdict(records, ranks, verdict)
     return {
         "schema": REPORT_SCHEMA,
         "run_dir": str(records.root),
         "command": nz.texts(run.get("command")) if isinstance(run.get("command"), list) else nz.text(run.get("command")),
         "exit_code": nz.integer(run.get("exit_code")),
-        "verdict": _verdict(records, ranks, ooms, hang),
+        "verdict": verdict,
         "steps": max((r["steps"] for r in ranks), default=0),
         "step_seconds": _step_seconds(records),
         "ranks": ranks,
@@ -386,6 +390,7 @@ def summarize(records: RunRecords) -> Dict[str, Any]:
         "locks_removed": nz.locks(run.get("locks_removed")),
         "builds": nz.builds(run.get("builds")),
         "problems": records.problems,
+        "nodes": nodes,
     }
 
 

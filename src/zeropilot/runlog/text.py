@@ -254,7 +254,7 @@ def _environment(summary: Dict[str, Any]) -> List[str]:
 
 def render(summary: Dict[str, Any]) -> str:
     """The whole terminal report of one run."""
-    lines: List[str] = _verdict(summary) + _steps(summary) + _ranks(summary)
+    lines: List[str] = _verdict(summary) + _steps(summary) + _ranks(summary) + nodes(summary)
     lines += _ops("save", summary["saves"]) + _ops("load", summary["loads"])
     for o in summary["ooms"]:
         lines += _oom(o)
@@ -265,6 +265,46 @@ def render(summary: Dict[str, Any]) -> str:
     lines += [f"note: {clean(p)}" for p in summary.get("problems") or []]
     lines.append(f"run directory: {clean(summary['run_dir'])}")
     return "\n".join(lines) + "\n"
+
+
+def nodes(summary: Dict[str, Any]) -> List[str]:
+    """A job across nodes: one line per node (its ranks, host, memory outside PyTorch, host RSS, exit), how the
+    clocks were aligned, findings across nodes, and the checkpoint check (``report --checkpoint``)."""
+    n = summary.get("nodes")
+    lines: List[str] = []
+    if n:
+        lines.append(f"nodes: {n['count']}" + (f" of {n['expected']}" if n.get("expected") else "")
+                     + (f", world size {n['world_size']}" if n.get("world_size") else ""))
+        for node in n["list"]:
+            ranks = node["ranks"]
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}" \
+                if ranks == list(range(ranks[0], ranks[-1] + 1)) else "ranks " + ", ".join(map(str, ranks))
+            parts = [f"{clean(node['node'])} ({', '.join(clean(h) for h in node['hostnames']) or 'host ?'}): {who}",
+                     f"{node['steps']} steps"]
+            if node.get("outside_torch_bytes") is not None:
+                parts.append(f"outside torch {gib(node['outside_torch_bytes'])}")
+            if node.get("host_rss_peak_bytes") is not None:
+                parts.append(f"host RSS {gib(node['host_rss_peak_bytes'])} per rank, "
+                             f"{gib(node['host_rss_sum_bytes'])} in all")
+            if node.get("exit_code") is not None:
+                parts.append(f"exit {node['exit_code']}")
+            elif node.get("supervisor_ended") is False:
+                parts.append("its zeropilot run recorded no end")
+            lines.append("  " + ", ".join(parts))
+        clock = n.get("clock") or {}
+        if clock.get("how"):
+            lines.append(f"  clocks: {clean(clock['how'])}")
+        lines += [f"  finding: {clean(f['message'])}" for f in n.get("findings") or []]
+    ck = summary.get("checkpoint")
+    if ck:
+        lines.append(f"checkpoint {clean(ck['path'])}: {clean(ck['verdict']).upper()}"
+                     + (f", saved by {ck['world_size']} ranks" if ck.get("world_size") else ""))
+        if ck.get("resume_on"):
+            lines.append(f"  resume on: {clean(ck['resume_on'])}")
+        elif ck.get("resumable"):
+            lines.append(f"  resumable: {clean(ck['resumable'])}")
+        lines += [f"  problem: {clean(p)}" for p in (ck.get("problems") or [])[:8]]
+    return lines
 
 
 def metric_value(metric: str, x: Optional[float]) -> str:

@@ -18,7 +18,7 @@ from zeropilot.runlog.layout import RUN_SCHEMA
 _ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDA_VISIBLE_DEVICES",
               "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "DEEPSPEED_TIMEOUT", "DS_ACCELERATOR",
               "TORCH_EXTENSIONS_DIR", "OMP_NUM_THREADS", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "FORCE_TORCHRUN", "NPROC_PER_NODE", "NNODES")
+              "FORCE_TORCHRUN", "NPROC_PER_NODE", "NNODES", "NODE_RANK", "GLOO_SOCKET_IFNAME")
 _ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "RCCL_")
 
 
@@ -95,9 +95,51 @@ def make_plan(launch: Any) -> Optional[Dict[str, Any]]:
         return {"peak_bytes_per_rank": None, "reason": f"{exc.__class__.__name__}: {str(exc)[:300]}"}
 
 
+#: launchers that run once per node, each node under its own ``zeropilot run`` (deepspeed with a hostfile and
+#: ``srun`` start every node from one command, so one supervisor sees the whole job)
+_PER_NODE = ("torchrun", "accelerate", "llamafactory")
+
+
+def node_record(launch: Any, env: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
+    """This node's place in a launch across nodes (``run.json`` ``node``), None for a one-node launch.
+
+    The launch's own settings (``launch.multinode``: ``--nnodes``, ``--node_rank``, master address, rendezvous)
+    win over the environment's (``runlog.nodes.node_env``: Slurm's, LLaMA-Factory's ``NODE_RANK``). ``per_node``
+    is true when each node runs its own launcher (and its own ``zeropilot run``); ``file_key`` then names this
+    node's files in a shared run directory (``run-node-<key>.json``).
+    """
+    import socket
+
+    from zeropilot.runlog.nodes import file_key, node_env
+
+    env = dict(os.environ if env is None else env)
+    facts: Dict[str, Any] = {}
+    if launch is not None:
+        from zeropilot.launch.multinode import node_facts, summary
+
+        facts = summary(node_facts(launch))
+    place = node_env(env)
+    sources = dict(place.pop("from"))
+    for key, value in facts.items():
+        if key != "from" and value is not None:
+            place[key] = value
+    sources.update(facts.get("from") or {})
+    nnodes = place.get("nnodes") or place.get("scheduler_nodes") or 1
+    if not isinstance(nnodes, int) or nnodes <= 1:
+        return None
+    host = socket.gethostname()
+    place.update(hostname=host, nnodes=nnodes, **{"from": sources})
+    place["per_node"] = place.get("launcher") in _PER_NODE and not place.get("wrapper") or \
+        (place.get("launcher") == "deepspeed" and "node_rank" in (facts.get("from") or {}))
+    place["file_key"] = file_key(place.get("node_rank"), host, os.getpid()) if place["per_node"] else None
+    return place
+
+
 def run_record(command: List[str], check_summary: Optional[Dict[str, Any]], plan: Optional[Dict[str, Any]],
-               world_size: Optional[int], hang_timeout_s: float, on_hang: str) -> Dict[str, Any]:
-    """``run.json`` at start."""
+               world_size: Optional[int], hang_timeout_s: float, on_hang: str,
+               node: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """``run.json`` at start (``node``: :func:`node_record`, for a launch across nodes)."""
     return {"schema": RUN_SCHEMA, "command": list(command), "cwd": os.getcwd(), "started_at": time.time(),
             "world_size": world_size, "versions": versions(), "environment": environment(),
-            "check": check_summary, "plan": plan, "hang_timeout_s": hang_timeout_s, "on_hang": on_hang}
+            "check": check_summary, "plan": plan, "hang_timeout_s": hang_timeout_s, "on_hang": on_hang,
+            "node": node}

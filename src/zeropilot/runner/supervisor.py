@@ -38,6 +38,7 @@ class RunOptions:
     memory_history: bool = False
     world_size: Optional[int] = None
     torch_version: Optional[str] = None  # of the environment the launch runs in (run.json versions)
+    run_file: Optional[Path] = None  # run.json's path, when not DIR/run.json (one node's file: run-node-K.json)
 
 
 def child_env(opts: RunOptions, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
@@ -47,7 +48,7 @@ def child_env(opts: RunOptions, base: Optional[Dict[str, str]] = None) -> Dict[s
     env["PYTHONPATH"] = os.pathsep.join(paths)
     d = RunDir(opts.out)
     env["ZEROPILOT_RUN_DIR"] = str(d.root)
-    env["ZEROPILOT_PLAN_FILE"] = str(d.run_file)
+    env["ZEROPILOT_PLAN_FILE"] = str(opts.run_file or d.run_file)
     env.setdefault("PYTHONFAULTHANDLER", "1")  # fatal signals (SIGSEGV, SIGABRT) print stacks too
     # NCCL flight recorder: keep a trace, dump it into the run directory on timeout or on the pipe.
     # torch >= 2.8 reads TORCH_FR_* and warns on the older TORCH_NCCL_* names; older builds read only those.
@@ -62,7 +63,27 @@ def child_env(opts: RunOptions, base: Optional[Dict[str, str]] = None) -> Dict[s
         env["ZEROPILOT_MEMORY_HISTORY"] = "100000"
     if _top_is_rank(opts.command):
         env["ZEROPILOT_TOP_IS_RANK"] = str(os.getpid())  # the bootstrap checks its parent is us
+    env[CARRIER_ENV] = carrier(env)
     return env
+
+
+#: DeepSpeed's runner passes to other nodes (pdsh/ssh, MPI, Slurm) only variables named PYTHON*, MLFLOW*, MV2*,
+#: UCX* and the accelerator's (NCCL* on CUDA): ``deepspeed/launcher/runner.py`` EXPORT_ENVS. This one carries the
+#: guard's own variables there, base64 so that its unquoted ``export NAME=VALUE;`` keeps it whole; the bootstrap
+#: restores them where they are unset (:mod:`zeropilot.guard.bootstrap`).
+CARRIER_ENV = "PYTHON_ZEROPILOT_ENV"
+_CARRIED = ("ZEROPILOT_RUN_DIR", "ZEROPILOT_PLAN_FILE", "ZEROPILOT_MEMORY_HISTORY", "ZEROPILOT_STACK_SIGNAL",
+            "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT", PIPE_ENV)
+
+
+def carrier(env: Dict[str, str]) -> str:
+    """The value of :data:`CARRIER_ENV`: the guard's variables of ``env`` as urlsafe base64 JSON."""
+    import base64
+    import json
+
+    payload = {k: env[k] for k in _CARRIED if k in env}
+    return base64.urlsafe_b64encode(json.dumps(payload, separators=(",", ":")).encode()).decode()
 
 
 def _top_is_rank(command: List[str]) -> bool:
@@ -139,7 +160,8 @@ def _session_alive(d: RunDir, env: Dict[str, str]) -> bool:
 def supervise(opts: RunOptions, run_record: Dict) -> Dict:
     """Run the command to its end; returns run.json as written at the end."""
     d = RunDir(opts.out)
-    write_json_atomic(d.run_file, run_record)
+    run_file = opts.run_file or d.run_file
+    write_json_atomic(run_file, run_record)
     env = child_env(opts)
     proc = subprocess.Popen(opts.command, env=env, start_new_session=True)
     previous = {}
@@ -172,6 +194,9 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
             signal.signal(sig, handler)
         if proc.poll() is None:
             _stop(proc)
+        if dog.peers is not None:
+            dog.settle()  # one verdict on every node, also when this node's could not be published
+            dog.peers.close()
     _signal_group(proc.pid, signal.SIGKILL)  # nothing of the job outlives zeropilot run
     _remove_pipes(env.get(PIPE_ENV, ""), d.root)
     removed = _remove_left_locks(d, env)
@@ -182,5 +207,6 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
     record["exit_code"] = code if code >= 0 else 128 - code
     record["signal"] = signal.Signals(-code).name if code < 0 else None
     record["stopped_on_hang"] = bool(hang and opts.on_hang == "stop")
-    write_json_atomic(d.run_file, record)
+    record["store"] = dog.peers.summary() if dog.peers is not None else None
+    write_json_atomic(run_file, record)
     return record

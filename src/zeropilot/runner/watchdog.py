@@ -7,23 +7,31 @@ deadline moves on by another timeout and the build is recorded (``builds`` in ru
 hang it asks every live rank for its stacks (faulthandler's signal, see :mod:`zeropilot.guard.rank`) and its
 flight recorder (NCCL: its dump pipe; gloo: the guard's heartbeat thread, on ``.fr-request``), waits a moment
 for them, and writes the verdict of :mod:`zeropilot.guard.hangs`.
+
+Across nodes (the ranks publish their heartbeats in the job's c10d store, :mod:`zeropilot.guard.storebeat`) it
+reads every rank's from there too (:mod:`zeropilot.runner.peers`): progress anywhere in the job is progress; a
+rank (or a whole node) whose store heartbeat stops is named at once (``rank_gone``, ``node_lost``); a store that
+stops answering is ``store_gone``. The first node to reach a verdict writes it in the store (``compare_set``); every
+other node's watchdog takes that one: one verdict, written on every node, each node stopping its own ranks.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from zeropilot.guard.flight import read_dump, summarize as fr_summary
 from zeropilot.guard.hangs import MARKER, RankState, hang_verdict, parse_stacks, where
+from zeropilot.guard import storebeat
 from zeropilot.guard.locks import find_locks
 from zeropilot.launch.machine import extensions_roots
 from zeropilot.runlog.layout import RunDir, write_json_atomic
 from zeropilot.runlog.read import read_side_json
-from zeropilot.runner import procs
+from zeropilot.runner import peers as peers_mod, procs
 
 STACK_SIGNAL = signal.SIGUSR2
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
@@ -67,6 +75,8 @@ class Watchdog:
         self.builds: Dict[str, Dict] = {}  # op folder -> {op, path, first_t, last_t, compilers}: deadlines moved
         self._ticks: Dict[int, int] = {}
         self._build_mtime: Dict[str, float] = {}
+        self.peers: Optional[peers_mod.Peers] = None  # the other nodes' ranks, through the job's c10d store
+        self.host = socket.gethostname()
 
     def _key(self) -> Tuple:
         parts = []
@@ -83,13 +93,26 @@ class Watchdog:
             parts.append(("build-locks", os.path.getsize(self.dir.build_locks)))
         except OSError:
             pass
+        if self.peers is not None:
+            beats, _ = self.peers.snapshot()
+            parts.extend(("store", r, hb.get("progress"), hb.get("phase"), hb.get("activity"))
+                         for r, hb in sorted(beats.items()))
         return tuple(parts)
 
     def poll(self) -> Optional[Dict]:
         if self.fired:
+            self.settle(0.0)
             return None
-        key = self._key()
+        if self.peers is None:
+            self.peers = peers_mod.from_heartbeats(self._beats(), self.world_size,
+                                                   str(self.dir.root / peers_mod.STATUS_FILE))
         now = time.time()
+        if self.peers is not None:
+            record = self._across_nodes(now)
+            if record is not None:
+                self.fired = True
+                return record
+        key = self._key()
         if key != self.last_key:
             self.last_key, self.last_change = key, now
             return None
@@ -99,6 +122,8 @@ class Watchdog:
         if self.building(now) or self.finished():
             self.last_change = now  # an op build is progress; ranks that all ended wait for their launcher
             return None
+        if self.peers is not None and self.peers.waiting(now):
+            return None  # the other nodes' heartbeats are on their way: judge with them
         self.fired = True
         return self.fire()
 
@@ -183,6 +208,8 @@ class Watchdog:
         except OSError:
             pass
         for rank, hb in beats.items():
+            if hb.get("host") not in (None, socket.gethostname()):
+                continue  # a rank of another node in a shared run directory: its pid means nothing here
             pid = hb.get("pid")  # the signal faulthandler listens on (guard.rank: ZEROPILOT_STACK_SIGNAL)
             if _alive(pid):
                 try:
@@ -226,35 +253,195 @@ class Watchdog:
                 dumps[r] = dump
         return fr_summary(dumps) if dumps else None
 
-    def fire(self) -> Dict:
-        beats = self._beats()
-        self.request_dumps(beats)
+    def _across_nodes(self, now: float) -> Optional[Dict]:
+        """A verdict another node wrote in the store, the store gone, or ranks gone silent; None otherwise."""
+        p = self.peers
+        if p.verdict is not None:
+            return self._adopt(p.verdict)
+        gone_s = p.gone_for(now)
+        if gone_s >= peers_mod.STORE_GONE_S and not self._ended(p):
+            return self._write(self._record(store_gone(p, gone_s), self._local_states(self._beats(), set()),
+                                            []))
+        silent = [r for r in p.silent(now) if not self._local_and_alive(r)]
+        if not silent or not p.silent(now, peers_mod.SILENT_S + 3 * storebeat.STORE_BEAT_S):
+            return None  # the ranks of a lost node fall silent within a beat of each other: wait for all of them
+        return self.fire(silent)
+
+    def settle(self, wait_s: float = 2 * storebeat.STORE_BEAT_S + 1) -> None:
+        """After a verdict this node could not publish: take the store's once the reader has it (waiting up to
+        ``wait_s``), so that every node writes the one verdict."""
+        p = self.peers
+        if p is None or not self.fired or p.confirmed:
+            return
+        end = time.time() + wait_s
+        while not p.adopted and time.time() < end:
+            time.sleep(0.2)
+        if p.adopted and p.verdict is not None:
+            p.adopted, p.confirmed = False, True
+            self._adopt(p.verdict)
+
+    def _ended(self, p: "peers_mod.Peers") -> bool:
+        """Whether the job ended here (every rank seen said ``exit``, or no local rank lives): a store gone then is
+        the master's launcher that ended with it, not a lost master."""
+        beats, _ = p.snapshot()
+        if beats and all(hb.get("phase") == "exit" for hb in beats.values()):
+            return True
+        return not any(self._local_and_alive(r) for r in self._beats())
+
+    def _local_and_alive(self, rank: int) -> bool:
+        hb = read_side_json(self.dir.heartbeat(rank), []) or {}
+        return hb.get("host") == self.host and _alive(hb.get("pid")) is True
+
+    def _local_states(self, beats: Dict[int, Dict], silent: set) -> List[RankState]:
         states = []
         for rank, hb in sorted(beats.items()):
+            here = hb.get("host") in (None, self.host)
             try:
-                text = self.dir.stacks(rank).read_text(encoding="utf-8", errors="replace")[-1_000_000:]
+                text = self.dir.stacks(rank).read_text(encoding="utf-8", errors="replace")[-1_000_000:] if here else ""
             except OSError:
                 text = ""
             pid = hb.get("pid") if isinstance(hb.get("pid"), int) else None
+            alive = _alive(pid) if here else (False if rank in silent else None)
             states.append(RankState(rank=rank, phase=hb.get("phase"), step=hb.get("step"),
-                                    phase_since=hb.get("phase_since"), alive=_alive(pid),
+                                    phase_since=hb.get("phase_since"), alive=alive,
                                     frames=parse_stacks(text), pid=pid,
-                                    workers=procs.children(pid) if pid else []))
+                                    workers=procs.children(pid) if pid and here else []))
+        return states
+
+    def _states(self, beats: Dict[int, Dict], silent: set) -> List[RankState]:
+        """Every rank's state: the local ones from their files and stacks, the others from the store."""
+        states = {s.rank: s for s in self._local_states(beats, silent)}
+        remote = self.peers.snapshot()[0] if self.peers is not None else {}
+        for rank, hb in remote.items():
+            mine = states.get(rank)
+            if mine is not None and (mine.frames or mine.alive is not None):
+                continue
+            states[rank] = RankState(rank=rank, phase=_str(hb.get("phase")), step=_int(hb.get("step")),
+                                     phase_since=_num(hb.get("phase_since")),
+                                     alive=False if rank in silent else True, frames=_frames(hb.get("frames")))
+        return [states[r] for r in sorted(states)]
+
+    def _adopt(self, held: Dict) -> Dict:
+        """The verdict another node's watchdog wrote in the store, as this node's ``hang.json``."""
+        record = self._record(held.get("verdict") if isinstance(held.get("verdict"), dict) else {},
+                              self._local_states(self._beats(), set()), [])
+        record["named_by"] = held.get("named_by")
+        return self._write(record)
+
+    def _record(self, verdict: Dict, states: List[RankState], locks: List[Dict]) -> Dict:
+        return {"t": time.time(), "timeout_s": self.timeout_s, "action": self.action,
+                "ranks": [{"rank": s.rank, "phase": s.phase, "phase_since": s.phase_since, "step": s.step,
+                           "alive": s.alive, "where": where(s.frames, limit=10),
+                           "stack_file": self.dir.stacks(s.rank).name if s.frames and self.dir.stacks(s.rank).exists()
+                           else None} for s in states],
+                "locks": locks, "verdict": verdict,
+                "flight_recorder": sorted(p.name for p in self.dir.root.glob("nccl-trace-rank-*"))
+                + sorted(p.name for p in self.dir.root.glob("fr-trace-rank-*")),
+                "builds": list(self.builds.values()), "flight_recorder_summary": None,
+                "named_by": self._me() if self.peers is not None else None}
+
+    def _me(self) -> Dict:
+        beats = self._beats()
+        nodes = {hb.get("node_rank") for hb in (self.peers.snapshot()[0] if self.peers else {}).values()
+                 if hb.get("host") == self.host and hb.get("rank") in beats}
+        return {"host": self.host, "node_rank": min((n for n in nodes if isinstance(n, int)), default=None),
+                "run_dir": str(self.dir.root)}
+
+    def _write(self, record: Dict) -> Dict:
+        write_json_atomic(self.dir.hang_file, record)
+        return record
+
+    def fire(self, silent: Optional[List[int]] = None) -> Dict:
+        beats = self._beats()
+        self.request_dumps(beats)
+        if self.peers is not None and silent is None:
+            silent = [r for r in self.peers.silent() if not self._local_and_alive(r)]
+        states = self._states(beats, set(silent or ()))
         early = not states or any(s.phase in ("startup", "init") or s.step in (0, None) for s in states)
         waits_on_lock = any("file_baton" in f.get("file", "") for s in states for f in s.frames[-12:])
         locks = find_locks(self.env, self.dir.root, self.live_dirs(), _alive) if early or waits_on_lock else []
         fr = self._flight_recorder()
-        verdict = hang_verdict(states, self.world_size, self.timeout_s, locks, fr)
+        world = self.peers.world_size if self.peers is not None else self.world_size
+        verdict = hang_verdict(states, world, self.timeout_s, locks, fr)
         if fr is not None and fr["text"]:
             verdict["reason"] += "; " + "; ".join(fr["text"])
-        record = {"t": time.time(), "timeout_s": self.timeout_s, "action": self.action,
-                  "ranks": [{"rank": s.rank, "phase": s.phase, "phase_since": s.phase_since, "step": s.step,
-                             "alive": s.alive, "where": where(s.frames, limit=10),
-                             "stack_file": self.dir.stacks(s.rank).name if s.frames else None} for s in states],
-                  "locks": locks, "verdict": verdict,
-                  "flight_recorder": sorted(p.name for p in self.dir.root.glob("nccl-trace-rank-*"))
-                  + sorted(p.name for p in self.dir.root.glob("fr-trace-rank-*")),
-                  "builds": list(self.builds.values()),
-                  "flight_recorder_summary": fr}
-        write_json_atomic(self.dir.hang_file, record)
-        return record
+        if self.peers is not None:
+            verdict = name_nodes(verdict, self.peers.snapshot()[0], set(silent or ()))
+        record = self._record(verdict, states, locks)
+        record["flight_recorder_summary"] = fr
+        if self.peers is not None:  # the first node's verdict holds on every node
+            held = self.peers.publish_verdict({"verdict": verdict, "named_by": record["named_by"]})
+            if isinstance(held.get("verdict"), dict):
+                record["verdict"], record["named_by"] = held["verdict"], held.get("named_by")
+        return self._write(record)
+
+
+def _str(value) -> Optional[str]:
+    return str(value)[:200] if isinstance(value, str) else None
+
+
+def _int(value) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _num(value) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _frames(value) -> List[Dict]:
+    """Frames from a store heartbeat (another rank's own report: checked, never trusted)."""
+    out = []
+    for f in value if isinstance(value, list) else []:
+        if isinstance(f, dict) and isinstance(f.get("file"), str) and isinstance(f.get("line"), int) \
+                and isinstance(f.get("func"), str):
+            out.append({"file": f["file"][:500], "line": f["line"], "func": f["func"][:200]})
+    return out[-64:]
+
+
+def _node_text(hb: Dict) -> str:
+    node = hb.get("node_rank")
+    host = hb.get("host")
+    return (f"node {node}" if isinstance(node, int) else "node ?") + (f" ({host})" if isinstance(host, str) else "")
+
+
+def name_nodes(verdict: Dict, beats: Dict[int, Dict], silent: set) -> Dict:
+    """The verdict with each culprit's node (``culprits``: rank, node, host, where), a lost node named as such."""
+    verdict = dict(verdict)
+    culprits = [r for r in verdict.get("ranks", []) if isinstance(r, int)]
+    verdict["culprits"] = [{"rank": r, "node_rank": (beats.get(r) or {}).get("node_rank"),
+                            "host": (beats.get(r) or {}).get("host"),
+                            "where": where(_frames((beats.get(r) or {}).get("frames")), limit=4)} for r in culprits]
+    by_node: Dict = {}
+    for r, hb in beats.items():
+        by_node.setdefault(hb.get("node_rank"), set()).add(r)
+    lost = [n for n, ranks in by_node.items() if n is not None and ranks and ranks <= silent]
+    if lost and verdict.get("class") == "rank_gone":
+        ranks = sorted(r for n in lost for r in by_node[n])
+        now = time.time()
+        ages = [now - t for t in [(beats[r].get("t")) for r in ranks] if isinstance(t, (int, float))]
+        verdict["class"] = "node_lost"
+        verdict["nodes_lost"] = sorted(lost)
+        verdict["cause"] = (", ".join(_node_text(beats[min(by_node[n])]) for n in sorted(lost))
+                            + f" lost: all its ranks ({', '.join(map(str, ranks))}) stopped publishing heartbeats"
+                            + (f" {max(ages):.0f} s ago" if ages else "") + " while the other nodes' ranks wait for"
+                            " them (the machine died, froze or was cut off from the network)")
+        verdict["fixes"] = ["look at that node: its launcher's output, the machine's log (dmesg: OOM killer, "
+                            "hardware), the network to it",
+                            "resume on the nodes left from the last complete checkpoint (zeropilot report DIR... "
+                            "--checkpoint CKPT says which world size it can resume on)"]
+    elif culprits:
+        verdict["cause"] = verdict.get("cause", "") + "; " + "; ".join(
+            f"rank {c['rank']} on {_node_text(beats.get(c['rank']) or {})}" for c in verdict["culprits"])
+    return verdict
+
+
+def store_gone(p: "peers_mod.Peers", seconds: float) -> Dict:
+    """The verdict when the job's c10d store stopped answering."""
+    return {"class": "store_gone", "ranks": [], "where": [], "culprits": [],
+            "reason": f"the job's c10d store at {p.where} has not answered for {seconds:.0f} s ({p.error})",
+            "cause": f"the job's c10d store at {p.where} is gone: the master node (its launcher serves the store) "
+                     "died, froze or was cut off from this node; no rank can rendezvous or go on without it",
+            "fixes": ["look at the master node (MASTER_ADDR): its launcher's output, the machine, the network",
+                      "restart the job from the last complete checkpoint (zeropilot report DIR... --checkpoint CKPT "
+                      "says which world size it can resume on)"],
+            "ranks_detail": []}

@@ -21,6 +21,21 @@ def _chain() -> None:
     spec.loader.exec_module(module)
 
 
+def _restore() -> None:
+    """On a node reached through DeepSpeed's runner (pdsh/ssh), which passes on only PYTHON* variables: put
+    back the guard's variables from PYTHON_ZEROPILOT_ENV (``runner.supervisor.carrier``) where they are unset."""
+    packed = os.environ.get("PYTHON_ZEROPILOT_ENV")
+    if not packed or os.environ.get("ZEROPILOT_RUN_DIR") or len(packed) > 65536:
+        return
+    import base64
+    import json
+
+    values = json.loads(base64.urlsafe_b64decode(packed.encode()))
+    for name, value in values.items() if isinstance(values, dict) else ():
+        if isinstance(name, str) and isinstance(value, str) and name.startswith(("ZEROPILOT_", "TORCH_")):
+            os.environ.setdefault(name, value)
+
+
 def _guard() -> None:
     if not os.environ.get("ZEROPILOT_RUN_DIR"):
         return
@@ -29,7 +44,7 @@ def _guard() -> None:
     install()
 
 
-for _step in (_chain, _guard):
+for _step in (_chain, _restore, _guard):
     try:
         _step()
     except Exception as _exc:  # noqa: BLE001

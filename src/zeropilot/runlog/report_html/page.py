@@ -109,6 +109,7 @@ def render(records: RunRecords, summary: Dict[str, Any]) -> str:
         "<h1>zeropilot report</h1>",
         sections.verdict(summary),
         sections.facts(summary),
+        section("nodes", "Nodes", sections.nodes(summary)),
         section("oom", "Out of memory", sections.oom(summary) if summary["ooms"] else None),
         section("hang", "Hang", sections.hang(summary) if summary["hang"] else None),
         section("builds", "Op builds and locks", sections.machine(summary)),

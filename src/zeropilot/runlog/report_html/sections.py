@@ -296,3 +296,29 @@ def machine(summary: Dict[str, Any]) -> Optional[str]:
 def problems(summary: Dict[str, Any]) -> Optional[str]:
     items = "".join(f"<li>{esc(p)}</li>" for p in summary.get("problems") or [])
     return f"<ul>{items}</ul>" if items else None
+
+
+def nodes(summary: Dict[str, Any]) -> Optional[str]:
+    """A job across nodes: one row per node, how clocks were aligned, findings; the checkpoint check."""
+    n, ck = summary.get("nodes"), summary.get("checkpoint")
+    if not n and not ck:
+        return None
+    out = ""
+    if n:
+        rows = [[esc(x["node"]), esc(", ".join(x["hostnames"])) or "-", esc(", ".join(map(str, x["ranks"]))),
+                 _e(x["steps"]), gib(x["outside_torch_bytes"]), gib(x["host_rss_peak_bytes"]),
+                 gib(x["host_rss_sum_bytes"]), _e(x["exit_code"]),
+                 esc(", ".join(x["dirs"])) or "-"] for x in n["list"]]
+        out += table(["node", "host", "ranks", "steps", "outside torch", "host RSS per rank", "host RSS, node",
+                      "exit", "directory"], rows, "nodes")
+        clock = n.get("clock") or {}
+        if clock.get("how"):
+            out += f"<p>clocks: {esc(clock['how'])}</p>"
+        items = "".join(f"<li>{esc(f['message'])}</li>" for f in n.get("findings") or [])
+        out += f"<ul>{items}</ul>" if items else ""
+    if ck:
+        probs = "".join(f"<li>{esc(p)}</li>" for p in ck.get("problems") or [])
+        out += (f"<h3>checkpoint <code>{_e(ck['path'])}</code>: {esc(str(ck['verdict']).upper())}</h3>"
+                f"<p>saved by {_e(ck.get('world_size'))} ranks; resume on: "
+                f"{_e(ck.get('resume_on') or ck.get('resumable'))}</p>" + (f"<ul>{probs}</ul>" if probs else ""))
+    return out

@@ -1,0 +1,101 @@
+"""The cross-node watchdog's pure parts and its store reader on a real TCPStore (no job): which store a rank
+publishes in, the verdict naming nodes, silent ranks, a store that stops answering, hostile heartbeats, and the
+first verdict holding for every node (compare_set)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+
+import pytest
+
+from zeropilot.guard import storebeat
+from zeropilot.runner import peers
+from zeropilot.runner.watchdog import _frames, name_nodes, store_gone
+
+
+def test_the_store_is_the_launchers_unless_named_or_off():
+    env = {"MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
+    assert storebeat.address(env) == ("node0", 29500)
+    assert storebeat.address({**env, "ZEROPILOT_STORE": "10.0.0.1:1234"}) == ("10.0.0.1", 1234)
+    assert storebeat.address({**env, "ZEROPILOT_STORE": "off"}) is None
+    assert storebeat.address({"MASTER_ADDR": "x", "MASTER_PORT": "99999"}) is None
+    assert storebeat.address({}) is None
+    one_node = {"world_size": 8, "local_world_size": 8, "nnodes": 1}
+    assert not storebeat.across_nodes(one_node, env)
+    assert storebeat.across_nodes({"world_size": 16, "local_world_size": 8}, env)
+    assert storebeat.across_nodes(one_node, {"ZEROPILOT_STORE": "h:1"})
+
+
+def _beats(now):
+    frames = [{"file": "/job/train.py", "line": 22, "func": "loop"}]
+    return {r: {"seq": 1, "t": now - 20, "rank": r, "node_rank": r // 2, "host": f"h{r // 2}", "phase": "forward",
+                "frames": frames} for r in range(4)}
+
+
+def test_a_node_whose_every_rank_is_silent_is_named_lost():
+    beats = _beats(time.time())
+    gone = {"class": "rank_gone", "ranks": [2, 3], "cause": "rank(s) 2, 3 are gone", "fixes": []}
+    v = name_nodes(gone, beats, {2, 3})
+    assert v["class"] == "node_lost" and v["nodes_lost"] == [1]
+    assert v["cause"].startswith("node 1 (h1) lost: all its ranks (2, 3)")
+    assert [(c["rank"], c["node_rank"], c["host"]) for c in v["culprits"]] == [(2, 1, "h1"), (3, 1, "h1")]
+    one = name_nodes({**gone, "ranks": [3]}, beats, {3})  # one rank of the node: a rank gone, named with its node
+    assert one["class"] == "rank_gone" and one["cause"].endswith("rank 3 on node 1 (h1)")
+    straggler = name_nodes({"class": "straggler", "ranks": [3], "cause": "rank(s) 3 run their own code"}, beats,
+                           set())
+    assert "train.py:22" in " ".join(straggler["culprits"][0]["where"])
+
+
+def test_hostile_frames_from_the_store_are_dropped():
+    bad = [{"file": 1, "line": 2, "func": "f"}, "x", {"file": "a.py", "line": "3", "func": "g"},
+           {"file": "b.py" * 1000, "line": 4, "func": "h"}]
+    got = _frames(bad)
+    assert len(got) == 1 and len(got[0]["file"]) == 500
+    assert _frames("not a list") == [] and _frames(None) == []
+
+
+def test_store_gone_says_what_and_what_to_do():
+    p = peers.Peers.__new__(peers.Peers)
+    p.addr, p.error = ("node0", 29500), None
+    v = store_gone(p, 17.0)
+    assert v["class"] == "store_gone" and "node0:29500" in v["cause"] and "17 s" in v["reason"] and v["fixes"]
+
+
+@pytest.fixture()
+def store():
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    yield server
+
+
+def _wait(cond, timeout=30.0):
+    end = time.time() + timeout
+    while time.time() < end and not cond():
+        time.sleep(0.1)
+    return cond()
+
+
+def test_the_reader_sees_ranks_names_silent_ones_and_one_verdict_holds(store, tmp_path):
+    store.set(f"{storebeat.PREFIX}0", json.dumps({"seq": 1, "phase": "forward", "rank": 0}))
+    store.set(f"{storebeat.PREFIX}1", b"\xff not json")  # hostile: ignored
+    p = peers.from_heartbeats({0: {"store": f"127.0.0.1:{store.port}", "world_size": 2}}, None,
+                              str(tmp_path / peers.STATUS_FILE))
+    try:
+        assert _wait(lambda: p.answered is not None)
+        assert sorted(p.snapshot()[0]) == [0] and p.gone_for() == 0.0
+        assert json.loads((tmp_path / peers.STATUS_FILE).read_text())["ranks_seen"] == [0]
+        assert _wait(lambda: p.silent(after_s=0.5) == [0])  # its sequence number stands still
+        assert p.silent(after_s=3600) == []
+        first = p.publish_verdict({"verdict": {"class": "straggler"}, "named_by": {"node_rank": 0}})
+        second = p.publish_verdict({"verdict": {"class": "collective"}, "named_by": {"node_rank": 1}})
+        assert first == second and second["verdict"]["class"] == "straggler"  # the first holds
+        store.set(f"{storebeat.PREFIX}0", json.dumps({"seq": 2, "phase": "exit", "rank": 0}))
+        assert _wait(lambda: p.snapshot()[0][0]["phase"] == "exit")
+        assert p.silent(after_s=0) == []  # a clean end is not silence
+    finally:
+        p.close()
+    assert peers.from_heartbeats({0: {"store": "nohost"}}, 4) is None
+    assert peers.from_heartbeats({0: {"store": "h:1", "world_size": 10**9}}, None) is None
