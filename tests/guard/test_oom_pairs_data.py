@@ -112,7 +112,7 @@ def test_every_scenario_ran_and_ran_out_of_memory():
 def test_the_long_batch_is_named_as_the_outlier():
     pairs = {p["name"]: p for p in _pairs()}
     if "hf-long-batch" not in pairs:
-        pytest.fail("the HF Trainer long-batch pair is missing from oom_pairs.json")
+        pytest.fail("the HF Trainer long-batch pair is missing from the summaries (summary-*.json)")
     rec = _record("hf-long-batch")
     assert "times the run's median length" in rec["verdict"]["summary"]
     first = rec["fixes"][0]
