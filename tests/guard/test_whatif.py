@@ -10,9 +10,12 @@ import copy
 import json
 from pathlib import Path
 
+import pytest
+
 from zeropilot.guard.verdicts import classify_oom, just_before
 
 GIB = 1 << 30
+PAIRS = Path(__file__).resolve().parents[2] / "bench" / "guard" / "data" / "oom_pairs"
 QWEN05 = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
           "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
           "max_position_embeddings": 32768, "tie_word_embeddings": True}
@@ -85,3 +88,24 @@ def test_a_save_that_added_no_memory_is_not_blamed():
     rec["last_save"]["mem_peak"] = {"peak_reserved_bytes": 7 * GIB}
     rec["last_save"]["mem_after"] = {"reserved_bytes": 7 * GIB}
     assert "changed GPU memory" in just_before(rec) and "7.00 GiB at its peak" in just_before(rec)
+
+
+def test_a_peft_models_lora_reads_the_same_in_the_rank_as_in_the_written_record():
+    """Regression (H200 call of 2026-12-02, hf-long-batch): PEFT's ``peft_type`` is a ``str`` enum that ``json``
+    writes as ``"LORA"`` but ``str()`` spells ``"PeftType.LORA"``; the rank's what-ifs read the live value, took the
+    LoRA run for a full fine-tuning and offered no length cap, while the written record (and every test) said LoRA."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from zeropilot.guard import setup
+
+    cfg = transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=1, vocab_size=128)
+    model = peft.get_peft_model(transformers.Qwen2ForCausalLM(cfg),
+                                peft.LoraConfig(r=16, target_modules=["q_proj", "v_proj"]))
+    lora = setup.model_facts(model)["lora"]
+    assert type(lora["type"]) is str and lora["type"] == "LORA" and lora["r"] == 16
+    record = json.loads((PAIRS / "hf-long-batch" / "oom-rank-0.json").read_text())
+    record.pop("verdict"), record.pop("fixes")
+    record["setup"]["model"]["lora"] = lora  # the live values, not read back from JSON
+    _, fixes = classify_oom(record)
+    assert fixes[0]["change"] == {"seq_len": 896} and fixes[0]["fits"] is True

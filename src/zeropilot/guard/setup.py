@@ -10,6 +10,8 @@ module cannot read is ``None``, never an error in the job. Nothing here touches 
 
 from __future__ import annotations
 
+import enum
+
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from zeropilot.models.arch import CONFIG_SIZE_KEYS
@@ -33,7 +35,15 @@ def _call(obj: Any, name: str) -> Any:
 
 
 def _scalar(value: Any) -> Any:
-    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+    """A JSON scalar as the record will hold it, in the rank too: an enum is its value (PEFT's ``PeftType.LORA``
+    is a ``str`` subclass that ``json`` writes as ``"LORA"`` but ``str()`` spells ``"PeftType.LORA"``, so the rank's
+    own what-ifs saw another value than the written record)."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    for kind in (bool, int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    return value if value is None else str(value)
 
 
 def config_sizes(config: Any, depth: int = 0) -> Optional[Dict[str, Any]]:
