@@ -56,14 +56,15 @@ def _record(name):
     return json.loads((DATA / name / "oom-rank-0.json").read_text())
 
 
-#: measured and not yet explained (issue 27 stays open on it): on the H200 the rank ranked gradient checkpointing
-#: first and offered no length cap (its plan of the run at the failing batch: 115.27 GiB); the same record
-#: classified here offers "cap sequences at 896 tokens" first (plan 138.72 GiB). The re-run with checkpointing ran
-#: out of memory again, as its predicted peak (75.34 GiB against 8.69) said. strict: a new call that fixes it fails
-#: these until the mark goes.
+#: measured on the H200 before its cause was found: the rank read PEFT's ``PeftType.LORA`` as "PeftType.LORA", planned
+#: the LoRA run as a full fine-tuning (115.27 GiB at the failing batch, against 138.72 GiB for LoRA) and offered no
+#: length cap; fixed in ``guard/setup._scalar`` (tests/guard/test_whatif.py's PEFT regression test gives "cap sequences
+#: at 896 tokens" first on this very record). These records predate the fix: the pair is to be measured again
+#: (``SCENARIOS=hf-long-batch PART=c bash bench/guard/device_oom_pairs.sh OUT``); strict, so new data fails these
+#: until the mark goes.
 HF_LONG_BATCH_OPEN = pytest.mark.xfail(strict=True, reason=(
-    "hf-long-batch: the rank's what-if differs from this classifier on the same record (115.27 vs 138.72 GiB "
-    "plan; no length cap in the rank): open in issue 27"))
+    "hf-long-batch: recorded before the PeftType fix (the rank planned LoRA as full fine-tuning, no length cap); "
+    "to be measured again on a GPU (issue 27)"))
 
 
 def _marked():
