@@ -29,16 +29,16 @@ pytestmark = [pytest.mark.slow]
 TIMEOUT_S = 300.0
 
 
-def _launch_node(name: str, node: int, out: Path, port: int, ckpt: Path) -> subprocess.Popen:
+def _launch_node(name: str, node: int, out: Path, port: int, ckpt: Path, extra: tuple = ()) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "zeropilot", "run", "--out", str(out), "--",
            "torchrun", "--nnodes", "2", "--nproc_per_node", "2", "--node_rank", str(node), "--master_addr",
            "127.0.0.1", "--master_port", str(port), str(runjobs.JOBS / "ds_nodes.py"), "--save-dir", str(ckpt),
-           "--deepspeed_config", str(runjobs.JOBS / "ds_config.json")]
+           "--deepspeed_config", str(runjobs.JOBS / "ds_config.json"), *extra]
     return subprocess.Popen(cmd, cwd=str(runjobs.REPO), env=runjobs.job_env(name), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _two_nodes(name: str, shared: bool) -> Dict:
+def _two_nodes(name: str, shared: bool, extra: tuple = ()) -> Dict:
     """Both nodes' ``zeropilot run``; every process group ended on every path."""
     base = runjobs.root() / name
     base.mkdir(parents=True, exist_ok=True)
@@ -47,7 +47,7 @@ def _two_nodes(name: str, shared: bool) -> Dict:
     procs: List[subprocess.Popen] = []
     results = []
     try:
-        procs = [_launch_node(name, k, outs[k], port, base / "ckpt") for k in (0, 1)]
+        procs = [_launch_node(name, k, outs[k], port, base / "ckpt", extra) for k in (0, 1)]
         for proc in procs:
             out, err = proc.communicate(timeout=TIMEOUT_S)
             results.append((proc.returncode, out, err))
@@ -65,10 +65,11 @@ def _two_nodes(name: str, shared: bool) -> Dict:
 
 @functools.lru_cache(maxsize=None)
 def _jobs() -> Dict[str, Dict]:
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(3) as pool:
         per_node = pool.submit(_two_nodes, "nodes_per_dir", False)
         shared = pool.submit(_two_nodes, "nodes_shared", True)
-        return {"per_node": per_node.result(), "shared": shared.result()}
+        killed = pool.submit(_two_nodes, "nodes_rank3_killed", False, ("--kill-rank", "3", "--kill-at", "3"))
+        return {"per_node": per_node.result(), "shared": shared.result(), "killed": killed.result()}
 
 
 @pytest.mark.parametrize("layout", ["per_node", "shared"])
@@ -175,3 +176,19 @@ def test_guard_reaches_ranks_that_deepspeeds_runner_starts_through_pdsh(tmp_path
     assert (start["node"]["node_rank"], start["node"]["node_rank_from"]) == (0, "CROSS_RANK")
     carried = json.loads(base64.urlsafe_b64decode(env[CARRIER_ENV]))
     assert carried["ZEROPILOT_RUN_DIR"] == str(run_dir) and shlex.quote(env[CARRIER_ENV]) == env[CARRIER_ENV]
+
+
+def test_a_rank_killed_on_node_1_is_named_in_the_jobs_report_with_the_checkpoint_it_left(validate, capsys):
+    """Global rank 3 SIGKILLs itself after step 3 (the saves were at step 2): each node's launcher ends with an
+    error; the report of both node directories names rank 3 as killed first, the others as its peers' failures,
+    and the last save (step 2, all 4 ranks) as complete and resumable on 4 ranks."""
+    job = _jobs()["killed"]
+    assert [code for code, _, _ in job["results"]] == [1, 1]
+    s = summarize(read_job(job["dirs"]))
+    assert validate(s) == []
+    assert s["verdict"]["kind"] == "crash" and s["verdict"]["ranks"][0] == 3, s["verdict"]
+    assert "rank 3 stopped recording without an error" in s["verdict"]["reason"]
+    assert main(["report", *map(str, job["dirs"]), "--format", "json", "--checkpoint"]) == 0  # rendered
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["checkpoint"]["verdict"], doc["checkpoint"]["world_size"], doc["checkpoint"]["tag"]) == \
+        ("ok", 4, "global_step2")

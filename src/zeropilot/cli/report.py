@@ -52,7 +52,8 @@ def _render(args: argparse.Namespace) -> str:
 
     records = read_job(args.run_dir)
     summary = summarize(records)
-    summary["checkpoint"] = checkpoint_section(summary, args.checkpoint) if args.checkpoint else None
+    if args.checkpoint:  # only when asked: the document is otherwise the one `run --format json` prints
+        summary["checkpoint"] = checkpoint_section(summary, args.checkpoint)
     if args.compare is None:
         if args.format == "json":
             return render_json(summary)

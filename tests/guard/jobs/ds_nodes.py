@@ -1,5 +1,6 @@
 """A raw DeepSpeed ZeRO-3 loop for jobs across nodes (knows nothing of zeropilot): --steps steps, a save every
---save-every steps (every rank calls save_checkpoint).
+--save-every steps (every rank calls save_checkpoint); ``--kill-rank R --kill-at S``: global rank R SIGKILLs
+itself after step S's optimizer step (a rank killed on its node, the others left waiting in the next collective).
 
     torchrun --nnodes 2 --nproc_per_node 2 --node_rank K --master_addr A --master_port P ds_nodes.py \\
         --save-dir DIR --deepspeed_config CFG
@@ -7,6 +8,7 @@
 
 import argparse
 import os
+import signal
 
 import deepspeed
 import torch
@@ -17,6 +19,8 @@ def main():
     p.add_argument("--save-dir", required=True)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--save-every", type=int, default=2)
+    p.add_argument("--kill-rank", type=int, default=None)
+    p.add_argument("--kill-at", type=int, default=None)
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     p = deepspeed.add_config_arguments(p)
     a = p.parse_args()
@@ -30,6 +34,8 @@ def main():
         loss = engine(x).pow(2).mean()
         engine.backward(loss)
         engine.step()
+        if a.kill_rank is not None and step == a.kill_at and int(os.environ.get("RANK", -1)) == a.kill_rank:
+            os.kill(os.getpid(), signal.SIGKILL)
         if step % a.save_every == 0:
             engine.save_checkpoint(a.save_dir)
 
