@@ -287,8 +287,13 @@ def read_adapter_config(r: _Reader, doc: Document) -> None:
         return
     r.read_keys(doc, [(k, v[k], n) for k, n in doc.root.value.items() if k in (
         "peft_type", "r", "target_modules", "modules_to_save", "use_dora", "rank_pattern")])
+    _set_lora(r, v, None)
+
+
+def _set_lora(r: Any, v: Dict[str, Any], default_rank: Optional[int]) -> None:
+    """The LoRA fields of a PEFT adapter config or a ``LoraConfig(...)`` call (``v``: its keys as plain values)."""
     r.set("method", "lora")
-    r.set("lora_rank", _int(v.get("r")))
+    r.set("lora_rank", _int(v.get("r")) or default_rank)
     target = v.get("target_modules")
     if isinstance(target, str):
         r.set("lora_targets", "all-linear" if target == "all-linear" else target)
@@ -297,8 +302,8 @@ def read_adapter_config(r: _Reader, doc: Document) -> None:
     r.set("modules_to_save", names(v.get("modules_to_save")) or None)
     r.set("dora", truthy(v.get("use_dora")) or None)
     pattern = v.get("rank_pattern")
-    if isinstance(pattern, dict) and pattern:
-        r.set("rank_pattern", {str(k): n for k, n in pattern.items() if _int(n)})
+    if isinstance(pattern, dict):
+        r.set("rank_pattern", {str(k): n for k, n in pattern.items() if _int(n)} or None)
 
 
 def _literal(node: ast.AST) -> Any:
@@ -325,17 +330,7 @@ def read_script(r: _Reader, path, tree: ast.AST) -> None:
                 r.out.settings.append(Setting(key, kw[key], f"{path}:{call.lineno} {fn}({key}=...)",
                                               _TOPIC.get(key, "lora")))
         if fn == "LoraConfig":
-            r.set("method", "lora")
-            r.set("lora_rank", _int(kw.get("r")) or 8)  # PEFT's default r
-            target = kw.get("target_modules")
-            if isinstance(target, str):
-                r.set("lora_targets", "all-linear" if target == "all-linear" else target)
-            elif target is not None:
-                r.set("lora_targets", names(target) or None)
-            r.set("modules_to_save", names(kw.get("modules_to_save")) or None)
-            r.set("dora", truthy(kw.get("use_dora")) or None)
-            if isinstance(kw.get("rank_pattern"), dict):
-                r.set("rank_pattern", {str(k): n for k, n in kw["rank_pattern"].items() if _int(n)} or None)
+            _set_lora(r, kw, 8)  # PEFT's default r
         else:
             if truthy(kw.get("load_in_4bit")) is True:
                 r.set("quant_bits", 4)
