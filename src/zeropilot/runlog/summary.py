@@ -231,8 +231,17 @@ def _earliest(t: Optional[float], rank: int) -> tuple:
 def _verdict(records: RunRecords, ranks: List[Dict[str, Any]], ooms: List[Dict[str, Any]],
              hang: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     run = records.run or {}
+    errors = [(nz.num(e.get("t")), r, e) for r, rec in records.ranks.items() for e in rec.of("error")]
     if hang is not None:
         v = hang["verdict"]
+        lost = set(v.get("ranks") or [])
+        if v.get("class") == "node_lost" and any(r in lost for _, r, _ in errors):
+            # the other nodes saw these ranks fall silent; their own node's records say why: a crash, not a hang
+            crash = _crash(records, ranks, errors)
+            crash["reason"] = nz.text(f"{crash['reason']} (the other nodes' watchdog saw rank(s) "
+                                      f"{', '.join(map(str, sorted(lost)))} fall silent and named a lost node; "
+                                      "their own records show this crash)")
+            return crash
         return {"kind": "hang", "ranks": v["ranks"], "where": v["where"],
                 "reason": v["reason"] or "no progress within the hang timeout", "cause": v["cause"],
                 "class": v["class"]}
@@ -241,7 +250,6 @@ def _verdict(records: RunRecords, ranks: List[Dict[str, Any]], ooms: List[Dict[s
         return {"kind": "oom", "ranks": sorted(o["rank"] for o in ooms), "where": display(first["where"], first["frames"])[0],
                 "reason": first["verdict"]["summary"] or f"out of memory on rank {first['rank']}",
                 "class": first["verdict"]["kind"], "first_rank": first["rank"]}
-    errors = [(nz.num(e.get("t")), r, e) for r, rec in records.ranks.items() for e in rec.of("error")]
     exit_code = nz.integer(run.get("exit_code"))
     not_ended = [r for r in ranks if not r["ended"]]
     signal = nz.text(run.get("signal"))
