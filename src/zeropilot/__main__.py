@@ -1,3 +1,3 @@
-from zeropilot.cli import main
+from zeropilot.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -65,11 +65,16 @@ def _two_nodes(name: str, shared: bool, extra: tuple = ()) -> Dict:
 
 @functools.lru_cache(maxsize=None)
 def _jobs() -> Dict[str, Dict]:
-    with ThreadPoolExecutor(3) as pool:
+    with ThreadPoolExecutor(2) as pool:
         per_node = pool.submit(_two_nodes, "nodes_per_dir", False)
         shared = pool.submit(_two_nodes, "nodes_shared", True)
-        killed = pool.submit(_two_nodes, "nodes_rank3_killed", False, ("--kill-rank", "3", "--kill-at", "3"))
-        return {"per_node": per_node.result(), "shared": shared.result(), "killed": killed.result()}
+        return {"per_node": per_node.result(), "shared": shared.result()}
+
+
+@functools.lru_cache(maxsize=None)
+def _killed() -> Dict:
+    """Global rank 3 SIGKILLs itself after step 3 (alone: not beside the other two jobs on 2 cores)."""
+    return _two_nodes("nodes_rank3_killed", False, ("--kill-rank", "3", "--kill-at", "3"))
 
 
 @pytest.mark.parametrize("layout", ["per_node", "shared"])
@@ -182,7 +187,7 @@ def test_a_rank_killed_on_node_1_is_named_in_the_jobs_report_with_the_checkpoint
     """Global rank 3 SIGKILLs itself after step 3 (the saves were at step 2): each node's launcher ends with an
     error; the report of both node directories names rank 3 as killed first, the others as its peers' failures,
     and the last save (step 2, all 4 ranks) as complete and resumable on 4 ranks."""
-    job = _jobs()["killed"]
+    job = _killed()
     assert [code for code, _, _ in job["results"]] == [1, 1]
     s = summarize(read_job(job["dirs"]))
     assert validate(s) == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import List, Optional
 
@@ -49,3 +50,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         # Output piped into `head` and closed early: not an error of ours.
         sys.stderr.close()
         return 0
+
+
+#: daemon threads that may hold a c10d store client (``zeropilot run`` of a job across nodes: runner/peers.py)
+_STORE_THREADS = ("zeropilot-peers", "zeropilot-verdict")
+
+
+def entry() -> None:
+    """The console script and ``python -m zeropilot``: :func:`main`, then the exit status.
+
+    A c10d ``TCPStore`` client still held by a daemon thread when the interpreter shuts down (the cross-node
+    heartbeat reader, slow to close on a loaded machine) aborts the process in its C++ destructor ("terminate
+    called without an active exception", status -6) after everything was written. Then, with the run directory
+    written and both streams flushed, the process leaves without running those destructors.
+    """
+    import threading
+
+    code = main()
+    if any(t.name in _STORE_THREADS and t.is_alive() for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code % 256)
+    raise SystemExit(code)
