@@ -174,10 +174,7 @@ def _differences(spec: ReproSpec, one: List[Optional[Dict]], two: List[Optional[
         details["loss"] = _losses(spec, one, two, tol["loss"])
         if not details["loss"]["within_tolerance"]:
             differs.append("loss")
-    for part, cmp in _merge_compare(two).items():
-        details[part] = cmp
-        if not cmp["within_tolerance"]:
-            differs.append(part)
+    _add_compared(details, differs, two)
     restored = _merge_compare(two, "restored")
     if restored:
         details["restored"] = restored
@@ -189,6 +186,14 @@ def _differences(spec: ReproSpec, one: List[Optional[Dict]], two: List[Optional[
             differs.append("data")
         details.setdefault("data", {})["first_step_with_other_samples"] = step
     return details, differs, cause
+
+
+def _add_compared(details: Dict[str, Any], differs: List[str], two: List[Optional[Dict]]) -> None:
+    """Rank 0's comparison of both runs' final states into ``details``; the parts out of tolerance into ``differs``."""
+    for part, cmp in _merge_compare(two).items():
+        details[part] = cmp
+        if not cmp["within_tolerance"]:
+            differs.append(part)
 
 
 def _universal_differences(spec: ReproSpec, one: List[Optional[Dict]], two: List[Optional[Dict]],
@@ -203,10 +208,7 @@ def _universal_differences(spec: ReproSpec, one: List[Optional[Dict]], two: List
     details["loss"] = _step_losses(spec, one, two, tol["loss"])
     if not details["loss"]["within_tolerance"]:
         differs.append("loss")
-    for part, cmp in _merge_compare(two).items():
-        details[part] = cmp
-        if not cmp["within_tolerance"]:
-            differs.append(part)
+    _add_compared(details, differs, two)
     step = _other_samples(spec, one, two)
     details["data"] = {"bitwise": step is None, "within_tolerance": step is None,
                        "first_step_with_other_samples": step}
