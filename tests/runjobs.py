@@ -379,9 +379,11 @@ def op_build_stopped_then_next() -> tuple:
         except (ProcessLookupError, PermissionError):
             pass
     stopped = Job(run_dir, proc.returncode, out, err, base / "ckpt", argv)
-    # on a loaded machine the compiler may have finished before the stop reached it: the next launch must build
-    for built in Path(env["TORCH_EXTENSIONS_DIR"]).glob("zp_slow_op/*.so"):
-        built.unlink()
+    # on a loaded machine the compiler may have finished before the stop reached it: the next launch must build,
+    # compile included (with the object file left, ninja only links: too quick for the watchdog to see a build)
+    for built in Path(env["TORCH_EXTENSIONS_DIR"]).glob("zp_slow_op/*"):
+        if built.suffix in (".o", ".so"):
+            built.unlink()
     cmd[4] = str(free_port())
     nxt = zeropilot_run("op_build_next", cmd, BUILD_FLAGS, env=env)
     return stopped, nxt
