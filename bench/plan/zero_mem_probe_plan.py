@@ -173,6 +173,7 @@ try:
         with torch.device("cuda"):
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=spec.get("attn", "sdpa"))
     snaps.append(snap("built"))
+    model.train()  # as the HF Trainer does; from_pretrained (the quant rows) returns eval mode, where checkpointing is off
     if spec.get("gc"): model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = spec.get("lora")
     if lora:

@@ -149,3 +149,24 @@ def test_a_ceiling_stops_the_pool_at_the_segment_that_passes_it():
         assert pool.reserved == 170 * MIB and exc.args == (170 * MIB,)
     else:
         raise AssertionError("a segment past the ceiling was taken")
+
+
+def test_the_8bit_optimizer_replays_its_own_first_step_tensors():
+    """bitsandbytes' 8-bit AdamW goes through the ZeRO-1/2 replay with its own first-step tensors (two one-byte
+    states and their fp32 absmax, no foreach temporary): it reserves less than AdamW, by less than AdamW's states
+    are larger, and the plan says it replayed."""
+    from zeropilot.memory.gpu import estimate_gpu
+    from zeropilot.memory.inputs import GIB, PlanInputs
+    from zeropilot.models import from_config
+
+    arch = from_config(dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                            num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                            tie_word_embeddings=False), "llama")
+    plain, eight = (estimate_gpu(PlanInputs(arch, stage=2, micro_batch=2, seq_len=1024, gradient_checkpointing=True,
+                                            optimizer=opt)) for opt in ("adamw", "adamw_8bit"))
+    gap = {e: next(c for c in e.components if c.name == "allocator_overhead") for e in (plain, eight)}
+    assert all("replaying" in g.reason for g in gap.values())
+    states = {e: next(c.bytes for c in e.components if c.name == "optimizer_states") for e in (plain, eight)}
+    saved = plain.reserved_peak_bytes - eight.reserved_peak_bytes
+    assert 0 < saved < states[plain] - states[eight]
+    assert eight.reserved_peak_bytes >= eight.allocated_peak_bytes + 1 * GIB  # the replay's fragmentation shows

@@ -84,3 +84,29 @@ def test_lora_fp32_input_copies_only_where_adapters_sit(targets):
     arch = from_config(cfg.to_dict(), "llama")
     planned = lora_fp32_inputs(PlanInputs(arch, stage=3, zero_init=True, lora_rank=8, lora_targets=targets))
     assert measured == planned
+
+
+@pytest.mark.slow
+def test_a_quantized_model_is_built_outside_zero_init_so_lora_keeps_no_fp32_input_copies(tmp_path):
+    """transformers builds a ZeRO-3 model in zero.Init unless it is quantized (one rank, gloo, a registered no-op
+    quantizer: the decision is ``is_quantized``'s alone). Outside zero.Init DeepSpeed casts LoRA's adapters to 16
+    bits, so the plan counts no fp32 input copies for QLoRA and sizes its ZeRO-3 build as a model built outside."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.runjobs import free_port
+
+    worker = Path(__file__).with_name("zero3_quantized_worker.py")
+    env = dict(os.environ, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+    done = subprocess.run([sys.executable, str(worker), str(tmp_path / "ckpt"), str(free_port())], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"plain": True, "quantized": False}
+    cfg, _ = _model(2)
+    arch = from_config(cfg.to_dict(), "llama")
+    qlora = PlanInputs(arch, stage=3, zero_init=True, lora_rank=8, quant_bits=4)
+    assert not qlora.zero_init and "outside zero.Init" in qlora.sources["zero_init"]
+    assert lora_fp32_inputs(qlora) == 0 < lora_fp32_inputs(PlanInputs(arch, stage=3, zero_init=True, lora_rank=8))

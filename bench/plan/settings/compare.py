@@ -1,9 +1,13 @@
-"""Issue 26: the plan's pre-registered predictions (``data/predictions.jsonl``, ``specs.py``) against the H200
-measurement of the same rows (``device.sh``'s ``probe.jsonl``, committed as ``data/h200.jsonl``), row by row:
+"""Issue 26: the plan's pre-registered predictions for one GPU call (``data/CALL/predictions.jsonl``, written by
+``specs.py`` before the call) against the H200 measurement of the same rows (``device.sh``'s ``probe.jsonl``,
+committed as ``data/CALL/h200.jsonl``), row by row:
 PyTorch's peak allocated and reserved (the larger of the init and the training phase, as ``rows.py`` measures), and
 the nvidia-smi peak (reserved + memory outside PyTorch, NVML's per process figure since the rows ran several at a
 time). Error = predicted / measured - 1.
-Usage: python bench/plan/settings/compare.py [MEASURED.jsonl] [--json]
+``--now``: the current plan's predictions of the same specs instead, as the rows ran (``data/CALL/as_run.json``
+names what a row ran with that its spec did not say): post hoc, a check of a fix, not evidence.
+Usage: python bench/plan/settings/compare.py [CALL] [--now] [--json]   (CALL: call1, call2 ...; default the last
+measured)
 """
 from __future__ import annotations
 
@@ -70,10 +74,18 @@ def render(recs: list) -> str:
 
 def main(argv) -> int:
     args = [a for a in argv if not a.startswith("--")]
-    path = args[0] if args else str(HERE / "data" / "h200.jsonl")
-    preds = [json.loads(x) for x in (HERE / "data" / "predictions.jsonl").read_text().splitlines() if x]
+    calls = sorted(p.parent.name for p in (HERE / "data").glob("call*/h200.jsonl"))
+    call = HERE / "data" / (args[0] if args else calls[-1])
+    preds = [json.loads(x) for x in (call / "predictions.jsonl").read_text().splitlines() if x]
+    if "--now" in argv:
+        from specs import prediction
+
+        as_run = json.loads((call / "as_run.json").read_text())["rows"] if (call / "as_run.json").is_file() else {}
+        what = {p["row"]: p["what"] for p in preds}
+        specs = [json.loads(x) for x in (call / "specs.jsonl").read_text().splitlines() if x]
+        preds = [prediction(s["row"], what[s["row"]], {**s, **as_run.get(s["row"], {})}) for s in specs]
     measured = {}
-    for line in open(path):
+    for line in open(call / "h200.jsonl"):
         if line.strip():
             r = json.loads(line)
             measured[r["spec"].get("row")] = r

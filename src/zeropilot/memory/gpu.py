@@ -280,8 +280,9 @@ def _step_temporaries(inputs: PlanInputs, counts: ParamCounts, trainable: int, c
     where = (f"one sub-group at a time ({elems / 1e6:.0f} M elements; sub_group_size "
              f"{inputs.sub_group_size / 1e6:.0f} M)" if inputs.stage == 3 else "per trainable element of the partition")
     if inputs.optimizer == "adamw_8bit":  # bitsandbytes' fused 8-bit kernel updates in place
-        return Component("step_temporaries", int(4 * elems), "step",
-                         f"fp32 gradient (4 B; bitsandbytes' 8-bit step makes no temporaries), {where}")
+        return Component("step_temporaries", int(6 * elems), "step",
+                         "fp32 gradient (4 B) and the flattened 16-bit gradient it is cast from (2 B; bitsandbytes' "
+                         f"8-bit step itself makes no temporaries), {where}")
     return Component("step_temporaries", int((4 + c.step_temp) * elems), "step",
                      f"fp32 gradient (4 B) + AdamW foreach temporaries ({c.step_temp:.1f} B), {where}")
 
@@ -592,7 +593,8 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
                 output_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden,
                 buckets=[2.0 * inputs.reduce_bucket_size] * (2 if inputs.overlap else 1),
                 embedding_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden, tied=a.tied,
-                softcap=a.logit_softcap, norm_pieces=owned, grad_partition=2.0 * whole, first_reduction=first)
+                softcap=a.logit_softcap, norm_pieces=owned, grad_partition=2.0 * whole, first_reduction=first,
+                eight_bit=inputs.optimizer == "adamw_8bit")
 
 
 def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[int]:
@@ -621,7 +623,8 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
         replayed = inputs.world_size == 1
     else:
         replayed = (not lora and gpu_optimizer) or (lora and not gpu_optimizer and inputs.world_size == 1)
-    if inputs.stage != 3 or inputs.expandable_segments or not replayed or not tuning.replayed(inputs):
+    if inputs.stage != 3 or inputs.expandable_segments or not replayed or not tuning.replayed(inputs) \
+            or inputs.optimizer != "adamw":  # ZeRO-3's sub-group steps with the 8-bit states: never replayed
         return None
     a, n = inputs.arch, inputs.world_size
     per_layer = [layer_tensor_sizes(a, i) for i in range(a.layers)]

@@ -76,6 +76,10 @@ class Freeze:
 
 QUANT_BITS = (4, 8)
 OPTIMIZERS = ("adamw", "adamw_8bit")
+#: why a quantized model is never built in zero.Init: transformers loads it outside (``modeling_utils.py``,
+#: ``is_deepspeed_zero3_enabled() and not _is_quantized``); DeepSpeed partitions it at ``deepspeed.initialize`` and,
+#: as for any model built outside, casts LoRA's adapters to 16 bits (no fp32 input copies)
+QUANTIZED_BUILD = "a quantized model: transformers loads it outside zero.Init"
 FUSED_LOSSES = ("liger", "cce")
 
 
@@ -119,7 +123,8 @@ class PlanInputs:
             of the partition at a time.
         zero_init: ZeRO-3 model built inside ``deepspeed.zero.Init`` (partitioned from the start: HF
             Trainer, accelerate, LLaMA-Factory); False for a script that builds the whole model and then
-            calls ``deepspeed.initialize`` (every GPU holds the whole 16-bit model during init).
+            calls ``deepspeed.initialize`` (every GPU holds the whole 16-bit model during init), and always False
+            with ``quant_bits`` (:data:`QUANTIZED_BUILD`).
         hpz_partition_size: ZeRO++ ``zero_hpz_partition_size`` (1: off): a secondary copy of the 16-bit
             parameters partitioned within a node.
         host_mem_bytes: host RAM of one node (``--host-mem`` or detected), None when unknown.
@@ -183,6 +188,11 @@ class PlanInputs:
     flavour: Optional[str] = None
     not_modelled: Tuple[Tuple[str, str], ...] = ()
     sources: Dict[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.quant_bits is not None and self.zero_init:  # one fact, here: every reader sees the build as it is
+            object.__setattr__(self, "zero_init", False)
+            object.__setattr__(self, "sources", {**self.sources, "zero_init": QUANTIZED_BUILD})
 
     @property
     def world_size(self) -> int:

@@ -207,13 +207,12 @@ def unmodelled(inputs: PlanInputs) -> Tuple[Tuple[str, str], ...]:
                     "less: nothing only a weight's gradient needs; tests/memory/test_settings_witness.py)"))
     if inputs.quant_bits:  # pre-registered H200 rows, bench/plan/settings: measured above the figure
         out.append((f"quant_bits: {inputs.quant_bits} ({src.get('quant_bits', 'given')})",
-                    "bitsandbytes' packed weights and one dequantized matrix at a time (QLoRA on H200 measured "
-                    "30-33% above this figure at ZeRO-2 and ZeRO-3: bench/plan/settings; the rest is not yet "
-                    "accounted for)"))
+                    "bitsandbytes' packed weights, one dequantized matrix at a time, the model built outside "
+                    "zero.Init (not yet checked against a GPU run in training mode: bench/plan/settings)"))
     if inputs.optimizer == "adamw_8bit":
         out.append((f"optimizer: adamw_8bit ({src.get('optimizer', 'given')})",
-                    "two one-byte states per element and no step temporaries (a full fine-tuning at ZeRO-2 on H200 "
-                    "measured 24% above this figure: bench/plan/settings)"))
+                    "two one-byte states per element, DeepSpeed's fp32 and flattened gradients at the step, the "
+                    "allocator replayed at ZeRO-1/2 (not yet checked against a held-out GPU run: bench/plan/settings)"))
     if inputs.quant_bits and inputs.offload_param != "none":
         out.append(("a quantized base with offload_param", "the packed weights offloaded like 16-bit ones"))
     return tuple(out)

@@ -306,7 +306,7 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
                     grad_partition: float = 0.0, first_reduction: Tuple[int, float] = (0, 0.0),
                     steps: int = 2,
                     no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
-                    ceiling: float = float("inf")) -> int:
+                    ceiling: float = float("inf"), eight_bit: bool = False) -> int:
     """Bytes the caching allocator reserves for ZeRO-1/2's large tensors over ``steps`` training steps.
 
     Raises:
@@ -333,9 +333,16 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         norm_pieces: elements of each trainable tensor in this rank's partition. DeepSpeed takes each one's norm in
             fp64 (``get_norm_dtype``): an 8-byte copy per tensor, at the step without ``offload_optimizer``; with it,
             at the last reduction, followed by the fp32 copy that goes to the CPU.
+        eight_bit: the optimizer is bitsandbytes' 8-bit AdamW (a client optimizer): its first step makes two one-byte
+            states and their fp32 absmax per 256 elements (``Optimizer2State.init_state``), and its fused kernel
+            updates in place (no temporary); otherwise AdamW's two fp32 states and one foreach temporary.
     """
     pool = Allocator()
     part = trainable / world_size
+    if eight_bit:
+        first_step = [part, part, 4 * -(-part // 256), 4 * -(-part // 256)]  # state1, state2, absmax1, absmax2
+    else:
+        first_step = [4 * part, 4 * part]  # exp_avg, exp_avg_sq
     for size in frozen:
         pool.alloc(size)
     built = [pool.alloc(size) for size in build]
@@ -410,10 +417,11 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
             for b in grads:
                 pool.free(b)
             grads = []
-            while states < 2:  # AdamW's exp_avg and exp_avg_sq, on the first step
-                pool.alloc(4 * part)
-                states += 1
-            pool.free(pool.alloc(4 * part))  # foreach temporary (sqrt of exp_avg_sq)
+            for size in first_step[states:]:  # the optimizer's states, on the first step
+                pool.alloc(size)
+            states = len(first_step)
+            if not eight_bit:
+                pool.free(pool.alloc(4 * part))  # foreach temporary (sqrt of exp_avg_sq)
             pool.free(g32)
         for b in grads:
             pool.free(b)

@@ -183,7 +183,8 @@ def adam_bytes(inputs: PlanInputs) -> float:
 
 def replayed(inputs: PlanInputs) -> bool:
     """Whether the allocator replays (``memory/segments.py``) know this kind of run: plain full fine-tuning or LoRA
-    (on any modules), AdamW, the causal-LM loss. Freeze tuning, ``modules_to_save``, quantization, fused losses,
-    DoRA and the 8-bit optimizer take the fitted components instead (their tensors were never traced)."""
+    (on any modules), AdamW or bitsandbytes' 8-bit AdamW (whose first step's tensors ``segments.zero12_reserved``
+    knows from its source), the causal-LM loss. Freeze tuning, ``modules_to_save``, quantization, fused losses and
+    DoRA take the fitted components instead (their tensors were never traced)."""
     return (inputs.freeze is None and not inputs.modules_to_save and inputs.quant_bits is None
-            and inputs.fused_loss is None and not inputs.dora and inputs.optimizer == "adamw")
+            and inputs.fused_loss is None and not inputs.dora)
