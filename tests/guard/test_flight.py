@@ -33,3 +33,15 @@ def test_garbage_and_missing_files_are_none(tmp_path):
     assert read_dump(tmp_path / "missing") is None
     (tmp_path / "y").write_bytes(pickle.dumps([1, 2, 3]))
     assert read_dump(tmp_path / "y") is None
+
+
+def test_a_gloo_dump_names_its_group_and_says_nothing_completed():
+    """gloo's recorder leaves the group's description ``undefined`` and marks no entry completed: the text names the
+    default group by its name and says no completion was recorded (not ``of undefined ... #None``)."""
+    entry = {"process_group": ("0", "undefined"), "collective_seq_id": 4, "profiling_name": "gloo:broadcast",
+             "state": "scheduled", "input_sizes": [[8]], "is_p2p": False}
+    older = dict(entry, collective_seq_id=3, profiling_name="gloo:all_reduce")
+    s = summarize({0: {"entries": [older, entry]}})
+    assert s["text"] == ["rank 0 waits in broadcast #4 of default_pg (scheduled; no completion recorded)"]
+    other = dict(entry, process_group=("3", "undefined"))
+    assert "of group 3 " in summarize({1: {"entries": [other]}})["text"][0]

@@ -5,8 +5,10 @@ each node's watchdog reads them all. Three jobs at once:
 
 - a straggler on node 1 (global rank 3 sleeps in its own code): both nodes write the same verdict naming rank 3,
   node 1 and its frame, and both stop;
-- node 1 lost (every process of it frozen with SIGSTOP: a machine that died without closing its connections, as a
-  power loss or a cut network looks to the others): node 0 names node 1 lost and stops;
+- node 1 lost (every process of it frozen with SIGSTOP once the job's first save is complete: a machine that died
+  without closing its connections, as a power loss or a cut network looks to the others; here a DeepSpeed ZeRO-3
+  job, tests/guard/jobs/ds_nodes.py): node 0 names node 1 lost and stops, and the job's report names the last
+  complete save and on how many ranks it resumes;
 - node 0 lost, the node whose launcher serves the store: node 1 says the store is gone and stops.
 """
 
@@ -61,10 +63,10 @@ def _signal_all(pids: List[int], sig: int) -> None:
             pass
 
 
-def _node(name: str, k: int, out: Path, port: int, flags: List[str], loop: List[str]) -> subprocess.Popen:
+def _node(name: str, k: int, out: Path, port: int, flags: List[str], script: List[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "zeropilot", "run", "--out", str(out), *flags, "--",
            "torchrun", "--nnodes", "2", "--nproc_per_node", "2", "--node_rank", str(k), "--master_addr",
-           "127.0.0.1", "--master_port", str(port), str(LOOP), *loop]
+           "127.0.0.1", "--master_port", str(port), *script]
     return subprocess.Popen(cmd, cwd=str(runjobs.REPO), env=runjobs.job_env(name), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -76,21 +78,25 @@ def _seen_all(out: Path) -> bool:
         return False
 
 
-def _job(name: str, flags: List[str], loop: List[str], freeze: Optional[int] = None) -> Dict:
-    """Both nodes' ``zeropilot run``; with ``freeze``, that node's every process is stopped once both watchdogs saw
-    all four ranks in the store. Every process ends on every path."""
+def _job(name: str, flags: List[str], script: List[str], freeze: Optional[int] = None,
+         freeze_after: Optional[str] = None) -> Dict:
+    """Both nodes' ``zeropilot run`` of ``script`` (its path and arguments, under ``torchrun``); with ``freeze``,
+    that node's every process is stopped once both watchdogs saw all four ranks in the store (and, with
+    ``freeze_after``, once that file of the job's folder exists). Every process ends on every path."""
     base = runjobs.root() / name
     base.mkdir(parents=True, exist_ok=True)
     port = runjobs.free_port()
     outs = [base / "node0", base / "node1"]
+    script = [arg.replace("{base}", str(base)) for arg in script]
     procs: List[subprocess.Popen] = []
     frozen: List[int] = []
     try:
-        procs = [_node(name, k, outs[k], port, flags, loop) for k in (0, 1)]
+        procs = [_node(name, k, outs[k], port, flags, script) for k in (0, 1)]
         deadline = time.time() + TIMEOUT_S
         if freeze is not None:
-            while not all(_seen_all(o) for o in outs) and time.time() < deadline:
-                time.sleep(0.5)
+            while time.time() < deadline and not (all(_seen_all(o) for o in outs) and (
+                    freeze_after is None or (base / freeze_after).exists())):
+                time.sleep(0.2)
             frozen = _tree(procs[freeze].pid)
             _signal_all(frozen, signal.SIGSTOP)
         survivors = [p for k, p in enumerate(procs) if k != freeze]
@@ -105,7 +111,7 @@ def _job(name: str, flags: List[str], loop: List[str], freeze: Optional[int] = N
             p.wait()
     hangs = {k: json.loads((outs[k] / "hang.json").read_text()) for k in (0, 1) if (outs[k] / "hang.json").exists()}
     runs = {k: json.loads((outs[k] / f"run-node-{k}.json").read_text()) for k in (0, 1) if k != freeze}
-    return {"hangs": hangs, "runs": runs, "logs": logs, "dirs": outs}
+    return {"hangs": hangs, "runs": runs, "logs": logs, "dirs": outs, "base": base}
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,11 +119,14 @@ def _jobs() -> Dict[str, Dict]:
     stop = ["--on-hang", "stop"]
     with ThreadPoolExecutor(3) as pool:
         jobs = {"straggler": pool.submit(_job, "watch_straggler", ["--hang-timeout", "5", *stop],
-                                         ["--steps", "400", "--sleep-rank", "3", "--sleep-step", "12"]),
+                                         [str(LOOP), "--steps", "400", "--sleep-rank", "3", "--sleep-step", "12"]),
+                # a DeepSpeed ZeRO-3 job that saves every 2 steps; node 1 lost after the first save is complete
                 "node_lost": pool.submit(_job, "watch_node_lost", ["--hang-timeout", "300", *stop],
-                                         ["--steps", "4000"], freeze=1),
+                                         [str(runjobs.JOBS / "ds_nodes.py"), "--save-dir", "{base}/ckpt",
+                                          "--steps", "400", "--step-sleep", "0.5", "--deepspeed_config",
+                                          str(runjobs.JOBS / "ds_config.json")], freeze=1, freeze_after="ckpt/latest"),
                 "store_gone": pool.submit(_job, "watch_store_gone", ["--hang-timeout", "300", *stop],
-                                          ["--steps", "4000"], freeze=0)}
+                                          [str(LOOP), "--steps", "4000"], freeze=0)}
         return {k: f.result() for k, f in jobs.items()}
 
 
@@ -142,11 +151,21 @@ def test_a_straggler_is_named_the_same_way_on_every_node_and_every_node_stops(va
     assert "rank 3 on node 1" in capsys.readouterr().out
 
 
-def test_a_lost_node_and_a_lost_store_are_named_and_the_survivors_stop():
+def test_a_lost_node_and_a_lost_store_are_named_and_the_survivors_stop(validate, capsys):
     lost = _jobs()["node_lost"]
     v = lost["hangs"][0]["verdict"]
     assert v["class"] == "node_lost" and v["nodes_lost"] == [1] and v["ranks"] == [2, 3], lost["logs"]
     assert "node 1" in v["cause"] and lost["runs"][0]["stopped_on_hang"]
+    # the job's report from both node directories (node 1's ends where it was lost): the node failure, and the last
+    # save every rank finished, resumable on the 4 ranks it was saved at but not on node 0's 2 as it is
+    assert main(["report", *map(str, lost["dirs"]), "--format", "json", "--checkpoint"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert validate(doc) == [], validate(doc)[:3]
+    assert doc["verdict"]["kind"] == "node_lost", doc["verdict"]
+    ck = doc["checkpoint"]
+    latest = (lost["base"] / "ckpt" / "latest").read_text().strip()
+    assert (ck["verdict"], ck["world_size"], ck["tag"]) == ("ok", 4, latest), ck
+    assert "not on the 2 surviving ranks" in ck["resume_on"]
     gone = _jobs()["store_gone"]
     v = gone["hangs"][1]["verdict"]
     assert v["class"] == "store_gone" and "c10d store" in v["cause"], gone["logs"]

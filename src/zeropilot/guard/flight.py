@@ -42,8 +42,13 @@ def _op(entry: Dict[str, Any]) -> str:
 
 
 def _group(entry: Dict[str, Any]) -> str:
+    """The process group's description, or its name where the recorder has none (``undefined``: gloo's)."""
     pg = entry.get("process_group")
-    return str(pg[1]) if isinstance(pg, (list, tuple)) and len(pg) > 1 else str(pg)
+    if not isinstance(pg, (list, tuple)) or len(pg) < 2:
+        return str(pg)
+    if str(pg[1]) not in ("", "undefined"):
+        return str(pg[1])
+    return "default_pg" if str(pg[0]) == "0" else f"group {pg[0]}"
 
 
 def rank_summary(dump: Dict[str, Any]) -> Dict[str, Any]:
@@ -103,6 +108,8 @@ def summarize(dumps: Dict[int, Dict[str, Any]]) -> Dict[str, Any]:
     for r, groups in ranks.items():
         for name, g in groups.items():
             if g["pending"]:
+                done = g["last_completed"]
                 lines.append(f"rank {r} waits in {g['pending']['op']} #{g['pending']['seq']} of {name} "
-                             f"({g['pending']['state']}; last completed #{(g['last_completed'] or {}).get('seq')})")
+                             f"({g['pending']['state']}; " + (f"last completed #{done['seq']})" if done else
+                                                              "no completion recorded)"))
     return {"ranks": {str(r): g for r, g in ranks.items()}, "desync": desync, "text": lines}

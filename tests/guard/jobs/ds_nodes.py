@@ -1,6 +1,8 @@
 """A raw DeepSpeed ZeRO-3 loop for jobs across nodes (knows nothing of zeropilot): --steps steps, a save every
 --save-every steps (every rank calls save_checkpoint); ``--kill-rank R --kill-at S``: global rank R SIGKILLs
-itself after step S's optimizer step (a rank killed on its node, the others left waiting in the next collective).
+itself after step S's optimizer step (a rank killed on its node, the others left waiting in the next collective);
+``--step-sleep T``: every rank sleeps T seconds after each step (a job slow enough for a node to be lost between
+two saves).
 
     torchrun --nnodes 2 --nproc_per_node 2 --node_rank K --master_addr A --master_port P ds_nodes.py \\
         --save-dir DIR --deepspeed_config CFG
@@ -9,6 +11,7 @@ itself after step S's optimizer step (a rank killed on its node, the others left
 import argparse
 import os
 import signal
+import time
 
 import deepspeed
 import torch
@@ -21,6 +24,7 @@ def main():
     p.add_argument("--save-every", type=int, default=2)
     p.add_argument("--kill-rank", type=int, default=None)
     p.add_argument("--kill-at", type=int, default=None)
+    p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     p = deepspeed.add_config_arguments(p)
     a = p.parse_args()
@@ -38,6 +42,7 @@ def main():
             os.kill(os.getpid(), signal.SIGKILL)
         if step % a.save_every == 0:
             engine.save_checkpoint(a.save_dir)
+        time.sleep(a.step_sleep)
 
 
 if __name__ == "__main__":
