@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Union
 
 import pytest
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# A TORCH_EXTENSIONS_DIR of the suite's own for every process a test starts without one (never the machine's: a lock
+# left there cannot hang the suite). Tests that run DeepSpeed give theirs a copy of the session's built shm op
+# (``tests.zp.extensions_dir``).
+_EXTENSIONS = tempfile.mkdtemp(prefix="zeropilot-tests-extensions-")
+atexit.register(shutil.rmtree, _EXTENSIONS, True)
+os.environ["TORCH_EXTENSIONS_DIR"] = _EXTENSIONS
 
 # The suite is the gate a change must pass: its property tests draw the same examples on every run, so a red run
 # means the change broke something, not that a search got lucky (CI once failed on a fuzz example no earlier run had

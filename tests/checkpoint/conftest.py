@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.zp import extensions_dir
+
 HERE = Path(__file__).resolve().parent
 
 SPECS = {
@@ -66,7 +68,8 @@ class Built:
 
 
 def _build(name: str, root: Path) -> Built:
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               TORCH_EXTENSIONS_DIR=extensions_dir(root.parent / f"{root.name}-torch-extensions"))
     proc = subprocess.run([sys.executable, str(HERE / "ds_build.py"), json.dumps(SPECS[name]), str(root)],
                           env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.zp import run_group
+from tests.zp import extensions_dir, run_group
 from zeropilot.checkpoint import torchzip, torchzip_writer
 from zeropilot.checkpoint.inspect import inspect_checkpoint
 from zeropilot.checkpoint.safe_load import LossScaler, ZeroStageEnum
@@ -55,7 +55,7 @@ def converted(checkpoints, tmp_path_factory):
         ours = base / "zp" / name
         result = convert(built.save_dir, ours, UniversalOptions(progress=False))
         out[name] = (theirs, ours / result.tag, result)
-    env = dict(os.environ, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(base / "torch_extensions"))
+    env = dict(os.environ, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=extensions_dir(base / "torch_extensions"))
     ran = run_group([sys.executable, "-c", _DS_CONVERT, json.dumps(pairs)], timeout=600, env=env)
     assert ran.returncode == 0, ran.stderr[-4000:]
     return out

@@ -161,7 +161,8 @@ def test_a_lost_node_and_a_lost_store_are_named_and_the_survivors_stop(validate,
     assert main(["report", *map(str, lost["dirs"]), "--format", "json", "--checkpoint"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert validate(doc) == [], validate(doc)[:3]
-    assert doc["verdict"]["kind"] == "node_lost", doc["verdict"]
+    v = doc["verdict"]
+    assert (v["kind"], v["class"], v["node"]["node_rank"], v["node"]["ranks"]) == ("hang", "node_lost", 1, [2, 3]), v
     ck = doc["checkpoint"]
     latest = (lost["base"] / "ckpt" / "latest").read_text().strip()
     assert (ck["verdict"], ck["world_size"], ck["tag"]) == ("ok", 4, latest), ck

@@ -10,6 +10,7 @@ import pytest
 
 from zeropilot.memory import PlanInputs, estimate_checkpoint, parse_gpus
 from zeropilot.models import count_params, from_config, lora_trainable
+from tests.zp import extensions_dir
 
 HERE = Path(__file__).resolve().parent
 H200 = HERE.parents[1] / "bench" / "plan" / "data" / "rows.jsonl"  # the save runs: source h200_call2
@@ -47,7 +48,8 @@ def test_checkpoint_bytes_match_a_real_deepspeed_save(tmp_path):
     once; on GPUs they are copies (the H200 test above). Full fine-tuning and excluded frozen weights,
     compared here, do not depend on that. Each file carries ~30 KB of pickle metadata.
     """
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+               TORCH_EXTENSIONS_DIR=extensions_dir(tmp_path / "torch_extensions"))
     subprocess.run([sys.executable, str(HERE / "ds_save_worker.py"), str(tmp_path)], check=True, env=env,
                    capture_output=True, timeout=300)
     sizes = json.loads((tmp_path / "sizes.json").read_text())

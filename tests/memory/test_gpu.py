@@ -144,9 +144,9 @@ def test_witness_deepspeed_empties_the_cache_only_when_parameters_stay_on_the_de
     from pathlib import Path
 
     from tests.runjobs import free_port
-    from tests.zp import run_group
+    from tests.zp import extensions_dir, run_group
 
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=extensions_dir(tmp_path / "ext"))
     worker = Path(__file__).with_name("ds_empty_cache_worker.py")
     out = run_group([sys.executable, str(worker), str(free_port())], timeout=300, env=env, cwd=tmp_path)
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
@@ -179,9 +179,9 @@ def test_witness_deepspeed_gradient_buffers(tmp_path):
     from pathlib import Path
 
     from tests.runjobs import free_port
-    from tests.zp import run_group
+    from tests.zp import extensions_dir, run_group
 
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=extensions_dir(tmp_path / "ext"))
     worker = Path(__file__).with_name("ds_buffers_worker.py")
     out = run_group([sys.executable, str(worker), str(free_port())], timeout=300, env=env, cwd=tmp_path)
     res = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))[7:])

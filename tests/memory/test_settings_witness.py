@@ -98,9 +98,10 @@ def test_a_quantized_model_is_built_outside_zero_init_so_lora_keeps_no_fp32_inpu
     from pathlib import Path
 
     from tests.runjobs import free_port
+    from tests.zp import extensions_dir
 
     worker = Path(__file__).with_name("zero3_quantized_worker.py")
-    env = dict(os.environ, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+    env = dict(os.environ, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=extensions_dir(tmp_path / "ext"))
     done = subprocess.run([sys.executable, str(worker), str(tmp_path / "ckpt"), str(free_port())], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

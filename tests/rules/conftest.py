@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.zp import extensions_dir
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -37,7 +39,7 @@ def _free_port() -> int:
 def run_probe(module: str, args, out: Path, timeout: float = 300) -> str:
     """Run ``python -m module *args`` in its own process group (killed on every path); returns its output."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_PORT": str(_free_port()),
-           "TORCH_EXTENSIONS_DIR": str(out / "torch_extensions")}
+           "TORCH_EXTENSIONS_DIR": extensions_dir(out / "torch_extensions")}
     proc = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from tests.zp import extensions_dir
+
 REPO = Path(__file__).resolve().parents[2]
 
 # Qwen2-shaped, about 100 k parameters: fast on one CPU core, still has q/k/v/o and MLP projections.
@@ -72,7 +74,8 @@ def run_module(module: str, spec: Dict[str, Any], out: Path, timeout: float = 30
     """
     out.mkdir(parents=True, exist_ok=True)
     child_env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
-                     TOKENIZERS_PARALLELISM="false", **(env or {}))
+                     TOKENIZERS_PARALLELISM="false", TORCH_EXTENSIONS_DIR=extensions_dir(out / "torch_extensions"),
+                     **(env or {}))
     log = out / "log.txt"
     with open(log, "w") as fh:
         proc = subprocess.run([sys.executable, "-m", module, json.dumps(spec), str(out)], cwd=str(REPO),

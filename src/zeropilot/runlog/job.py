@@ -318,10 +318,22 @@ def _spans(ranks: List[int]) -> str:
 
 # -- verdicts ---------------------------------------------------------------------------------------------------
 
+def _named_node(records: RunRecords, lost: List[int]) -> Dict[str, Any]:
+    """The node of ranks ``lost`` as the report names nodes (the group holding them; its host and node rank)."""
+    key = next((k for k, members in groups(records).items() if set(lost) & set(members)), "unknown")
+    hosts = sorted({place_of(records, r).get("hostname") or "?" for r in lost if r in records.ranks})
+    node_rank = next((place_of(records, r).get("node_rank") for r in lost
+                      if r in records.ranks and place_of(records, r).get("node_rank") is not None), None)
+    return {"node": key, "node_rank": node_rank, "hostnames": hosts, "ranks": sorted(lost)}
+
+
 def node_verdict(records: RunRecords, ranks: List[Dict[str, Any]], verdict: Dict[str, Any]) -> Dict[str, Any]:
     """A crash in which every rank of one node stopped without an ``error`` or ``end`` record and without being
     terminated by its launcher, while ranks of other nodes outlived them, is that node's failure (the machine,
-    its network or all its processes lost), named once instead of as its ranks' crashes."""
+    its network or all its processes lost), named once instead of as its ranks' crashes. A watchdog's ``node_lost``
+    hang gets the node it named (so the checkpoint verdict knows the surviving ranks)."""
+    if verdict.get("kind") == "hang" and verdict.get("class") == "node_lost":
+        return dict(verdict, node=_named_node(records, verdict["ranks"]))
     if verdict.get("kind") != "crash":
         return verdict
     from zeropilot.guard.crash import terminated_ranks
