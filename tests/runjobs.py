@@ -353,7 +353,8 @@ BUILD_FLAGS = ["--no-check", "--hang-timeout", "3", "--on-hang", "stop"]
 def op_build_stopped_then_next() -> tuple:
     """A real JIT op build (``jobs/build_op.py``, 2 ranks) stopped by SIGTERM to ``zeropilot run`` while it
     holds its lock, then the next launch on the same ``TORCH_EXTENSIONS_DIR``, whose build outlasts its 3 s hang
-    timeout. Returns (stopped Job, next Job)."""
+    timeout. Returns (stopped Job, next Job, the stopped build's compilers still running once its ``zeropilot run``
+    ended)."""
     import time
 
     env = job_env("op_build")
@@ -379,11 +380,17 @@ def op_build_stopped_then_next() -> tuple:
         except (ProcessLookupError, PermissionError):
             pass
     stopped = Job(run_dir, proc.returncode, out, err, base / "ckpt", argv)
+    from zeropilot.runner.procs import COMPILERS, cwd, scan
+
+    ext = os.path.realpath(env["TORCH_EXTENSIONS_DIR"])
+    left = [f"{p.comm} (pid {p.pid})" for p in scan() if p.comm in COMPILERS
+            and (cwd(p.pid) or "").startswith(ext + os.sep)]  # compilers of the stopped build still running
     # on a loaded machine the compiler may have finished before the stop reached it: the next launch must build,
     # compile included (with the object file left, ninja only links: too quick for the watchdog to see a build)
     for built in Path(env["TORCH_EXTENSIONS_DIR"]).glob("zp_slow_op/*"):
         if built.suffix in (".o", ".so"):
             built.unlink()
     cmd[4] = str(free_port())
-    nxt = zeropilot_run("op_build_next", cmd, BUILD_FLAGS, env=env)
-    return stopped, nxt
+    # three times the default constexpr loop: the build must outlast the 3 s hang timeout on an idle machine too
+    nxt = zeropilot_run("op_build_next", [*cmd, "3000000"], BUILD_FLAGS, env=env)
+    return stopped, nxt, left

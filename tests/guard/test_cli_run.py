@@ -149,3 +149,26 @@ def test_the_launch_script_carries_the_environment_that_decides_the_launch(tmp_p
     _, launch = check([script])
     assert launch.world_size.value == 2 and launch.world_size.reason == "NPROC_PER_NODE"
     assert "PYTORCH_CUDA_ALLOC_CONF" in launch.env()
+
+
+def test_nothing_of_the_job_outlives_it_not_even_a_compiler_in_its_own_process_group(tmp_path):
+    """ninja runs each command in a process group of its own (same session): when the job ends with its ninja still
+    building, a kill of the job's group leaves the command running; ``zeropilot run`` ends the whole session."""
+    import shutil
+    import time
+
+    from zeropilot.runner.procs import cwd, scan
+
+    ninja = shutil.which("ninja")
+    assert ninja, "ninja is a dependency of the op builds (torch.utils.cpp_extension)"
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "build.ninja").write_text("rule slow\n  command = sleep 97\nbuild out: slow\n")
+    job = f"cd {build} && {ninja} >/dev/null 2>&1 & sleep 2; exit 0"  # the job ends while ninja still builds
+    r = _zp("run", "--out", str(tmp_path / "d"), "--no-check", "--", "/bin/sh", "-c", job)
+    assert r.returncode == 0, r.stderr[-2000:]
+    time.sleep(0.5)
+    left = [p for p in scan() if cwd(p.pid) == str(build)]
+    for p in left:
+        os.kill(p.pid, 9)
+    assert left == []
