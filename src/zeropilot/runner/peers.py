@@ -144,8 +144,10 @@ class Peers:
 
     def publish_verdict(self, record: Dict[str, Any]) -> Dict[str, Any]:
         """Write ``record`` as the job's verdict unless another node did first; returns the one that holds (``record``
-        itself when the store does not answer within :data:`READER_CONNECT_S`)."""
-        if self.gone_for() > 0:
+        itself when the store does not answer within :data:`READER_CONNECT_S`). Only a store judged gone
+        (:data:`STORE_GONE_S`) is not tried: a reader a few beats late on a loaded machine is no reason to keep this
+        node's own verdict (both nodes did, and wrote two)."""
+        if self.gone_for() >= STORE_GONE_S:
             return record
         self.confirmed = False
         held: List[Any] = []
