@@ -385,12 +385,8 @@ def op_build_stopped_then_next() -> tuple:
     ext = os.path.realpath(env["TORCH_EXTENSIONS_DIR"])
     left = [f"{p.comm} (pid {p.pid})" for p in scan() if p.comm in COMPILERS
             and (cwd(p.pid) or "").startswith(ext + os.sep)]  # compilers of the stopped build still running
-    # on a loaded machine the compiler may have finished before the stop reached it: the next launch must build,
-    # compile included (with the object file left, ninja only links: too quick for the watchdog to see a build)
-    for built in Path(env["TORCH_EXTENSIONS_DIR"]).glob("zp_slow_op/*"):
-        if built.suffix in (".o", ".so"):
-            built.unlink()
     cmd[4] = str(free_port())
-    # three times the default constexpr loop: the build must outlast the 3 s hang timeout on an idle machine too
+    # three times the default constexpr loop: the build must outlast the 3 s hang timeout on an idle machine too, and
+    # its other flags make ninja compile again whatever the stopped build had finished
     nxt = zeropilot_run("op_build_next", [*cmd, "3000000"], BUILD_FLAGS, env=env)
     return stopped, nxt, left

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import shutil
@@ -24,8 +25,6 @@ def _built_shm_op() -> Optional[Path]:
     accelerator: a minute or more of gcc on two cores), built once per test session into a folder of its own.
     None where it could not be built (each process then builds its own, as before)."""
     root = Path(tempfile.mkdtemp(prefix="zeropilot-shm-op-"))
-    import atexit
-
     atexit.register(shutil.rmtree, root, True)
     env = dict(os.environ, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(root))
     try:
