@@ -99,3 +99,31 @@ def test_the_reader_sees_ranks_names_silent_ones_and_one_verdict_holds(store, tm
         p.close()
     assert peers.from_heartbeats({0: {"store": "nohost"}}, 4) is None
     assert peers.from_heartbeats({0: {"store": "h:1", "world_size": 10**9}}, None) is None
+
+
+def test_a_verdict_the_reader_saw_holds_after_its_store_is_gone_and_nodes_that_took_it_are_known(tmp_path):
+    """The race the two-node straggler job met on a loaded machine: node 0 published, took its verdict and stopped its
+    job, its launcher's store with it, while node 1 was still judging; node 1's reader had seen node 0's verdict, but
+    node 1 could no longer publish and kept its own: two verdicts. The verdict seen holds; a node that takes it marks
+    so, and a node about to stop waits for those marks (``Watchdog.linger``)."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    for r in range(4):
+        server.set(f"{storebeat.PREFIX}{r}", json.dumps({"seq": 1, "phase": "forward", "rank": r, "node_rank": r // 2}))
+    first = {"verdict": {"class": "straggler", "ranks": [3]}, "named_by": {"node_rank": 0}}
+    p0 = peers.from_heartbeats({0: {"store": f"127.0.0.1:{server.port}", "world_size": 4}}, None)
+    p1 = peers.from_heartbeats({2: {"store": f"127.0.0.1:{server.port}", "world_size": 4}}, None)
+    try:
+        assert p0.publish_verdict(first, 0) == first and p0.confirmed
+        assert _wait(lambda: p1.verdict == first) and _wait(lambda: p0.seen_by == {0})
+        p1.acknowledge(1)
+        assert _wait(lambda: p0.seen_by == {0, 1})  # node 0 may stop now: node 1 has it
+        del server  # node 0's launcher ended: its store with it
+        assert _wait(lambda: p1.gone_for() > 0, 10)
+        own = {"verdict": {"class": "straggler", "ranks": [3], "reason": "node 1's flight records"},
+               "named_by": {"node_rank": 1}}
+        assert p1.publish_verdict(own, 1) == first and p1.confirmed  # the verdict seen holds, not node 1's own
+    finally:
+        p0.close()
+        p1.close()

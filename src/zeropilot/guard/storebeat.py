@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 STORE_ENV = "ZEROPILOT_STORE"
 PREFIX = "zeropilot/hb/"
 VERDICT_KEY = "zeropilot/verdict"
+SEEN_PREFIX = "zeropilot/verdict-seen/"  # + node rank: that node's watchdog has taken the verdict
 STORE_BEAT_S = 1.0  # one set per rank per second: the rate limit (bench/guard/store_beat.py measures its cost)
 CONNECT_TIMEOUT_S = 10.0
 RETRY_S = 5.0

@@ -24,6 +24,7 @@ FIRST_ANSWER_S = 60.0  # the watchdog waits this long for the store's first answ
 STORE_GONE_S = 15.0
 READER_CONNECT_S = 3.0
 RECONNECT_S = 5.0  # after a failure: the job is often ending then, and a connect in progress delays the end
+LINGER_S = 3 * storebeat.STORE_BEAT_S + READER_CONNECT_S + 2  # a stopping node waits this long for the others
 STATUS_FILE = "store-peers.json"
 MAX_VALUE = 256 * 1024  # a heartbeat larger than this is not one of ours
 
@@ -44,6 +45,7 @@ class Peers:
         self.started = time.time()
         self.adopted = False  # the store's verdict replaced one this node could not publish
         self.confirmed = True  # False after a verdict this node could not publish: the store's, once read, wins
+        self.seen_by: set = set()  # node ranks whose watchdog has taken the job's verdict (their key is set)
         self._status_seen: List[int] = []
         self._store = None
         self._lock = threading.Lock()
@@ -76,6 +78,9 @@ class Peers:
             store = self._store
             got = {r: self._read(store, f"{storebeat.PREFIX}{r}") for r in range(self.world_size)}
             verdict = self._read(store, storebeat.VERDICT_KEY)
+            nodes = {hb.get("node_rank") for hb in got.values() if hb is not None}
+            seen_by = {n for n in nodes if isinstance(n, int) and store.check([f"{storebeat.SEEN_PREFIX}{n}"])} \
+                if verdict is not None else set()
         except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/DistStoreError/TimeoutError
             self._store = None
             with self._lock:
@@ -95,6 +100,7 @@ class Peers:
                 if self.verdict != verdict and not self.confirmed:
                     self.adopted = True
                 self.verdict = verdict
+            self.seen_by |= seen_by
             seen = sorted(self.beats)
         if self.status_path and seen != self._status_seen:
             self._status_seen = seen
@@ -142,32 +148,56 @@ class Peers:
                 return 0.0
             return max(0.0, now - self.answered - storebeat.STORE_BEAT_S)
 
-    def publish_verdict(self, record: Dict[str, Any]) -> Dict[str, Any]:
-        """Write ``record`` as the job's verdict unless another node did first; returns the one that holds (``record``
-        itself when the store does not answer within :data:`READER_CONNECT_S`). Only a store judged gone
-        (:data:`STORE_GONE_S`) is not tried: a reader a few beats late on a loaded machine is no reason to keep this
-        node's own verdict (both nodes did, and wrote two)."""
+    def publish_verdict(self, record: Dict[str, Any], node: Optional[int] = None) -> Dict[str, Any]:
+        """Write ``record`` as the job's verdict unless another node did first, and mark node ``node`` as having
+        taken it; returns the one that holds. A verdict the reader has already seen in the store holds as it is
+        (its node may stop, and its store with it, before this one could ask again). ``record`` itself holds when
+        the store does not answer within :data:`READER_CONNECT_S` and the reader has seen none. Only a store judged
+        gone (:data:`STORE_GONE_S`) is not tried: a reader a few beats late on a loaded machine is no reason to keep
+        this node's own verdict (both nodes did, and wrote two)."""
+        with self._lock:
+            known = self.verdict
+        if known is not None:
+            self.acknowledge(node)
+            return known
         if self.gone_for() >= STORE_GONE_S:
             return record
         self.confirmed = False
         held: List[Any] = []
 
-        def run() -> None:
-            store = storebeat.connect(self.addr, READER_CONNECT_S)
+        def run(store) -> None:
             value = json.dumps(record, separators=(",", ":"), default=str)
             held.append(store.compare_set(storebeat.VERDICT_KEY, "", value))
+            if node is not None:
+                store.set(f"{storebeat.SEEN_PREFIX}{node}", "1")
+
+        self._in_thread(run, 3 * READER_CONNECT_S + 5)  # once per job; a loaded machine answers slowly
+        try:
+            got = json.loads(held[0].decode("utf-8", "replace")) if held and held[0] else None
+        except ValueError:
+            got = None
+        with self._lock:
+            if not isinstance(got, dict):  # not published: the store's, if the reader saw it meanwhile
+                got = self.verdict if self.verdict is not None else record
+            self.confirmed = bool(held) or self.verdict is not None
+            self.verdict = got
+            return got
+
+    def acknowledge(self, node: Optional[int]) -> None:
+        """Mark node ``node`` as having taken the job's verdict (a key in the store; waits at most a few seconds)."""
+        if node is None or self.gone_for() >= STORE_GONE_S:
+            return
+        self._in_thread(lambda store: store.set(f"{storebeat.SEEN_PREFIX}{node}", "1"), READER_CONNECT_S + 2)
+
+    def _in_thread(self, fn, timeout_s: float) -> None:
+        """``fn(store)`` on a connection of its own, in a daemon thread joined with ``timeout_s`` (a frozen store's
+        call never returns)."""
+        def run() -> None:
+            fn(storebeat.connect(self.addr, READER_CONNECT_S))
 
         thread = threading.Thread(target=_quiet(run), name="zeropilot-verdict", daemon=True)
         thread.start()
-        thread.join(3 * READER_CONNECT_S + 5)  # once per job; a loaded machine answers slowly
-        try:
-            got = json.loads(held[0].decode("utf-8", "replace")) if held and held[0] else record
-        except ValueError:
-            got = record
-        with self._lock:
-            self.confirmed = bool(held)
-            self.verdict = got if isinstance(got, dict) else record
-            return self.verdict
+        thread.join(timeout_s)
 
     def summary(self) -> Dict[str, Any]:
         """What ``run.json`` keeps of it: the store's address, whether it answered, the last error."""

@@ -201,6 +201,7 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
                 hang = fired
                 print(f"zeropilot run: hang: {fired['verdict']['cause']} (see {d.hang_file})", file=sys.stderr)
                 if opts.on_hang == "stop":
+                    dog.linger()  # the other nodes take the verdict before this node's store may end
                     _stop(proc)
         code = proc.wait()
     finally:

@@ -280,6 +280,21 @@ class Watchdog:
             p.adopted, p.confirmed = False, True
             self._adopt(p.verdict)
 
+    def linger(self, wait_s: float = peers_mod.LINGER_S) -> None:
+        """Before this node stops its job (and, on the master node, the store with it): wait up to ``wait_s`` until
+        every other node whose ranks still beat has taken the verdict, so that none is left to judge alone."""
+        p = self.peers
+        if p is None or not self.fired:
+            return
+        me = self._me()["node_rank"]
+        beats, _ = p.snapshot()
+        silent = set(p.silent())
+        others = {hb.get("node_rank") for r, hb in beats.items()
+                  if r not in silent and hb.get("phase") != "exit"} - {me, None}
+        end = time.time() + wait_s
+        while not others <= p.seen_by and time.time() < end:
+            time.sleep(0.2)
+
     def _ended(self, p: "peers_mod.Peers") -> bool:
         """Whether the job ended here (every rank seen said ``exit``, or no local rank lives): a store gone then is
         the master's launcher that ended with it, not a lost master."""
@@ -326,6 +341,8 @@ class Watchdog:
         record = self._record(held.get("verdict") if isinstance(held.get("verdict"), dict) else {},
                               self._local_states(self._beats(), set()), [])
         record["named_by"] = held.get("named_by")
+        if self.peers is not None:
+            self.peers.acknowledge(self._me()["node_rank"])
         return self._write(record)
 
     def _record(self, verdict: Dict, states: List[RankState], locks: List[Dict]) -> Dict:
@@ -370,7 +387,8 @@ class Watchdog:
         record = self._record(verdict, states, locks)
         record["flight_recorder_summary"] = fr
         if self.peers is not None:  # the first node's verdict holds on every node
-            held = self.peers.publish_verdict({"verdict": verdict, "named_by": record["named_by"]})
+            held = self.peers.publish_verdict({"verdict": verdict, "named_by": record["named_by"]},
+                                              record["named_by"]["node_rank"])
             if isinstance(held.get("verdict"), dict):
                 record["verdict"], record["named_by"] = held["verdict"], held.get("named_by")
         return self._write(record)
