@@ -65,7 +65,8 @@ def main() -> None:
     acting = constrained(rows, FREE)
     best = fit(rows, free=acting) if acting else DEFAULT
     errs = [abs(estimate_gpu(r.inputs, best).peak_bytes / r.measured_bytes - 1) for r in rows]
-    print(f"tuning rows: {len(rows)}; mean squared rel. error {before:.4f} (current constants) -> {loss(best, rows):.4f}")
+    print(f"tuning rows: {len(rows)}; mean squared rel. error {before:.4f} (current constants) "
+          f"-> {loss(best, rows):.4f}")
     print(f"tuning median |err| {100 * statistics.median(errs):.1f}%, max {100 * max(errs):.1f}%")
     show(best, FREE, acting)
 
