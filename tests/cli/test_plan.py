@@ -142,6 +142,9 @@ def test_llamafactory_settings_change_the_figure_or_are_named(capsys, tmp_path):
         # QLoRA is sized, and named as approximate until a GPU run in training mode checks it (bench/plan/settings)
         assert named == (["quant_bits: 4"] if name == "qlora" else []), name
         assert data["verdict"]["approximate"] is (name == "qlora"), name
+        if name == "qlora":  # modelled but unchecked is said so, not called "not modelled"
+            assert "quant_bits: 4 modelled, not yet checked on a GPU" in data["verdict"]["message"], data["verdict"]
+            assert "not modelled" not in data["verdict"]["message"].split(" (see")[0], data["verdict"]
         peak[name] = data["gpu_peak_bytes"]
     assert peak["qv"] < peak["all"] and peak["freeze"] < peak["full"] and peak["qlora"] < peak["lora"]
     launch = _llamafactory(tmp_path, "smoothing", "finetuning_type: lora\nlabel_smoothing_factor: 0.1\n")
@@ -151,3 +154,4 @@ def test_llamafactory_settings_change_the_figure_or_are_named(capsys, tmp_path):
     assert main(["plan", launch, *gpus]) == 0
     text = capsys.readouterr().out
     assert "approximate" in text and "Not modelled" in text and "label_smoothing_factor: 0.1" in text
+    assert "approximate: label_smoothing_factor: 0.1 not modelled (see" in text

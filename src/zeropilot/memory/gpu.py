@@ -345,7 +345,8 @@ def _init_phase(inputs: PlanInputs, params: int, trainable: int, whole_bytes: Op
                          f"built inside zero.Init: 1/{n} of the 16-bit weights, then initialize's fp32 master "
                          "partition and gradient buffer")
     return Component("init_peak", int(max(whole, after)), "init",
-                     f"no zero.Init: the whole 16-bit model ({whole / GIB:.2f} GiB) on every GPU until "
+                     f"no zero.Init: the whole {'quantized' if inputs.quant_bits else '16-bit'} model "
+                     f"({whole / GIB:.2f} GiB) on every GPU until "
                      "deepspeed.initialize partitions it; the caching allocator keeps it reserved")
 
 

@@ -184,6 +184,9 @@ def _notes(inputs: PlanInputs, ckpt: Checkpoint, c: Constants, peak: int) -> Lis
     return notes
 
 
+UNCHECKED = "not yet checked against"  # in what a setting assumes: modelled, but no GPU run has confirmed it
+
+
 def unmodelled(inputs: PlanInputs) -> Tuple[Tuple[str, str], ...]:
     """What the plan does not model of ``inputs``, as (setting, what the figure assumes): the launch's settings it
     does not model (:attr:`PlanInputs.not_modelled`) and the combinations of modelled ones it does not."""
@@ -208,11 +211,11 @@ def unmodelled(inputs: PlanInputs) -> Tuple[Tuple[str, str], ...]:
     if inputs.quant_bits:  # pre-registered H200 rows, bench/plan/settings: measured above the figure
         out.append((f"quant_bits: {inputs.quant_bits} ({src.get('quant_bits', 'given')})",
                     "bitsandbytes' packed weights, one dequantized matrix at a time, the model built outside "
-                    "zero.Init (not yet checked against a GPU run in training mode: bench/plan/settings)"))
+                    f"zero.Init ({UNCHECKED} a GPU run in training mode: bench/plan/settings)"))
     if inputs.optimizer == "adamw_8bit":
         out.append((f"optimizer: adamw_8bit ({src.get('optimizer', 'given')})",
                     "two one-byte states per element, DeepSpeed's fp32 and flattened gradients at the step, the "
-                    "allocator replayed at ZeRO-1/2 (not yet checked against a held-out GPU run: bench/plan/settings)"))
+                    f"allocator replayed at ZeRO-1/2 ({UNCHECKED} a held-out GPU run: bench/plan/settings)"))
     if inputs.quant_bits and inputs.offload_param != "none":
         out.append(("a quantized base with offload_param", "the packed weights offloaded like 16-bit ones"))
     return tuple(out)
@@ -224,9 +227,15 @@ def approximate(verdict: Verdict, inputs: PlanInputs) -> Verdict:
     missing = unmodelled(inputs)
     if not missing:
         return verdict
-    keys = ", ".join(dict.fromkeys(setting.split(" (")[0] for setting, _ in missing))
+    def keys(unchecked: bool) -> str:
+        return ", ".join(dict.fromkeys(setting.split(" (")[0] for setting, assumes in missing
+                                       if (UNCHECKED in assumes) == unchecked))
+
+    said = [f"{keys(False)} not modelled" if keys(False) else "",
+            f"{keys(True)} modelled, not yet checked on a GPU" if keys(True) else ""]
     return Verdict(verdict.kind, verdict.headroom_bytes,
-                   f"{verdict.message} — approximate: {keys} not modelled (see 'Not modelled')", approximate=True)
+                   f"{verdict.message} — approximate: {'; '.join(t for t in said if t)} (see 'Not modelled')",
+                   approximate=True)
 
 
 def make_plan(inputs: PlanInputs, c: Constants = DEFAULT) -> Plan:
