@@ -11,7 +11,7 @@ the guard's own publisher (:class:`zeropilot.guard.storebeat.StoreBeat`, the rea
   part that holds the GIL;
 - ``get_us`` and ``round_trips_per_s``: a ``get`` of that heartbeat (a full round trip, what a node's watchdog does
   per rank and second), and how many one client does per second back to back;
-- the step time of a CPU training step (a small MLP, forward, backward, SGD) in alternating blocks with and without
+- the step time of a CPU training step (a small MLP, forward, backward, SGD) in alternating blocks of --block-s seconds (several beats) with and without
   the publisher running: ``overhead_pct`` (median of the per-pair differences), and the bound the rate limit gives:
   ``bound_pct`` = (payload_us + set_us) / STORE_BEAT_S as a share of the wall time.
 """
@@ -62,7 +62,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--pairs", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--block-s", type=float, default=5.0,
+                    help="seconds of steps per block: several beats, so that the publisher runs in every 'on' block")
     args = ap.parse_args()
     torch.set_num_threads(1)
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
@@ -92,7 +93,8 @@ def main() -> int:
 
     def block() -> float:
         times = []
-        for _ in range(args.steps):
+        end = time.perf_counter() + args.block_s
+        while time.perf_counter() < end:
             s = time.perf_counter()
             opt.zero_grad()
             model(x).square().mean().backward()
@@ -104,6 +106,7 @@ def main() -> int:
 
     block()  # warm-up
     pairs = []
+    sent = 0
     for i in range(args.pairs):
         first_on = i % 2 == 1  # alternate the order within a pair
         res = {}
@@ -117,13 +120,15 @@ def main() -> int:
             if thread is not None:
                 beat._stop.set()
                 thread.join()
-        pairs.append({"off_s": res[False], "on_s": res[True]})
+        pairs.append({"off_s": res[False], "on_s": res[True], "sets": beat.sent - sent})
+        sent = beat.sent
     diffs = [100 * (p["on_s"] - p["off_s"]) / p["off_s"] for p in pairs]
     step = statistics.median(p["off_s"] for p in pairs)
-    result = {"command": "python bench/guard/store_beat.py --out " + args.out,
+    result = {"command": "python bench/guard/store_beat.py " + " ".join(sys.argv[1:]),
               "torch": torch.__version__, "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
               "store_beat_s": storebeat.STORE_BEAT_S, "payload_bytes": len(value), "payload_us": round(build, 1),
-              "set_us": round(set_us, 1), "get_us": round(get_us, 1), "round_trips_per_s": round(per_s), "sets_by_publisher": beat.sent,
+              "set_us": round(set_us, 1), "get_us": round(get_us, 1), "round_trips_per_s": round(per_s),
+              "sets_by_publisher": beat.sent, "block_s": args.block_s,
               "step_s": step, "beats_per_step": step / storebeat.STORE_BEAT_S,
               "bound_pct": round(100 * (build + set_us) * 1e-6 / storebeat.STORE_BEAT_S, 4),
               "overhead_pct": round(statistics.median(diffs), 3), "overhead_pct_pairs": [round(d, 3) for d in diffs],
