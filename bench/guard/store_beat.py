@@ -12,8 +12,9 @@ the guard's own publisher (:class:`zeropilot.guard.storebeat.StoreBeat`, the rea
 - ``get_us`` and ``round_trips_per_s``: a ``get`` of that heartbeat (a full round trip, what a node's watchdog does
   per rank and second), and how many one client does per second back to back;
 - the step time of a CPU training step (a small MLP, forward, backward, SGD) in alternating blocks of ``--block-s``
-  seconds (several beats) with and without the publisher running: ``overhead_pct`` (median of the per-pair differences), and the bound the rate limit gives:
-  ``bound_pct`` = (payload_us + set_us) / STORE_BEAT_S as a share of the wall time.
+  seconds (several beats) with and without the publisher running: ``overhead_pct`` (median of the per-pair
+  differences), and the bound the rate limit gives: ``bound_pct`` = (payload_us + set_us) / STORE_BEAT_S as a share
+  of the wall time.
 """
 
 from __future__ import annotations
