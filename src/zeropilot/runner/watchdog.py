@@ -292,8 +292,8 @@ class Watchdog:
         others = {hb.get("node_rank") for r, hb in beats.items()
                   if r not in silent and hb.get("phase") != "exit"} - {me, None}
         end = time.time() + wait_s
-        while not others <= p.seen_by and time.time() < end:
-            time.sleep(0.2)
+        while not others <= p.seen_by and time.time() < end and p.gone_for() < 2 * storebeat.STORE_BEAT_S:
+            time.sleep(0.2)  # a store that stopped answering takes no marks: no use waiting for them
 
     def _ended(self, p: "peers_mod.Peers") -> bool:
         """Whether the job ended here (every rank seen said ``exit``, or no local rank lives): a store gone then is
