@@ -11,4 +11,4 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
         || echo "ci/test.sh: could not install chromium; the report's browser test will fail" >&2
 fi
 export DS_ACCELERATOR=cpu
-python -m pytest -q -p no:cacheprovider "$@"
+python -m pytest -q -p no:cacheprovider --durations=25 "$@"  # the slowest: where the suite's time goes
