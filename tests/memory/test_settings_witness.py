@@ -111,3 +111,28 @@ def test_a_quantized_model_is_built_outside_zero_init_so_lora_keeps_no_fp32_inpu
     qlora = PlanInputs(arch, stage=3, zero_init=True, lora_rank=8, quant_bits=4)
     assert not qlora.zero_init and "outside zero.Init" in qlora.sources["zero_init"]
     assert lora_fp32_inputs(qlora) == 0 < lora_fp32_inputs(PlanInputs(arch, stage=3, zero_init=True, lora_rank=8))
+
+
+def test_a_quantized_model_loads_onto_the_gpu_so_the_host_holds_one_tensor_at_a_time(monkeypatch):
+    """transformers' bitsandbytes quantizers (4- and 8-bit) give a load with no device map the current GPU's, so
+    ``from_pretrained`` sends each tensor to the GPU as it reads it: the plan's host figure for loading a quantized
+    model is one 16-bit tensor per rank, not the whole model."""
+    import torch
+    from transformers import BitsAndBytesConfig
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    from zeropilot.memory.host import estimate_host
+    from zeropilot.models.params import count_params
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the decision as it runs on a GPU machine
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    for config in (BitsAndBytesConfig(load_in_4bit=True), BitsAndBytesConfig(load_in_8bit=True)):
+        assert AutoHfQuantizer.from_config(config).update_device_map(None) == {"": 3}
+    cfg, _ = _model(2)
+    arch = from_config(cfg.to_dict(), "llama")
+    counts = count_params(arch)
+    plain = estimate_host(PlanInputs(arch, stage=2, lora_rank=8), counts.total, 0)
+    quantized = estimate_host(PlanInputs(arch, stage=2, lora_rank=8, quant_bits=4), counts.total, 0)
+    assert plain.load_peak_per_node_bytes == 2 * counts.total
+    assert quantized.load_peak_per_node_bytes == 2 * counts.largest < plain.load_peak_per_node_bytes
+    assert "tensor by tensor" in quantized.reason

@@ -44,7 +44,8 @@ class HostMemory:
         per_process_bytes: resident memory of one training process at steady state.
         per_node_bytes: all processes of one node.
         load_peak_per_node_bytes: extra while every rank loads the 16-bit weights on the CPU before
-            DeepSpeed takes them (``from_pretrained`` without ``zero.Init``), per node.
+            DeepSpeed takes them (``from_pretrained`` without ``zero.Init``), per node; a quantized model passes
+            through the host one tensor at a time.
         reason: how it was worked out.
     """
 
@@ -115,7 +116,15 @@ def estimate_host(inputs: PlanInputs, params: int, trainable: int, c: Constants 
             why += (f" + {convert / GIB:.1f} GiB transient fp32 copy of one sub-group, made on the CPU on its way to "
                     "the GPU's fp32 master (call 29's host logs)")
     one_copy = inputs.stage == 3 and inputs.zero_init
-    load = 2 * params if one_copy else 2 * params * per_node
-    why += ("; loading: ZeRO-3 in zero.Init reads the 16-bit weights once per node" if one_copy else
-            "; loading: every rank holds the whole 16-bit model on the CPU (no zero.Init)")
+    if inputs.quant_bits:
+        # transformers gives a bitsandbytes-quantized load the device map of the current GPU when none is set
+        # (quantizers/quantizer_bnb_4bit.py and _8bit.py ``update_device_map``; LLaMA-Factory sets the same): each
+        # tensor goes to the GPU as it is read, never the whole model on the host (tests/memory/test_settings_witness)
+        load = 2 * count_params(inputs.arch).largest * per_node
+        why += ("; loading: a quantized model loads tensor by tensor onto each rank's GPU (one 16-bit tensor on the "
+                "host)")
+    else:
+        load = 2 * params if one_copy else 2 * params * per_node
+        why += ("; loading: ZeRO-3 in zero.Init reads the 16-bit weights once per node" if one_copy else
+                "; loading: every rank holds the whole 16-bit model on the CPU (no zero.Init)")
     return HostMemory(int(proc), int(proc * per_node), int(load), why)
