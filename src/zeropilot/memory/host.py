@@ -118,8 +118,9 @@ def estimate_host(inputs: PlanInputs, params: int, trainable: int, c: Constants 
     one_copy = inputs.stage == 3 and inputs.zero_init
     if inputs.quant_bits:
         # transformers gives a bitsandbytes-quantized load the device map of the current GPU when none is set
-        # (quantizers/quantizer_bnb_4bit.py and _8bit.py ``update_device_map``; LLaMA-Factory sets the same): each
-        # tensor goes to the GPU as it is read, never the whole model on the host (tests/memory/test_settings_witness)
+        # (quantizers/quantizer_bnb_4bit.py and _8bit.py ``update_device_map``; LLaMA-Factory sets the same itself
+        # outside ZeRO-3): each tensor goes to the GPU as it is read, never the whole model on the host (witness:
+        # tests/memory/test_settings_witness.py)
         load = 2 * count_params(inputs.arch).largest * per_node
         why += ("; loading: a quantized model loads tensor by tensor onto each rank's GPU (one 16-bit tensor on the "
                 "host)")
