@@ -2,9 +2,9 @@
 
 It reads heartbeats (``heartbeat-rank-N.json``) and the size of every ``rank-N.jsonl``; progress is
 any change of either. An op build is progress too: when the deadline comes while a compiler of this job
-(``/proc``: the job's session and the descendants of its first process, :mod:`zeropilot.runner.procs`) is alive and using CPU, or the build folder changed, the
-deadline moves on by another timeout and the build is recorded (``builds`` in run.json) instead of a hang. On a
-hang it asks every live rank for its stacks (faulthandler's signal, see :mod:`zeropilot.guard.rank`) and its
+(``/proc``: the job's session and the descendants of its first process, :mod:`zeropilot.runner.procs`) is alive
+and using CPU, or the build folder changed, the deadline moves on by another timeout and the build is recorded
+(``builds`` in run.json) instead of a hang. On a hang it asks every live rank for its stacks (faulthandler's signal, see :mod:`zeropilot.guard.rank`) and its
 flight recorder (NCCL: its dump pipe; gloo: the guard's heartbeat thread, on ``.fr-request``), waits a moment
 for them, and writes the verdict of :mod:`zeropilot.guard.hangs`.
 
@@ -222,7 +222,8 @@ class Watchdog:
             if pipe:
                 self._poke_pipe(Path(f"{pipe}{rank}.pipe"))
         time.sleep(DUMP_WAIT_S)
-        pipes = [r for r in beats if Path(f"{self.env.get(PIPE_ENV, '')}{r}.pipe").exists()] if self.env.get(PIPE_ENV) else []
+        prefix = self.env.get(PIPE_ENV)
+        pipes = [r for r in beats if Path(f"{prefix}{r}.pipe").exists()] if prefix else []
         deadline = time.time() + FR_WAIT_S
         while pipes and time.time() < deadline and not all(self.dir.flight_recorder(r).exists() for r in pipes):
             time.sleep(0.5)
