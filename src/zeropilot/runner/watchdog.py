@@ -1,12 +1,12 @@
 """The hang watchdog: no rank progressed for the timeout -> stacks, flight recorder, ``hang.json``.
 
-It reads heartbeats (``heartbeat-rank-N.json``) and the size of every ``rank-N.jsonl``; progress is
-any change of either. An op build is progress too: when the deadline comes while a compiler of this job
-(``/proc``: the job's session and the descendants of its first process, :mod:`zeropilot.runner.procs`) is alive
-and using CPU, or the build folder changed, the deadline moves on by another timeout and the build is recorded
-(``builds`` in run.json) instead of a hang. On a hang it asks every live rank for its stacks (faulthandler's
-signal, see :mod:`zeropilot.guard.rank`) and its flight recorder (NCCL: its dump pipe; gloo: the guard's heartbeat thread, on ``.fr-request``), waits a moment
-for them, and writes the verdict of :mod:`zeropilot.guard.hangs`.
+It reads heartbeats (``heartbeat-rank-N.json``) and the size of every ``rank-N.jsonl``; progress is any change of
+either. An op build is progress too: when the deadline comes while a compiler of this job (``/proc``: the job's
+session and the descendants of its first process, :mod:`zeropilot.runner.procs`) is alive and using CPU, or the
+build folder changed, the deadline moves on by another timeout and the build is recorded (``builds`` in run.json)
+instead of a hang. On a hang it asks every live rank for its stacks (faulthandler's signal, see
+:mod:`zeropilot.guard.rank`) and its flight recorder (NCCL: its dump pipe; gloo: the guard's heartbeat thread, on
+``.fr-request``), waits a moment for them, and writes the verdict of :mod:`zeropilot.guard.hangs`.
 
 Across nodes (the ranks publish their heartbeats in the job's c10d store, :mod:`zeropilot.guard.storebeat`) it
 reads every rank's from there too (:mod:`zeropilot.runner.peers`): progress anywhere in the job is progress; a
