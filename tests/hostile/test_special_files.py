@@ -134,6 +134,7 @@ def test_every_command_refuses_special_files_without_waiting(tmp_path, specials)
         "top --format json": ["top", "X", "--format", "json"],
         "ckpt inspect": ["ckpt", "inspect", "X"],
         "ckpt export": ["ckpt", "export", "X", str(tmp_path / "never")],
+        "ckpt universal": ["ckpt", "universal", "X", str(tmp_path / "never"), "--no-progress"],
         "ckpt verify": ["ckpt", "verify", "X", "--against", str(CKPT)],
         "ckpt verify --against": ["ckpt", "verify", str(_export_like(tmp_path / "export")), "--against", "X"],
         "calibrate --checkpoint-dir": ["calibrate", "--checkpoint-dir", "X", "--out", str(tmp_path / "p.json")],
@@ -144,6 +145,7 @@ def test_every_command_refuses_special_files_without_waiting(tmp_path, specials)
         "report --out": ["report", str(run), "--out", "X"],
         "plan --write-ds-config": ["plan", *model, "--gpus", "1x80GiB", "--search", "--write-ds-config", "X"],
         "ckpt export OUT --force": ["ckpt", "export", str(CKPT), "X", "--force", "--no-progress"],
+        "ckpt universal OUT --force": ["ckpt", "universal", str(CKPT), "X", "--force", "--no-progress"],
         "calibrate --out": ["calibrate", "--out", "X", "--checkpoint-dir", str(tmp_path)],
         "run --out": ["run", "--out", "X", "--", sys.executable, "-c", "pass"],
         "repro --out": ["repro", str(launch), "--cpu", "--nproc", "1", *model, "--out", "X"],
@@ -166,6 +168,8 @@ def test_every_command_refuses_special_files_without_waiting(tmp_path, specials)
     assert "a FIFO: refused as an output" in reasons["run --out [fifo]"]
     assert "not a directory" in reasons["ckpt inspect [fifo]"] and "not a folder" in reasons["report [socket]"]
     assert "not a directory" in reasons["ckpt verify --against [dev-null]"]
+    assert "not a directory" in reasons["ckpt universal [fifo]"]
+    assert "a socket: refused as an output" in reasons["ckpt universal OUT --force [socket]"]
 
 
 @pytest.mark.slow
