@@ -101,7 +101,7 @@ def test_the_reader_sees_ranks_names_silent_ones_and_one_verdict_holds(store, tm
     assert peers.from_heartbeats({0: {"store": "h:1", "world_size": 10**9}}, None) is None
 
 
-def test_a_verdict_the_reader_saw_holds_after_its_store_is_gone_and_nodes_that_took_it_are_known(tmp_path):
+def test_a_verdict_the_reader_saw_holds_after_its_store_is_gone_and_nodes_that_took_it_are_known():
     """The race the two-node straggler job met on a loaded machine: node 0 published, took its verdict and stopped its
     job, its launcher's store with it, while node 1 was still judging; node 1's reader had seen node 0's verdict, but
     node 1 could no longer publish and kept its own: two verdicts. The verdict seen holds; a node that takes it marks

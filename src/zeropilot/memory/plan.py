@@ -227,15 +227,14 @@ def approximate(verdict: Verdict, inputs: PlanInputs) -> Verdict:
     missing = unmodelled(inputs)
     if not missing:
         return verdict
-    def keys(unchecked: bool) -> str:
-        return ", ".join(dict.fromkeys(setting.split(" (")[0] for setting, assumes in missing
-                                       if (UNCHECKED in assumes) == unchecked))
-
-    said = [f"{keys(False)} not modelled" if keys(False) else "",
-            f"{keys(True)} modelled, not yet checked on a GPU" if keys(True) else ""]
+    said = []
+    for unchecked, what in ((False, "not modelled"), (True, "modelled, not yet checked on a GPU")):
+        keys = dict.fromkeys(setting.split(" (")[0] for setting, assumes in missing
+                             if (UNCHECKED in assumes) == unchecked)
+        if keys:
+            said.append(f"{', '.join(keys)} {what}")
     return Verdict(verdict.kind, verdict.headroom_bytes,
-                   f"{verdict.message} — approximate: {'; '.join(t for t in said if t)} (see 'Not modelled')",
-                   approximate=True)
+                   f"{verdict.message} — approximate: {'; '.join(said)} (see 'Not modelled')", approximate=True)
 
 
 def make_plan(inputs: PlanInputs, c: Constants = DEFAULT) -> Plan:
