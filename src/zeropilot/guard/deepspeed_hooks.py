@@ -18,16 +18,18 @@ setup.listen()
 
 
 
-def _in_phase(phase: str):
-    def make(original):
-        def wrapper(self, *args, **kwargs):
-            guard = peek()
-            if guard is None or guard.op_stack:
-                return original(self, *args, **kwargs)
-            guard.set_phase(phase)
+def _backward(original):
+    """The backward phase; ``idle`` once it returned, so that what the loop does before the next micro batch's
+    forward (loading it) is counted as such in the step record's ``phase_seconds``, not as backward."""
+    def wrapper(self, *args, **kwargs):
+        guard = peek()
+        if guard is None or guard.op_stack:
             return original(self, *args, **kwargs)
-        return wrapper
-    return make
+        guard.set_phase("backward")
+        result = original(self, *args, **kwargs)
+        guard.set_phase("idle")
+        return result
+    return wrapper
 
 
 def _forward(original):
@@ -158,7 +160,7 @@ class _count_files:
 def patch_engine_class(cls: Any) -> None:
     """Wrap the methods of ``DeepSpeedEngine`` (once)."""
     checkpoint.wrap_method(cls, "forward", _forward)
-    checkpoint.wrap_method(cls, "backward", _in_phase("backward"))
+    checkpoint.wrap_method(cls, "backward", _backward)
     checkpoint.wrap_method(cls, "step", _step)
     checkpoint.wrap_method(cls, "save_checkpoint", _save)
     checkpoint.wrap_method(cls, "load_checkpoint", _load)

@@ -43,6 +43,12 @@ class RunDir:
     def hang_file(self) -> Path:
         return self.root / "hang.json"
 
+    @property
+    def timeouts_file(self) -> Path:
+        """The sections' measured durations, from which the watchdog learns its deadlines (``runlog.timeouts``);
+        kept across attempts in one run directory and read by a later run with ``--timeouts-from``."""
+        return self.root / "timeouts.json"
+
     def events(self, rank: int) -> Path:
         return self.root / f"rank-{rank}.jsonl"
 
