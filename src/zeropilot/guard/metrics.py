@@ -33,7 +33,8 @@ PREFIX_ENV = "ZEROPILOT_METRICS_PREFIX"
 MODES = ("max", "ranks", "off")
 DEFAULT_PREFIX = "zeropilot/"
 GIB = float(1 << 30)
-STRAGGLERS_EVERY_S = 10.0
+STRAGGLERS_EVERY = 2  # steps between two comparisons of the ranks' own times
+STRAGGLERS_WINDOW = 16  # newest steps per rank compared
 
 #: figure name -> the step record's memory field it is read from (GiB: trackers plot numbers people read).
 MEMORY_FIGURES = (
@@ -121,7 +122,7 @@ class Figures:
         self._tails: Dict[int, Any] = {}
         self.windows: Dict[int, _RankWindow] = {}
         self.live: Dict[int, RankLive] = {}  # each rank's newest steps, for the straggler figures
-        self._stragglers: Tuple[float, Dict[str, float]] = (0.0, {})  # (when, figures) of the last comparison
+        self._stragglers: Tuple[int, Dict[str, float]] = (-1, {})  # (steps read, figures) at the last comparison
 
     def read(self) -> None:
         from zeropilot.runlog.live import RankLive, _apply, _record, _Tail
@@ -140,13 +141,13 @@ class Figures:
         """``stragglers`` (how many ranks straggle over their newest steps: ``runlog.stragglers``) and, when one
         does, the slowest one's ``straggler_rank`` and ``straggler_ratio`` (its own seconds over its peers').
 
-        Compared at most every :data:`STRAGGLERS_EVERY_S` (about 2 ms for 8 ranks on a loaded CPU: at every step of
-        a DeepSpeed monitor that would be felt); between, the last figures are logged again."""
-        import time
-
-        now = time.monotonic()
-        if not self._stragglers[1] or now - self._stragglers[0] >= STRAGGLERS_EVERY_S:
-            self._stragglers = (now, self._compare(pre))
+        Compared every :data:`STRAGGLERS_EVERY` steps over the newest :data:`STRAGGLERS_WINDOW` (under a millisecond
+        for 8 ranks on a loaded 2-core CPU, ``timeit``: at every step of a DeepSpeed monitor it would be felt);
+        between, the last figures are logged again."""
+        steps = max((s.steps_seen for s in self.live.values()), default=0)
+        last = self._stragglers[0]
+        if last < 0 or steps - last >= STRAGGLERS_EVERY:
+            self._stragglers = (steps, self._compare(pre))
         return dict(self._stragglers[1])
 
     def _compare(self, pre: str) -> Dict[str, float]:
@@ -155,7 +156,7 @@ class Figures:
         if not any(st.idle is not None for s in self.live.values() for st in s.recent):
             return {}  # no step with phase times yet: nothing to compare
         stage = next((s.zero_stage for s in self.live.values() if s.zero_stage is not None), None)
-        found = find({r: list(s.recent) for r, s in self.live.items()}, stage)
+        found = find({r: list(s.recent)[-STRAGGLERS_WINDOW:] for r, s in self.live.items()}, stage)
         out = {pre + "stragglers": float(len(found))}
         if found:
             out[pre + "straggler_rank"] = float(found[0]["rank"])
