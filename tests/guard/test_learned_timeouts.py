@@ -33,7 +33,7 @@ def test_a_save_past_the_fixed_timeout_is_stopped_the_first_time_and_kept_as_cut
     assert hang["deadline"]["seconds"] == 8.0 and hang["verdict"]["class"] in ("slow_storage", "straggler")
     learned = tmo.read(RunDir(first.run_dir).timeouts_file)
     assert learned.sections["save"].cut_s >= 8.0 and learned.sections["save"].count == 0  # stopped, never ended
-    assert learned.sections["step"].count >= 2 * tmo.MIN_STEPS  # steps 2-7 of both ranks
+    assert learned.sections["step"].count >= tmo.MIN_STEPS  # steps 2-7 (rank 0's: each rank's step is the job's)
 
 
 def test_the_later_run_lets_the_same_save_finish_and_stops_a_step_far_past_its_median():

@@ -29,7 +29,7 @@ def test_records_read_live_teach_the_step_deadline_and_are_written(tmp_path):
     d = watch.deadline()
     assert (d.section, d.source, d.seconds) == ("step", "learned", tmo.STEP_FLOOR_S)
     data = json.loads(RunDir(run).timeouts_file.read_text())
-    assert data["sections"]["step"]["count"] == 26 and data["runs"] == [str(run)]
+    assert data["sections"]["step"]["count"] == 13 and data["runs"] == [str(run)]
     assert watch.elapsed("step", now=104.0) == 4.0
 
 

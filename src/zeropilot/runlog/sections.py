@@ -70,8 +70,9 @@ class SectionWatch:
             for raw in tail.lines():
                 rec = _record(raw)
                 for section, seconds in tmo.observe(clock, rec) if rec is not None else ():
-                    self.learned.add(section, seconds)
-                    self._dirty = True
+                    if tmo.learns(section, r, self.clocks):
+                        self.learned.add(section, seconds)
+                        self._dirty = True
         for r, hb in beats.items():
             phase = hb.get("phase") if isinstance(hb.get("phase"), str) else None
             section = tmo.section_of(phase, self.clocks.get(r, tmo.RankClock()).stepped)

@@ -28,7 +28,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from zeropilot import safefile
 from zeropilot.errors import InputError
@@ -120,6 +120,13 @@ def observe(clock: RankClock, rec: Dict[str, Any]) -> List[Tuple[str, float]]:
         if kind == "load" and t is not None:
             clock.ready_t, clock.stepped = t, False
     return out
+
+
+def learns(section: str, rank: int, ranks: Iterable[int]) -> bool:
+    """Whether ``rank``'s duration of ``section`` is learned: every rank's, but a step only from the lowest rank
+    (every rank's step ends in the same collectives, so one rank's step times are the job's, and :data:`MIN_STEPS`
+    counts steps, not ranks)."""
+    return section != "step" or rank == min(ranks)
 
 
 def section_of(phase: Optional[str], stepped: bool) -> Optional[str]:
@@ -322,7 +329,8 @@ def learn_from_records(records: Any) -> Learned:
         clock = RankClock()
         for rec in rank_stream(records.ranks[rank]):
             for section, seconds in observe(clock, rec):
-                learned.add(section, seconds)
+                if learns(section, rank, records.ranks):
+                    learned.add(section, seconds)
     learned.note_run(str(records.root))
     return learned
 
