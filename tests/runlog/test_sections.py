@@ -24,10 +24,12 @@ def _run(tmp_path) -> Path:
 def test_records_read_live_teach_the_step_deadline_and_are_written(tmp_path):
     run = _run(tmp_path)
     watch = SectionWatch(run, fixed_s=300.0)
-    beats = {0: {"phase": "forward", "phase_since": 100.0}, 1: {"phase": "idle", "phase_since": 100.5}}
+    beats = {0: {"phase": "forward", "phase_since": 100.0}, 1: {"phase": "backward", "phase_since": 100.5}}
     watch.poll(beats, now=101.0)
     d = watch.deadline()
     assert (d.section, d.source, d.seconds) == ("step", "learned", tmo.STEP_FLOOR_S)
+    watch.poll({0: {"phase": "forward", "phase_since": 100.0}, 1: {"phase": "idle", "phase_since": 101.2}}, now=101.5)
+    assert watch.deadline() == tmo.Deadline("idle", 300.0, "fixed", "--hang-timeout")  # rank 1 loads its batch
     data = json.loads(RunDir(run).timeouts_file.read_text())
     assert data["sections"]["step"]["count"] == 13 and data["runs"] == [str(run)]
     assert watch.elapsed("step", now=104.0) == 4.0
@@ -36,8 +38,8 @@ def test_records_read_live_teach_the_step_deadline_and_are_written(tmp_path):
 def test_a_rank_in_a_save_sets_the_deadline_for_all_and_a_cut_lengthens_the_next(tmp_path):
     run = _run(tmp_path)
     watch = SectionWatch(run, fixed_s=8.0)
-    watch.poll({0: {"phase": "save:model_states", "phase_since": 200.0}, 1: {"phase": "idle"}}, now=200.5)
-    watch.poll({0: {"phase": "save:write", "phase_since": 203.0}, 1: {"phase": "idle"}}, now=203.5)
+    watch.poll({0: {"phase": "save:model_states", "phase_since": 200.0}, 1: {"phase": "step"}}, now=200.5)
+    watch.poll({0: {"phase": "save:write", "phase_since": 203.0}, 1: {"phase": "step"}}, now=203.5)
     d = watch.deadline()
     assert (d.section, d.seconds, d.source) == ("save", 8.0, "fixed")  # the saves seen took 0.03 s: 2 x is less
     assert watch.elapsed("save", now=209.0) == 9.0  # from the save's start, not its sub-phase's
@@ -52,8 +54,8 @@ def test_a_rank_in_a_save_sets_the_deadline_for_all_and_a_cut_lengthens_the_next
 def test_the_step_is_never_cut(tmp_path):
     run = _run(tmp_path)
     watch = SectionWatch(run, fixed_s=300.0)
-    watch.poll({0: {"phase": "idle", "phase_since": 1.0}}, now=2.0)
-    assert not watch.cut(watch.deadline(), "straggler", now=20.0)
+    watch.poll({0: {"phase": "backward", "phase_since": 1.0}}, now=2.0)
+    assert watch.deadline().section == "step" and not watch.cut(watch.deadline(), "straggler", now=20.0)
 
 
 def test_before_any_rank_the_job_is_starting_up_and_exiting_ranks_do_not_count(tmp_path):

@@ -29,7 +29,7 @@ def _learned(**samples) -> tmo.Learned:
 def test_the_recorded_run_gives_every_section_its_durations():
     learned = tmo.learn_from_records(read_run(FIXTURE))
     s = learned.sections
-    assert set(s) == {"startup", "first_step", "step", "save"}
+    assert set(s) == {"startup", "first_step", "step", "save"}  # idle is never learned
     assert s["startup"].count == 2 and s["first_step"].count == 2 and s["save"].count == 4
     assert s["step"].count == 13  # the 13 steps after the first, from rank 0 (each rank's step is the job's)
     assert 0.35 < s["step"].median_s < 0.6  # each step waits for rank 1's 0.4 s batch
@@ -62,7 +62,8 @@ def test_startup_first_step_and_a_load_restart_the_first_step():
 
 @pytest.mark.parametrize("phase,stepped,section", [
     ("startup", False, "startup"), ("init", False, "startup"), (None, False, "startup"),
-    ("forward", False, "first_step"), ("idle", True, "step"), ("backward", True, "step"),
+    ("forward", False, "first_step"), ("idle", False, "first_step"), ("idle", True, "idle"),
+    ("backward", True, "step"), ("step", True, "step"), ("collective", True, "idle"),
     ("save:write", True, "save"), ("load", False, "load"), ("exit", True, None)])
 def test_section_of_a_heartbeat(phase, stepped, section):
     assert tmo.section_of(phase, stepped) == section
@@ -76,6 +77,12 @@ def test_a_step_far_past_its_median_is_past_its_deadline():
     assert tmo.deadline("step", _learned(step=[1.0] * 30 + [9.0]), 300.0).seconds == 18.0  # 2 × longest
     few = tmo.deadline("step", _learned(step=[1.0] * (tmo.MIN_STEPS - 1)), 300.0)
     assert (few.seconds, few.source) == (300.0, "fixed")
+
+
+def test_between_steps_the_fixed_timeout_holds_whatever_was_learned():
+    """A final save_model of a large model, an evaluation: a script's own time, never judged by the step's."""
+    learned = _learned(step=[0.3] * 100, idle=[0.1] * 100)
+    assert tmo.deadline("idle", learned, 300.0) == tmo.Deadline("idle", 300.0, "fixed", "--hang-timeout")
 
 
 def test_one_off_sections_only_lengthen():

@@ -302,6 +302,8 @@ class RankGuard:
             fields["batch"] = {"micro_batches": batch[0], "micro_batch_size": batch[1], "seq_len": batch[2],
                                "tokens": batch[3]}
         self.record("step", step=self.step, seconds=seconds, mem=self.memory(), **fields)
+        if self.phase in ("forward", "backward", "step"):
+            self.set_phase("idle")  # between steps (a Trainer's callback leaves its forward phase on otherwise)
         for listener in _step_listeners:
             listener(self)
 

@@ -2,14 +2,17 @@
 
 A rank is always in one **section**: ``startup`` (from its interpreter's start to ``deepspeed.initialize``
 returning or the Trainer's first setup: imports, op builds, ZeRO-3 init), ``first_step`` (from then, or from a
-checkpoint load, to the first optimizer step: warm-up, compilation), ``step`` (every later step), ``save`` and
-``load``. The records a rank writes (``rank-N.jsonl``) say how long each section took (:func:`observe`); those
+checkpoint load, to the first optimizer step: warm-up, compilation), ``step`` (inside every later step: its
+forward, backward and optimizer step), ``idle`` (between steps: loading a batch, logging, evaluating, and whatever
+the script does after its last step), ``save`` and ``load``. The records a rank writes (``rank-N.jsonl``) say how long each section took (:func:`observe`); those
 durations are kept in ``timeouts.json`` in the run directory (:class:`Learned`, ``RunDir.timeouts_file``) and give
 each section its **deadline** (:func:`deadline`): how long the hang watchdog lets every rank stay silent in it.
 
 - ``step``, seen :data:`MIN_STEPS` times or more: ``max(STEP_MEDIAN_FACTOR × median, LONGEST_FACTOR × longest,
   STEP_FLOOR_S)``. A step is seen hundreds of times: one far past its median is a hang, even under the fixed
   ``--hang-timeout``.
+- ``idle``: ``--hang-timeout``, never learned: what a script does between and after its steps is its own (a final
+  ``save_model`` of a large model, an evaluation) and a short deadline there would stop healthy jobs at their end.
 - the one-off sections (``startup``, ``first_step``, ``save``, ``load``): their deadline before any was seen
   (``--hang-timeout``; for ``save`` and ``load`` at least twice the plan's save time plus a minute), raised to
   ``LONGEST_FACTOR × longest`` seen and to ``CUT_FACTOR ×`` the time one ran before the watchdog stopped it
@@ -36,8 +39,9 @@ from zeropilot.runlog.layout import RunDir, write_json_atomic
 from zeropilot.runlog.read import PHASE_COLUMNS
 
 TIMEOUTS_SCHEMA = "zeropilot.timeouts/1"
-SECTIONS = ("startup", "first_step", "step", "save", "load")
+SECTIONS = ("startup", "first_step", "step", "idle", "save", "load")
 ONE_OFF = ("startup", "first_step", "save", "load")
+STEP_PHASES = ("forward", "backward", "step")  # the heartbeat's phases inside an optimizer step
 STEP_MEDIAN_FACTOR = 5.0
 LONGEST_FACTOR = 2.0
 CUT_FACTOR = 4.0
@@ -131,7 +135,7 @@ def learns(section: str, rank: int, ranks: Iterable[int]) -> bool:
 
 def section_of(phase: Optional[str], stepped: bool) -> Optional[str]:
     """The section a rank is in, from its heartbeat's phase and whether it stepped since its start or last load;
-    None once it is exiting."""
+    None once it is exiting. A phase this module does not know counts as ``idle`` (its deadline is never short)."""
     name = (phase or "").partition(":")[0]
     if name in ("startup", "init", ""):
         return "startup"
@@ -139,7 +143,9 @@ def section_of(phase: Optional[str], stepped: bool) -> Optional[str]:
         return name
     if name == "exit":
         return None
-    return "step" if stepped else "first_step"
+    if not stepped:
+        return "first_step"
+    return "step" if name in STEP_PHASES else "idle"
 
 
 # -- what was learned ----------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ Slowness, with any FAULT (learned timeouts, stragglers):
   --data-sleep R:S[,R:S]  rank R takes S seconds more to load each batch (a slow disk or data pipeline on its node)
   --slow-save S           rank 0's saves take S seconds more (its model states pickle slowly: a slow disk)
   --save-every K          with FAULT none, save at every K-th step (default: once, at step 2)
-  --stall-at K            rank 1 stops for good before step K's forward (a hung step)
+  --stall-at K            rank 1 stops for good inside step K's forward (a hung step: a kernel or a collective
+                          that never returns)
 """
 
 import argparse
@@ -97,7 +98,7 @@ def main():
     batches = iter(torch.utils.data.DataLoader(Samples(stall, _data_sleep(a.data_sleep, rank)), batch_size=4))
     for step in range(1, a.steps + 1):
         if step == a.stall_at and rank == 1:
-            time.sleep(3600)
+            model.register_forward_pre_hook(lambda module, inputs: time.sleep(3600))
         x = next(batches).to(engine.device)
         loss = engine(x).pow(2).mean()
         engine.backward(loss)

@@ -352,7 +352,7 @@ def deadlines(summary: Dict[str, Any]) -> Optional[str]:
     t = summary.get("timeouts") or {}
     secs_seen = t.get("sections") or {}
     dl = t.get("deadlines") or {}
-    names = [n for n in ("startup", "first_step", "step", "save", "load") if n in secs_seen or n in dl]
+    names = [n for n in ("startup", "first_step", "step", "idle", "save", "load") if n in secs_seen or n in dl]
     if not names:
         return None
     rows = []
