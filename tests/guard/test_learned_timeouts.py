@@ -54,6 +54,14 @@ def test_the_later_run_lets_the_same_save_finish_and_stops_a_step_far_past_its_m
     assert learned.runs[0] == str(first.run_dir.resolve())  # what it started from
 
 
+def test_both_timeouts_files_keep_their_schema():
+    from tests.cli.test_json_schemas import schema_errors
+
+    for job in learned_timeouts():
+        data = json.loads(RunDir(job.run_dir).timeouts_file.read_text())
+        assert schema_errors(data, "timeouts.schema.json") == []
+
+
 def test_the_slow_rank_is_named_with_its_ratio_in_the_report_and_the_trackers():
     first, _ = learned_timeouts()
     summary = summarize(read_run(first.run_dir))

@@ -118,6 +118,9 @@ def test_the_file_round_trips(tmp_path):
     assert back.sections["startup"].cut_s == 99.0 and back.runs == ["/runs/a"]
     data = json.loads(path.read_text())
     assert data["schema"] == tmo.TIMEOUTS_SCHEMA and data["policy"]["step_median_factor"] == 5.0
+    from tests.cli.test_json_schemas import schema_errors
+
+    assert schema_errors(data, "timeouts.schema.json") == []
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 
