@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -69,6 +71,9 @@ def test_the_slow_rank_is_named_with_its_ratio_in_the_report_and_the_trackers():
     assert s["rank"] == 1 and 1.6 < s["ratio"] < 2.8 and s["phase"] == "idle" and s["steps"] >= 5, s
     assert s["place"]["local_rank"] == 1 and s["place"]["node_rank"] == 0
     assert "straggler: rank 1" in render(summary)
+    top = subprocess.run([sys.executable, "-m", "zeropilot", "top", str(first.run_dir), "--once", "--format", "json"],
+                         capture_output=True, text=True, timeout=120)
+    assert [x["rank"] for x in json.loads(top.stdout)["stragglers"]] == [1], top.stderr[-2000:]
     # rank 0's figures reached DeepSpeed's CSV monitor (the job's own tracker) through its engine monitor
     with open(first.run_dir.parent / "monitor" / "csv" / "zeropilot_straggler_rank.csv") as f:
         rows = list(csv.reader(f))
