@@ -4,9 +4,10 @@ A rank is always in one **section**: ``startup`` (from its interpreter's start t
 returning or the Trainer's first setup: imports, op builds, ZeRO-3 init), ``first_step`` (from then, or from a
 checkpoint load, to the first optimizer step: warm-up, compilation), ``step`` (inside every later step: its
 forward, backward and optimizer step), ``idle`` (between steps: loading a batch, logging, evaluating, and whatever
-the script does after its last step), ``save`` and ``load``. The records a rank writes (``rank-N.jsonl``) say how long each section took (:func:`observe`); those
-durations are kept in ``timeouts.json`` in the run directory (:class:`Learned`, ``RunDir.timeouts_file``) and give
-each section its **deadline** (:func:`deadline`): how long the hang watchdog lets every rank stay silent in it.
+the script does after its last step), ``save`` and ``load``. The records a rank writes (``rank-N.jsonl``) say how
+long each section took (:func:`observe`); those durations are kept in ``timeouts.json`` in the run directory
+(:class:`Learned`, ``RunDir.timeouts_file``) and give each section its **deadline** (:func:`deadline`): how long
+the hang watchdog lets every rank stay silent in it.
 
 - ``step``, seen :data:`MIN_STEPS` times or more: ``max(STEP_MEDIAN_FACTOR × median, LONGEST_FACTOR × longest,
   STEP_FLOOR_S)``. A step is seen hundreds of times: one far past its median is a hang, even under the fixed
