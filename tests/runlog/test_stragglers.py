@@ -85,3 +85,12 @@ def test_many_ranks_one_straggler_among_them():
     ranks[77] = _steps(40, slow=range(1, 41), slow_idle=0.4)
     [s] = find(ranks, 3)
     assert s["rank"] == 77 and s["steps"] == 40
+
+
+def test_a_step_recorded_twice_and_steps_out_of_order_do_not_break_it():
+    """A resume that goes back a few steps writes the same step numbers again (hostile files may do anything)."""
+    again = _steps(10, start=1) + _steps(10, start=5)
+    assert find({0: again, 1: list(reversed(_steps(10)))}, 3) == []
+    slow = _steps(10, start=1, slow=range(1, 11), slow_idle=0.5) + _steps(10, start=5, slow=range(5, 15), slow_idle=0.5)
+    [s] = find({0: again, 1: slow}, 3)
+    assert s["rank"] == 1

@@ -22,9 +22,12 @@ Pure functions over step times; no torch. The report, ``zeropilot top`` and the 
 from __future__ import annotations
 
 import bisect
+import heapq
+import itertools
 import statistics
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 RATIO = 1.5
 MIN_EXCESS_FRACTION = 0.1
@@ -49,8 +52,13 @@ def own_phases(zero_stage: Optional[int]) -> Tuple[str, ...]:
 
 def own_seconds(st: StepTimes, phases: Sequence[str]) -> Optional[float]:
     """The rank's own seconds in a step (None when the record has no phase times)."""
-    values = [getattr(st, p) for p in phases]
-    return None if any(v is None for v in values) else sum(values)
+    total = 0.0
+    for p in phases:
+        value = getattr(st, p)
+        if value is None:
+            return None
+        total += value
+    return total
 
 
 def _median_without(ordered: List[float], value: float) -> float:
@@ -65,53 +73,70 @@ def _median_without(ordered: List[float], value: float) -> float:
     return rest(m // 2) if m % 2 else (rest(m // 2 - 1) + rest(m // 2)) / 2
 
 
-@dataclass
+KEPT = 4096  # values kept per run of slow steps for its medians (the newest): memory stays bounded in long runs
+
+
 class _Run:
-    steps: List[int]
-    own: List[float]
-    peers: List[float]
-    phase_excess: Dict[str, List[float]]
-    step_seconds: List[float]
+    """One rank's run of consecutive slow steps: how many, the first and last, the newest values for medians."""
+
+    def __init__(self, first: int, phases: Sequence[str]) -> None:
+        self.count, self.first, self.last = 0, first, first
+        self.own: deque = deque(maxlen=KEPT)
+        self.peers: deque = deque(maxlen=KEPT)
+        self.step_seconds: deque = deque(maxlen=KEPT)
+        self.phase_excess: Dict[str, deque] = {p: deque(maxlen=KEPT) for p in phases}
 
 
-def _slow_steps(ranks: Mapping[int, Sequence[StepTimes]], phases: Sequence[str]) -> Dict[int, _Run]:
+def _rows(ranks: Mapping[int, Iterable[StepTimes]], phases: Sequence[str]
+          ) -> Iterator[Dict[int, Tuple[StepTimes, float]]]:
+    """The steps that ranks recorded, step by step in order: ``{rank: (StepTimes, own seconds)}`` (the ranks' steps
+    merged, each rank's in its own order, so that a run of any length is read once, in bounded memory)."""
+    def keyed(rank: int, steps: Iterable[StepTimes]) -> Iterator[Tuple[int, int, int, StepTimes, float]]:
+        for i, st in enumerate(steps):  # i: a step number recorded twice (a resume) never compares StepTimes
+            own = own_seconds(st, phases)
+            if own is not None:
+                yield st.step, rank, i, st, own
+
+    merged = heapq.merge(*[keyed(r, steps) for r, steps in ranks.items()])
+    for _, group in itertools.groupby(merged, key=lambda x: x[0]):
+        yield {r: (st, own) for _, r, _, st, own in group}
+
+
+def _slow_steps(ranks: Mapping[int, Iterable[StepTimes]], phases: Sequence[str]) -> Dict[int, _Run]:
     """Per rank, its longest run of consecutive slow steps (steps that several ranks recorded, in order)."""
-    by_step: Dict[int, Dict[int, StepTimes]] = {}
-    for rank, steps in ranks.items():
-        for st in steps:
-            if own_seconds(st, phases) is not None:
-                by_step.setdefault(st.step, {})[rank] = st
     best: Dict[int, _Run] = {}
     current: Dict[int, _Run] = {}
-    for step in sorted(by_step):
-        row = by_step[step]
+    names = list(ranks)
+    for row in _rows(ranks, phases):
         if len(row) < 2:
             continue
-        own = {r: own_seconds(st, phases) for r, st in row.items()}
+        own = {r: o for r, (_, o) in row.items()}
         ordered = sorted(own.values())
-        secs = [st.seconds for st in row.values() if st.seconds is not None]
+        secs = [st.seconds for st, _ in row.values() if st.seconds is not None]
         step_s = statistics.median(secs) if secs else None
-        per_phase = {p: sorted(getattr(st, p) for st in row.values()) for p in phases}
-        for r in ranks:
+        per_phase: Dict[str, List[float]] = {}
+        for r in names:
             peers = _median_without(ordered, own[r]) if r in own else None
-            slow = (peers is not None and step_s is not None and own[r] >= RATIO * peers
-                    and own[r] - peers >= MIN_EXCESS_FRACTION * step_s)
-            if not slow:
+            if peers is None or step_s is None or own[r] < RATIO * peers or \
+                    own[r] - peers < MIN_EXCESS_FRACTION * step_s:
                 current.pop(r, None)
                 continue
-            run = current.setdefault(r, _Run([], [], [], {p: [] for p in phases}, []))
-            run.steps.append(step)
+            st = row[r][0]
+            run = current.setdefault(r, _Run(st.step, phases))
+            run.count, run.last = run.count + 1, st.step
             run.own.append(own[r])
             run.peers.append(peers)
             run.step_seconds.append(step_s)
             for p in phases:
-                run.phase_excess[p].append(getattr(row[r], p) - _median_without(per_phase[p], getattr(row[r], p)))
-            if r not in best or len(run.steps) > len(best[r].steps):
+                if p not in per_phase:  # sorted once per step, for its slow ranks only
+                    per_phase[p] = sorted(getattr(x, p) for x, _ in row.values())
+                run.phase_excess[p].append(getattr(st, p) - _median_without(per_phase[p], getattr(st, p)))
+            if r not in best or run.count > best[r].count:
                 best[r] = run
     return best
 
 
-def find(ranks: Mapping[int, Sequence[StepTimes]], zero_stage: Optional[int],
+def find(ranks: Mapping[int, Iterable[StepTimes]], zero_stage: Optional[int],
          places: Optional[Mapping[int, Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
     """The stragglers among ``ranks`` (each rank's steps in order), the slowest first.
 
@@ -124,12 +149,12 @@ def find(ranks: Mapping[int, Sequence[StepTimes]], zero_stage: Optional[int],
     phases = own_phases(zero_stage)
     out = []
     for rank, run in _slow_steps(ranks, phases).items():
-        if len(run.steps) < MIN_STEPS:
+        if run.count < MIN_STEPS:
             continue
         own, peers = statistics.median(run.own), statistics.median(run.peers)
         excess = {p: statistics.median(v) for p, v in run.phase_excess.items()}
         out.append({"rank": rank, "ratio": round(own / peers, 3) if peers > 0 else None,
-                    "steps": len(run.steps), "first_step": run.steps[0], "last_step": run.steps[-1],
+                    "steps": run.count, "first_step": run.first, "last_step": run.last,
                     "own_seconds": round(own, 6), "peers_seconds": round(peers, 6),
                     "excess_seconds": round(own - peers, 6),
                     "step_seconds": round(statistics.median(run.step_seconds), 6),
@@ -190,9 +215,17 @@ def place(events: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
 def from_records(records: Any) -> List[Dict[str, Any]]:
     """:func:`find` over a run directory's records (:class:`zeropilot.runlog.read.RunRecords`)."""
     stage = next((s for s in (zero_stage(rec.events) for rec in records.ranks.values()) if s is not None), None)
-    ranks = {}
-    for r, rec in records.ranks.items():
-        cols = [rec.column(c) for c in ("step", "seconds", "idle_seconds", "forward_seconds")]
-        ranks[r] = [StepTimes(int(step), seconds, idle, fwd) for step, seconds, idle, fwd in zip(*cols)
-                    if step is not None]
+    ranks = {r: _step_times(rec) for r, rec in records.ranks.items()}
     return find(ranks, stage, {r: place(rec.events) for r, rec in records.ranks.items()})
+
+
+def _step_times(rec: Any) -> Iterator[StepTimes]:
+    """One rank's step columns as :class:`StepTimes`, one at a time (NaN: unknown)."""
+    cols = rec.steps
+    for step, seconds, idle, fwd in zip(cols["step"], cols["seconds"], cols["idle_seconds"], cols["forward_seconds"]):
+        if step == step:  # NaN != NaN: a record without a step number
+            yield StepTimes(int(step), _known(seconds), _known(idle), _known(fwd))
+
+
+def _known(x: float) -> Optional[float]:
+    return None if x != x else x

@@ -26,13 +26,14 @@ describe them for users.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from zeropilot import safefile
 from zeropilot.errors import InputError
@@ -334,7 +335,7 @@ def learn_from_records(records: Any) -> Learned:
     learned = Learned()
     for rank in sorted(records.ranks):
         clock = RankClock()
-        for rec in rank_stream(records.ranks[rank]):
+        for rec in rank_stream(records.ranks[rank], every_step=learns("step", rank, records.ranks)):
             for section, seconds in observe(clock, rec):
                 if learns(section, rank, records.ranks):
                     learned.add(section, seconds)
@@ -342,19 +343,29 @@ def learn_from_records(records: Any) -> Learned:
     return learned
 
 
-def rank_stream(rank_records: Any) -> List[Dict[str, Any]]:
-    """One rank's records in time order, its step columns as records again (what :func:`observe` reads)."""
+def rank_stream(rank_records: Any, every_step: bool = True) -> Iterator[Dict[str, Any]]:
+    """One rank's records in time order, its step columns as records again (what :func:`observe` reads), one at a
+    time: a run of millions of steps is read in bounded memory. ``every_step=False``: of the steps, only the first
+    after each other record (a first step; the steps of a rank other than the lowest teach nothing else)."""
     cols = rank_records.steps
-    phases = {name: rank_records.column(col) for name, col in PHASE_COLUMNS}
-    steps = []
-    for i, (t, seconds) in enumerate(zip(rank_records.column("t"), rank_records.column("seconds"))):
-        ps = {name: values[i] for name, values in phases.items() if values[i] is not None}
-        steps.append({"event": "step", "t": t, "seconds": seconds, "step": cols["step"][i],
-                      "phase_seconds": ps or None})
-    merged = [(_time(e.get("t")) or 0.0, 1, i, e) for i, e in enumerate(rank_records.events)]
-    merged += [(s["t"] if s["t"] is not None else 0.0, 2, i, s) for i, s in enumerate(steps)]
-    return [rec for _, _, _, rec in sorted(merged, key=lambda x: (x[0], x[1], x[2]))]
+    phase_cols = [(name, cols[col]) for name, col in PHASE_COLUMNS]
 
+    def step(i: int) -> Dict[str, Any]:
+        t, seconds = cols["t"][i], cols["seconds"][i]
+        phases = {name: col[i] for name, col in phase_cols if col[i] == col[i]}  # NaN: not recorded
+        return {"event": "step", "t": t if t == t else None, "seconds": seconds if seconds == seconds else None,
+                "phase_seconds": phases or None}
+
+    events = sorted(((_time(e.get("t")) or 0.0, 1, i) for i, e in enumerate(rank_records.events)))
+    steps = (((t if t == t else 0.0), 2, i) for i, t in enumerate(cols["t"]))
+    wanted = True
+    for _, kind, i in heapq.merge(events, steps):
+        if kind == 1:
+            wanted = True
+            yield rank_records.events[i]
+        elif every_step or wanted:
+            wanted = False
+            yield step(i)
 
 
 def load_source(source: Path) -> Learned:
