@@ -33,8 +33,14 @@ else:
     _hypothesis_settings.register_profile("explore", derandomize=False)
     _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gate"))
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-CORPUS = SHARED / "corpus"
+# Public configs kept as test input, unmodified; MANIFEST.tsv says where each comes from (README.md: licences).
+CORPUS = Path(__file__).resolve().parent / "data" / "corpus"
+
+
+def corpus_files() -> list:
+    """The corpus's files, as MANIFEST.tsv lists them (its README and licence texts are not configs)."""
+    rows = (CORPUS / "MANIFEST.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    return sorted(CORPUS / row.split("\t", 1)[0] for row in rows if row.strip())
 
 
 def write_files(root: Path, files: Dict[str, Union[str, dict]]) -> Path:
