@@ -6,6 +6,7 @@ import atexit
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Union
@@ -13,6 +14,11 @@ from typing import Dict, Optional, Union
 import pytest
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# The jobs start the launchers by name (torchrun, deepspeed, accelerate): those of the environment running the suite,
+# also when it runs as ``.venv/bin/python -m pytest`` without the environment activated.
+_BIN = os.path.dirname(sys.executable)
+if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = os.pathsep.join([_BIN] + [p for p in [os.environ.get("PATH")] if p])
 # A TORCH_EXTENSIONS_DIR of the suite's own for every process a test starts without one (never the machine's: a lock
 # left there cannot hang the suite). Tests that run DeepSpeed give theirs a copy of the session's built shm op
 # (``tests.zp.extensions_dir``).
