@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from zeropilot.guard.hangs import MARKER, RankState, collective, hang_verdict, parse_stacks
+from zeropilot.guard.hangs import RankState, collective, hang_verdict, parse_stacks
 from zeropilot.runlog import frames
+from zeropilot.runlog.layout import STACKS_MARKER
 
 DUMP = """Thread 0x00007f0000000002 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 331 in wait
@@ -19,7 +20,7 @@ Current thread 0x00007f0000000001 (most recent call first):
 
 
 def test_parse_takes_the_main_thread_of_the_last_dump_innermost_last():
-    text = "old garbage\n" + MARKER + " 1 ---\n" + DUMP
+    text = "old garbage\n" + STACKS_MARKER + " 1 ---\n" + DUMP
     frames = parse_stacks("Thread 0x1 (most recent call first):\n  File \"a.py\", line 1 in f\n" + text)
     assert [f["func"] for f in frames] == ["<module>", "main", "save_checkpoint", "barrier", "barrier"]
     assert collective(frames) == "barrier"
