@@ -13,7 +13,11 @@ from typing import Dict, Optional, Union
 
 import pytest
 
+from tests.zp import pythonpath
+
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# Every process the suite starts loads its sitecustomize (tests/site: MLflow kept out of DeepSpeed's import).
+os.environ["PYTHONPATH"] = pythonpath(*[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 # The jobs start the launchers by name (torchrun, deepspeed, accelerate): those of the environment running the suite,
 # also when it runs as ``.venv/bin/python -m pytest`` without the environment activated.
 _BIN = os.path.dirname(sys.executable)

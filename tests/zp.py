@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
+#: the suite's ``sitecustomize`` (it keeps MLflow out of DeepSpeed's import): on every child's PYTHONPATH
+SITE = REPO / "tests" / "site"
 _BUILD_LOCK = threading.Lock()
 SHM_OP = "deepspeed_shm_comm"
 
@@ -48,6 +50,11 @@ def extensions_dir(path: Path) -> str:
     return str(path)
 
 
+def pythonpath(*first: Path) -> str:
+    """A child's PYTHONPATH: ``first``, then the suite's site folder."""
+    return os.pathsep.join([str(p) for p in first if str(p) != str(SITE)] + [str(SITE)])
+
+
 def run_group(cmd: Sequence[str], timeout: float = 120, env: Optional[Dict[str, str]] = None,
               cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
     """``cmd`` in its own session (text stdout/stderr); a timeout kills its whole process group and raises."""
@@ -65,5 +72,5 @@ def run_group(cmd: Sequence[str], timeout: float = 120, env: Optional[Dict[str, 
 def run_zeropilot(args: Sequence[str], timeout: float = 120,
                   env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     """``python -m zeropilot ARGS`` from the checkout, through :func:`run_group`."""
-    child_env = dict(os.environ, PYTHONPATH=str(REPO / "src"), **(env or {}))
+    child_env = dict(os.environ, PYTHONPATH=pythonpath(REPO / "src"), **(env or {}))
     return run_group([sys.executable, "-m", "zeropilot", *args], timeout, child_env)

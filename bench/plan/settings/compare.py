@@ -42,7 +42,7 @@ def compare(preds: list, measured: dict) -> list:
     """One record per pre-registered row: predicted, measured and error for each quantity (None: not measured)."""
     out = []
     for p in preds:
-        rec = {"row": p["row"], "what": p["what"], "not_modelled": p["not_modelled"]}
+        rec = {"row": p["row"], "what": p["what"], "not_modelled": p["not_modelled"], "split": p.get("split")}
         r = measured.get(p["row"])
         rec["status"] = "not run" if r is None else r.get("status", "?")
         m = _peaks(r) if r is not None and r.get("status") == "ok" else {}
@@ -65,10 +65,16 @@ def render(recs: list) -> str:
         t = r.get("trainable") or {}
         lines.append(f"| {r['row']} | {r['status']} | {cell(r['allocated'])} | {cell(r['reserved'])} | "
                      f"{cell(r['peak'])} | {t.get('predicted', '—')} / {t.get('measured', '—')} |")
-    errs = [abs(r["peak"]["error_pct"]) for r in recs if r["peak"]["error_pct"] is not None]
-    if errs:
-        lines += ["", f"peak: {len(errs)} rows measured, median abs error {statistics.median(errs):.1f}%, "
-                      f"max {max(errs):.1f}%"]
+    splits = sorted({r["split"] for r in recs if r.get("split")})
+    for split in [None] + splits:  # every row, then each split declared before the call
+        errs = [r["peak"]["error_pct"] for r in recs if r["peak"]["error_pct"] is not None
+                and (split is None or r.get("split") == split)]
+        if errs:
+            absolute = [abs(e) for e in errs]
+            name = "peak" if split is None else f"peak, {split}"
+            lines += ([""] if split is None else []) + [
+                f"{name}: {len(errs)} rows measured, median abs error {statistics.median(absolute):.1f}%, max "
+                f"{max(absolute):.1f}% (from {min(errs):+.1f}% to {max(errs):+.1f}%)"]
     return "\n".join(lines)
 
 
