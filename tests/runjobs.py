@@ -11,7 +11,7 @@ Shared by the guard, report and repro tests. Every job is a real multi-process l
 - :func:`accelerate_loop`: a plain accelerate loop (``python script.py``), 3 steps of 2 accumulated
   micro-batches, ``save_state`` then ``load_state``.
 - :func:`raw_deepspeed`: ``examples/raw-deepspeed/train.py`` (ZeRO-3) under the ``deepspeed`` launcher,
-  6 steps, saves at steps 3 and 6.
+  6 steps, saves at steps 3 and 6, the job's own monitors on (TensorBoard, DeepSpeed's CSV monitor).
 - :func:`killed_in_save`: rank 1 is SIGKILLed while it writes its model states during a save.
 - :func:`hang_save_rank0_only`: the save runs on rank 0 only; ``--hang-timeout 10 --on-hang stop``.
 - :func:`hang_sleep_rank1`: rank 1 sleeps before a barrier; ``--hang-timeout 10 --on-hang stop``.
@@ -159,11 +159,21 @@ def hf_trainer_plain() -> Job:
 
 @functools.lru_cache(maxsize=None)
 def raw_deepspeed() -> Job:
-    """(b) The raw DeepSpeed example, ZeRO-3, ``deepspeed`` launcher, 2 ranks, saves at steps 3 and 6."""
-    ckpt = root() / "raw_deepspeed" / "ckpt"
-    cmd = _deepspeed(EXAMPLE / "train.py", "--deepspeed_config", str(EXAMPLE / "ds_config.json"),
-                     "--steps", "6", "--save-every", "3", "--save-dir", str(ckpt))
-    return zeropilot_run("raw_deepspeed", cmd)
+    """(b) The raw DeepSpeed example, ZeRO-3, ``deepspeed`` launcher, 2 ranks, saves at steps 3 and 6; its config is
+    the example's with the job's own monitors on: TensorBoard in ``ckpt/../monitor/tb`` and DeepSpeed's CSV monitor
+    in ``.../csv`` (one job for the guard's records and for its figures in the job's monitors)."""
+    import json
+
+    base = root() / "raw_deepspeed"
+    base.mkdir(parents=True, exist_ok=True)
+    config = json.loads((EXAMPLE / "ds_config.json").read_text())
+    config["tensorboard"] = {"enabled": True, "output_path": str(base / "monitor"), "job_name": "tb"}
+    config["csv_monitor"] = {"enabled": True, "output_path": str(base / "monitor"), "job_name": "csv"}
+    (base / "ds_config.json").write_text(json.dumps(config))
+    cmd = _deepspeed(EXAMPLE / "train.py", "--deepspeed_config", str(base / "ds_config.json"),
+                     "--steps", "6", "--save-every", "3", "--save-dir", str(base / "ckpt"))
+    # on 2 shared cores under load the ranks' imports alone took 137 s of a 172 s run (the steps: 2 s)
+    return zeropilot_run("raw_deepspeed", cmd, timeout=1.5 * JOB_TIMEOUT_S)
 
 
 def _faults(name: str, fault: str, flags: List[str]) -> Job:
@@ -313,24 +323,6 @@ def hf_trainer_watched() -> Watched:
     result = Job(run_dir, job.returncode, (base / "stdout.txt").read_text(), (base / "stderr.txt").read_text(), ckpt,
                  argv)
     return Watched(result, seen, live, top_rc, (base / "top.jsonl").read_text().splitlines(), json_rc)
-
-
-@functools.lru_cache(maxsize=None)
-def raw_deepspeed_monitor() -> Job:
-    """The raw DeepSpeed example (ZeRO-3, ``deepspeed`` launcher, 2 ranks, 3 steps, a save at step 3) with the
-    job's own monitors on: TensorBoard in ``ckpt/../monitor/tb`` and DeepSpeed's CSV monitor in ``.../csv``."""
-    import json
-
-    base = root() / "raw_deepspeed_monitor"
-    base.mkdir(parents=True, exist_ok=True)
-    config = json.loads((EXAMPLE / "ds_config.json").read_text())
-    config["tensorboard"] = {"enabled": True, "output_path": str(base / "monitor"), "job_name": "tb"}
-    config["csv_monitor"] = {"enabled": True, "output_path": str(base / "monitor"), "job_name": "csv"}
-    (base / "ds_config.json").write_text(json.dumps(config))
-    cmd = _deepspeed(EXAMPLE / "train.py", "--deepspeed_config", str(base / "ds_config.json"),
-                     "--steps", "3", "--save-every", "3", "--save-dir", str(base / "ckpt"))
-    # on 2 shared cores under load the ranks' imports alone took 137 s of a 172 s run (the steps: 2 s)
-    return zeropilot_run("raw_deepspeed_monitor", cmd, timeout=1.5 * JOB_TIMEOUT_S)
 
 
 def hang_data_stall_rank1() -> Job:
