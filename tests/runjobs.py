@@ -23,7 +23,7 @@ Shared by the guard, report and repro tests. Every job is a real multi-process l
 Each returns a :class:`Job` (run directory, exit status, output, checkpoint folder). Jobs get their
 own ``TORCH_EXTENSIONS_DIR``, a free port, a timeout, and their process group is killed on every path.
 The CPU shm all-reduce build is skipped by the suite's ``tests/site/sitecustomize.py``
-(``ZEROPILOT_TESTS_NO_SHM_OP=1``), which zeropilot's bootstrap chain-loads (see that file).
+(``ZEROPILOT_TESTS_NO_SHM_OP=1``, set by tests/conftest.py), which zeropilot's bootstrap chain-loads (see that file).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from tests.zp import pythonpath
+from tests.zp import NO_SHM_OP, pythonpath
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "tests" / "guard" / "jobs"
@@ -79,7 +79,6 @@ def job_env(name: str) -> dict:
     env = dict(os.environ)
     env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                TORCH_EXTENSIONS_DIR=str(root() / name / "torch_extensions"), HF_HUB_OFFLINE="1",
-               ZEROPILOT_TESTS_NO_SHM_OP="1",
                PYTHONPATH=pythonpath(REPO / "src", *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]))
     return env
 
@@ -195,7 +194,7 @@ HANG_FLAGS = ["--hang-timeout", "10", "--on-hang", "stop"]
 def _stale_lock_job() -> Job:
     """The shm op build is not skipped here: the ranks build it as DeepSpeed does on CPU, and find the lock."""
     env = job_env("hang_stale_lock")
-    del env["ZEROPILOT_TESTS_NO_SHM_OP"]
+    env.pop(NO_SHM_OP, None)
     lock = Path(env["TORCH_EXTENSIONS_DIR"]) / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     lock.write_text("")
