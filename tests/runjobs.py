@@ -3,8 +3,9 @@
 Shared by the guard, report and repro tests. Every job is a real multi-process launch on CPU
 (``DS_ACCELERATOR=cpu``, gloo, 2 ranks) of an unmodified script:
 
-- :func:`hf_trainer`: HF Trainer + DeepSpeed ZeRO-2 under ``torchrun``, 4 steps, saves at steps 2 and 4,
-  then loads the best of them back (``load_best_model_at_end``: ``DeepSpeedEngine.load_checkpoint``).
+- :func:`hf_trainer`: HF Trainer + DeepSpeed ZeRO-2 under ``torchrun``, 8 steps, saves at steps 4 and 8,
+  then loads the best of them back (``load_best_model_at_end``: ``DeepSpeedEngine.load_checkpoint``); it reports
+  to TensorBoard and MLflow and ``zeropilot top`` follows it live (:func:`hf_trainer_watched`: the same job).
 - :func:`hf_trainer_plain`: a plain HF Trainer (no DeepSpeed) as ``python script.py``, 3 steps, one save.
 - :func:`accelerate_trainer`: the same Trainer script under ``accelerate launch --use_deepspeed``, 2 steps,
   one save.
@@ -112,13 +113,10 @@ def _deepspeed(script: Path, *args: str) -> List[str]:
     return ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), str(script), *args]
 
 
-@functools.lru_cache(maxsize=None)
 def hf_trainer() -> Job:
-    """(a) HF Trainer, ZeRO-2, torchrun, 2 ranks, saves at steps 2 and 4, then loads the best one back."""
-    ckpt = root() / "hf_trainer" / "ckpt"
-    cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "hf_train.py"),
-           str(ckpt), "--stage", "2", "--steps", "4", "--save-steps", "2", "--load-best"]
-    return zeropilot_run("hf_trainer", cmd)
+    """(a) HF Trainer, ZeRO-2, torchrun, 2 ranks, saves at steps 4 and 8, then loads the best one back: the job of
+    :func:`hf_trainer_watched`."""
+    return hf_trainer_watched().job
 
 
 @functools.lru_cache(maxsize=None)
@@ -261,10 +259,11 @@ def has_mlflow() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def hf_trainer_watched() -> Watched:
-    """HF Trainer + ZeRO-2 under torchrun, 2 ranks, 8 steps, a save at step 4, ``report_to=["tensorboard",
-    "mlflow"]`` (MLflow where installed) logging every step (event files under ``ckpt/runs``, MLflow's file store
-    in ``mlruns`` beside ``ckpt``), followed live by ``zeropilot top --interval 0.2`` and, at
-    the same time, by ``zeropilot top --format json``."""
+    """HF Trainer + ZeRO-2 under torchrun, 2 ranks, 8 steps, saves at steps 4 and 8 with an evaluation at each, the
+    best checkpoint loaded back at the end (``--load-best``), ``report_to=["tensorboard", "mlflow"]`` (MLflow where
+    installed) logging every step (event files under ``ckpt/runs``, MLflow's file store in ``mlruns`` beside
+    ``ckpt``), followed live by ``zeropilot top --interval 0.2`` and, at the same time, by ``zeropilot top --format
+    json``."""
     import queue
     import threading
     import time
@@ -274,7 +273,7 @@ def hf_trainer_watched() -> Watched:
     base.mkdir(parents=True, exist_ok=True)
     run_dir, ckpt = base / "run", base / "ckpt"
     cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "hf_train.py"),
-           str(ckpt), "--stage", "2", "--steps", "8", "--save-steps", "4", "--report-to",
+           str(ckpt), "--stage", "2", "--steps", "8", "--save-steps", "4", "--load-best", "--report-to",
            "tensorboard,mlflow" if has_mlflow() else "tensorboard", "--logging-steps", "1"]
     argv = [sys.executable, "-m", "zeropilot", "run", "--out", str(run_dir), "--", *cmd]
     env = job_env(name)
