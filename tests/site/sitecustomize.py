@@ -8,10 +8,14 @@ It runs the ``sitecustomize`` it shadows (the next one on ``sys.path``, as zerop
   MLflow tracker test needs it) that import costs about 0.9 s of CPU in each such process, a third of
   ``import deepspeed``. Only that import is refused, as if MLflow were not installed (DeepSpeed then sets
   ``has_mlflow = False``); other code, transformers' MLflow callback among it, imports MLflow as usual.
-- with ``ZEROPILOT_TESTS_NO_SHM_OP=1`` (the jobs of ``tests/runjobs.py``), skips DeepSpeed's CPU shared-memory
-  all-reduce build: a speed path compiled with gcc on the first ``init_distributed`` (minutes on a 2-core CI
-  machine); gloo does the same collectives. The jobs' scripts stay unmodified: this file sits behind zeropilot's
-  bootstrap, which must chain-load it (what ``tests/guard/test_jobs.py`` checks: no op was built).
+- with ``ZEROPILOT_TESTS_NO_SHM_OP=1`` (tests/conftest.py sets it for the whole suite; the tests of that build
+  remove it), skips DeepSpeed's CPU shared-memory all-reduce build: a speed path compiled with gcc on the first
+  ``init_distributed`` (a minute of CPU, minutes on a 2-core CI machine) that only DeepSpeed's
+  ``inference_all_reduce`` uses (deepspeed/comm/torch.py, 0.19.8); training's collectives go through gloo either
+  way. The jobs' scripts stay unmodified: in a job this file sits behind zeropilot's bootstrap, which must
+  chain-load it (what ``tests/guard/test_jobs.py`` checks: no op was built).
+- with ``ZEROPILOT_TESTS_PROCLOG=FILE``, appends one JSON line per process to FILE when it exits: its command, its
+  own CPU seconds and which of the heavy libraries it imported (how the suite's processes were counted).
 """
 
 import importlib.abc
@@ -73,8 +77,27 @@ class _SkipShm(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _log_at_exit(path: str) -> None:
+    import atexit
+    import json
+    import time
+
+    started = time.time()
+
+    def write() -> None:
+        t = os.times()
+        heavy = [m for m in ("torch", "deepspeed", "transformers", "accelerate", "peft", "mlflow") if m in sys.modules]
+        line = {"pid": os.getpid(), "argv": sys.argv[:4], "cpu_s": round(t.user + t.system, 2),
+                "wall_s": round(time.time() - started, 2), "imported": heavy}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    atexit.register(write)
+
+
 _chain()
 sys.meta_path.insert(0, _NoMlflowInDeepSpeed())
+if os.environ.get("ZEROPILOT_TESTS_PROCLOG"):
+    _log_at_exit(os.environ["ZEROPILOT_TESTS_PROCLOG"])
 if os.environ.get("ZEROPILOT_TESTS_NO_SHM_OP") == "1":
-    os.environ["ZEROPILOT_TEST_SITE_LOADED"] = "1"
     sys.meta_path.insert(0, _SkipShm())
