@@ -6,8 +6,9 @@ the nvidia-smi peak (reserved + memory outside PyTorch, NVML's per process figur
 time). Error = predicted / measured - 1.
 ``--now``: the current plan's predictions of the same specs instead, as the rows ran (``data/CALL/as_run.json``
 names what a row ran with that its spec did not say): post hoc, a check of a fix, not evidence.
-Usage: python bench/plan/settings/compare.py [CALL] [--now] [--json]   (CALL: call1, call2 ...; default the last
-measured)
+``--pred NAME``: the predictions in ``data/CALL/NAME`` (a candidate's, committed beside the plan's before the call).
+Usage: python bench/plan/settings/compare.py [CALL] [--now] [--json] [--pred NAME]   (CALL: call1, call2 ...; default
+the last measured)
 """
 from __future__ import annotations
 
@@ -79,10 +80,11 @@ def render(recs: list) -> str:
 
 
 def main(argv) -> int:
-    args = [a for a in argv if not a.startswith("--")]
+    args = [a for i, a in enumerate(argv) if not a.startswith("--") and (i == 0 or argv[i - 1] != "--pred")]
     calls = sorted(p.parent.name for p in (HERE / "data").glob("call*/h200.jsonl"))
     call = HERE / "data" / (args[0] if args else calls[-1])
-    preds = [json.loads(x) for x in (call / "predictions.jsonl").read_text().splitlines() if x]
+    name = argv[argv.index("--pred") + 1] if "--pred" in argv else "predictions.jsonl"  # or a candidate's
+    preds = [json.loads(x) for x in (call / name).read_text().splitlines() if x]
     if "--now" in argv:
         from specs import prediction
 

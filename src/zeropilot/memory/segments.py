@@ -216,7 +216,8 @@ def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]
                   edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]],
                   gathered: Sequence[Sequence[float]] = (),
                   window: Optional[_Window] = None,
-                  no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> List[Optional[_Block]]:
+                  no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None, frozen: int = 0,
+                  front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> List[Optional[_Block]]:
     """The decoder's forward (arguments as :func:`zero12_reserved`'s); the tensors kept for the backward.
     ``gathered``: per layer, the 16-bit parameters ZeRO-3 gathers before it and releases after it (or, with
     ``window``, leaves to the window). Under checkpointing each layer runs as ``no_grad_layer`` (the same layer without
@@ -224,11 +225,14 @@ def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]
     not known, ``layer`` with its tensors released once it is done and its output taken after them); layer 0's input
     is the embedding's output, and the last layer's output is released after the final norm, which keeps its own fp32
     copy (call 41's trace)."""
-    if checkpointed:
-        acts: List[Optional[_Block]] = [None, pool.alloc(edges[0])]  # the embedding's output: layer 0's input
-    else:
-        acts = [pool.alloc(edges[0])]  # the embedding's output
-    for index in range(layers):
+    first = pool.alloc(edges[0])  # the embedding's output
+    for _ in range(frozen):  # freeze tuning's frozen layers before the first trainable one: nothing saved
+        out = _forward(pool, front_layer or ())
+        pool.free(first)
+        first = out[-1] if out else pool.alloc(edges[0])
+    # layer ``frozen``'s input: kept for the backward (as layer 0's, the embedding's output, when nothing is frozen)
+    acts: List[Optional[_Block]] = [None, first] if checkpointed else [first]
+    for index in range(frozen, layers):
         params = _gather(pool, window, index, gathered[index] if gathered else ())
         if checkpointed and no_grad_layer:  # run without autograd: its output is the kept tensor
             acts += _forward(pool, no_grad_layer)
@@ -306,7 +310,8 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
                     grad_partition: float = 0.0, first_reduction: Tuple[int, float] = (0, 0.0),
                     steps: int = 2,
                     no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
-                    ceiling: float = float("inf"), eight_bit: bool = False) -> int:
+                    ceiling: float = float("inf"), eight_bit: bool = False, frozen_layers: int = 0,
+                    front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> int:
     """Bytes the caching allocator reserves for ZeRO-1/2's large tensors over ``steps`` training steps.
 
     Raises:
@@ -333,6 +338,10 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         norm_pieces: elements of each trainable tensor in this rank's partition. DeepSpeed takes each one's norm in
             fp64 (``get_norm_dtype``): an 8-byte copy per tensor, at the step without ``offload_optimizer``; with it,
             at the last reduction, followed by the fp32 copy that goes to the CPU.
+        frozen_layers: freeze tuning: the decoder layers before the first trainable one, which run without autograd
+            as ``front_layer`` (each tensor released after its last use, the output kept as the next layer's input,
+            the input released once the output exists); the first trainable layer's input is kept, as the
+            embedding's output is when nothing is frozen.
         eight_bit: the optimizer is bitsandbytes' 8-bit AdamW (a client optimizer): its first step makes two one-byte
             states and their fp32 absmax per 256 elements (``Optimizer2State.init_state``), and its fused kernel
             updates in place (no temporary); otherwise AdamW's two fp32 states and one foreach temporary.
@@ -367,7 +376,8 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
             if not gpu_optimizer:  # temp_grad_buffer_for_gpu_offload: 16-bit, the largest parameter's size, kept
                 pool.alloc(max(list(build) + list(frozen), default=0))
             pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
-        acts = _forward_pass(pool, layer, layers, checkpointed, edges, no_grad_layer=no_grad_layer)
+        acts = _forward_pass(pool, layer, layers, checkpointed, edges, no_grad_layer=no_grad_layer,
+                             frozen=frozen_layers, front_layer=front_layer)
         gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap)
         og = pool.alloc(output_grad)  # the output layer's weight gradient
         if step == 0:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
