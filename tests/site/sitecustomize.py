@@ -14,8 +14,9 @@ It runs the ``sitecustomize`` it shadows (the next one on ``sys.path``, as zerop
   ``inference_all_reduce`` uses (deepspeed/comm/torch.py, 0.19.8); training's collectives go through gloo either
   way. The jobs' scripts stay unmodified: in a job this file sits behind zeropilot's bootstrap, which must
   chain-load it (what ``tests/guard/test_jobs.py`` checks: no op was built).
-- with ``ZEROPILOT_TESTS_PROCLOG=FILE``, appends one JSON line per process to FILE when it exits: its command, its
-  own CPU seconds and which of the heavy libraries it imported (how the suite's processes were counted).
+- with ``ZEROPILOT_TESTS_PROCLOG=FILE``, appends JSON lines to FILE: ``refused`` when it refuses DeepSpeed its MLflow
+  (a process a killed job's end does not let exit is counted too), ``exit`` when a process exits, with its own CPU
+  seconds and which of the heavy libraries it imported (how the suite's processes were counted).
 """
 
 import importlib.abc
@@ -50,6 +51,7 @@ class _NoMlflowInDeepSpeed(importlib.abc.MetaPathFinder):
         frame = sys._getframe(1)
         while frame is not None:
             if frame.f_globals.get("__name__") == self.importer:
+                _log("refused")
                 raise ModuleNotFoundError(f"mlflow is kept out of {self.importer} by the test suite", name=name)
             frame = frame.f_back
         return None
@@ -77,9 +79,17 @@ class _SkipShm(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _log_at_exit(path: str) -> None:
+def _log(event: str, **fields) -> None:
+    path = os.environ.get("ZEROPILOT_TESTS_PROCLOG")
+    if path:
+        import json
+
+        with open(path, "a") as f:
+            f.write(json.dumps(dict(event=event, pid=os.getpid(), argv=sys.argv[:4], **fields)) + "\n")
+
+
+def _log_at_exit() -> None:
     import atexit
-    import json
     import time
 
     started = time.time()
@@ -87,10 +97,7 @@ def _log_at_exit(path: str) -> None:
     def write() -> None:
         t = os.times()
         heavy = [m for m in ("torch", "deepspeed", "transformers", "accelerate", "peft", "mlflow") if m in sys.modules]
-        line = {"pid": os.getpid(), "argv": sys.argv[:4], "cpu_s": round(t.user + t.system, 2),
-                "wall_s": round(time.time() - started, 2), "imported": heavy}
-        with open(path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        _log("exit", cpu_s=round(t.user + t.system, 2), wall_s=round(time.time() - started, 2), imported=heavy)
 
     atexit.register(write)
 
@@ -98,6 +105,6 @@ def _log_at_exit(path: str) -> None:
 _chain()
 sys.meta_path.insert(0, _NoMlflowInDeepSpeed())
 if os.environ.get("ZEROPILOT_TESTS_PROCLOG"):
-    _log_at_exit(os.environ["ZEROPILOT_TESTS_PROCLOG"])
+    _log_at_exit()
 if os.environ.get("ZEROPILOT_TESTS_NO_SHM_OP") == "1":
     sys.meta_path.insert(0, _SkipShm())

@@ -658,7 +658,9 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
         replayed = inputs.world_size == 1
     else:
         replayed = (not lora and gpu_optimizer) or (lora and not gpu_optimizer and inputs.world_size == 1)
-    if inputs.stage != 3 or inputs.expandable_segments or not replayed or not tuning.replayed(inputs) \
+    listed = tuning.trainable_list(inputs)  # freeze tuning, modules_to_save: replayed with the parameters on the GPU
+    if inputs.stage != 3 or inputs.expandable_segments or not replayed \
+            or not tuning.replayed(inputs, zero12=on_gpu and inputs.world_size == 1) \
             or inputs.optimizer != "adamw":  # ZeRO-3's sub-group steps with the 8-bit states: never replayed
         return None
     a, n = inputs.arch, inputs.world_size
@@ -667,6 +669,18 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
     elements = edge[:1] + [x for layer in per_layer for x in layer] + edge[1:]  # the model's order
     sizes = [2.0 * x for x in elements]
     trainable = elements if inputs.lora_rank is None else [trainable_params(inputs, count_params(a))]
+    order: List[Tuple[float, bool]] = []  # zero.Init, a trained subset: every tensor as built, and whether it trains
+    copies: List[float] = []  # modules_to_save: PEFT's copies, built after the model
+    if listed is not None:
+        names = {p.name for p in listed}
+        if inputs.lora_rank is None:  # freeze tuning: the frozen tensors stay, the trained ones are flattened
+            order = [(2.0 * p.numel, p.name in names) for p in named_parameters(a)]
+            sizes = [size for size, trains in order if not trains]
+            copies = [size for size, trains in order if trains]
+            trainable = [p.numel for p in listed]
+        else:  # LoRA's adapters (one tensor) and the copies
+            copies = [2.0 * p.numel for p in listed]
+            trainable = [trainable[0] - sum(p.numel for p in listed)] + [p.numel for p in listed]
     sub_groups: List[float] = []  # the optimizer on the GPU: its sub-groups' fp32 bytes
     offload_buckets: List[List[float]] = []  # the optimizer on the CPU: each reduction's gradients, backward order
     current = held = 0.0
@@ -686,11 +700,12 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
             offload_buckets[-1].append(float(x))
             held += x
     part = -(-sum(trainable) // n)
-    frozen = sizes if inputs.lora_rank is not None else []
+    frozen = sizes if inputs.lora_rank is not None or listed is not None else []
     tokens = inputs.micro_batch * inputs.seq_len
     # built whole, a tied model first gets its own output-layer weight, released when transformers ties it to the
     # embedding (its block stays cached; calls 21 and 49's traces)
-    build = [] if inputs.zero_init else sizes + [2.0 * a.vocab * a.hidden] * a.tied
+    build = [] if inputs.zero_init else sizes + copies + [2.0 * a.vocab * a.hidden] * a.tied
+    front = tuning.first_saving_layer(inputs)
     return dict(build=build, sub_groups=sub_groups,
                 bucket=2.0 * inputs.reduce_bucket_size, grad_partition=2.0 * part if gpu_optimizer else 0.0,
                 layer=layer_tensors(inputs), layers=a.layers, no_grad_layer=layer_tensors(inputs, no_grad=True),
@@ -698,15 +713,19 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
                 embedding=0.0 if on_gpu else 2.0 * a.vocab * a.hidden,
                 checkpointed=inputs.gradient_checkpointing, edges=(kept_input(inputs), final_norm(inputs)),
                 logits_bf16=2.0 * tokens * a.vocab, logits_fp32=4.0 * tokens * a.vocab,
-                output_grad=0.0 if inputs.lora_rank is not None else 2.0 * a.vocab * a.hidden,
+                output_grad=2.0 * a.vocab * a.hidden if tuning.output_trains(inputs) else 0.0,
                 softcap=a.logit_softcap, norm_pieces=[float(-(-x // n)) for x in trainable] if gpu_optimizer else [],
                 offload_buckets=offload_buckets, frozen=frozen,
-                hooked=[2.0 * x for x in elements] if inputs.lora_rank is None else [],  # LoRA's adapters: small
+                hooked=[2.0 * x for x in elements] if listed is None and inputs.lora_rank is None
+                else copies,  # LoRA's adapters: small
                 live=0.0 if on_gpu else 2.0 * inputs.max_live_parameters,
                 init_gathers=[(2.0 * a.vocab * a.hidden, 2.0 * -(-a.vocab * a.hidden // n))] * 2
                 if inputs.zero_init and not on_gpu else [],
                 flat=2.0 * part if on_gpu else 0.0,
-                side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0)
+                side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0,
+                init_order=order if inputs.zero_init else [], frozen_layers=front,
+                front_layer=layer_tensors(replace(inputs, gradient_checkpointing=True), no_grad=True)
+                if front else None)
 
 
 def zero3_segments(inputs: PlanInputs, steps: int = 2) -> Optional[int]:

@@ -447,7 +447,9 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
                    hooked: Sequence[float] = (), live: float = 0.0,
                    init_gathers: Sequence[Tuple[float, float]] = (), steps: int = 2,
                    no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
-                   ceiling: float = float("inf")) -> int:
+                   ceiling: float = float("inf"), init_order: Sequence[Tuple[float, bool]] = (),
+                   frozen_layers: int = 0,
+                   front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> int:
     """Bytes the caching allocator reserves for ZeRO-3: parameters offloaded with the optimizer on the GPU (full
     fine-tuning) or offloaded too (LoRA, at world size 1), or parameters on the GPU at world size 1 (where nothing is
     gathered) with the optimizer on the GPU or offloaded.
@@ -497,6 +499,10 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
         live: ``gathered``'s budget from the second step on, in bytes (``stage3_max_live_parameters``; 0: each
             layer's parameters released after it, as in the first step, which records the module trace; call 35's
             traces, LoRA with both offloads, peak with about that many gathered).
+        init_order: zero.Init with the parameters on the GPU and a trained subset (freeze tuning): every tensor in
+            the model's order, its bytes and whether it trains; each is partitioned as it is built (at world size 1 a
+            whole copy), and ``defragment`` moves the trained ones to the CPU before the flat buffer (``frozen`` is
+            then not read). ``frozen_layers``, ``front_layer``: as :func:`zero12_reserved`'s.
         init_gathers: zero.Init with offload_param: per parameter gathered while the model is built, the bytes of
             the whole and of this rank's partition (transformers' weight initialisation gathers the embedding twice;
             call 35's traces).
@@ -507,7 +513,18 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
     """
     pool = Allocator()
     built = [pool.alloc(size) for size in build]
-    if flat:  # the parameters stay on the GPU
+    if flat and init_order:  # zero.Init, a trained subset: each tensor partitioned as built, the trained ones then
+        parts = []  # moved to the CPU by defragment
+        for size, trains in init_order:
+            whole = pool.alloc(size)
+            parts.append((pool.alloc(size), trains))
+            pool.free(whole)
+        for block, trains in parts:
+            if trains:
+                pool.free(block)
+        pool.empty_cache()
+        pool.alloc(flat)
+    elif flat:  # the parameters stay on the GPU
         for k, size in enumerate(frozen):
             whole = built[k] if built else pool.alloc(size)  # zero.Init partitions each tensor as it is built
             pool.alloc(size)  # its partition, kept
@@ -541,7 +558,8 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
             pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
         window = _Window(pool, live) if live and step else None
         emb = _gather(pool, window, "embedding", [embedding])
-        acts = _forward_pass(pool, layer, layers, checkpointed, edges, gathered, window, no_grad_layer)
+        acts = _forward_pass(pool, layer, layers, checkpointed, edges, gathered, window, no_grad_layer,
+                             frozen=frozen_layers, front_layer=front_layer)
         for b in emb:
             pool.free(b)
         head = _gather(pool, window, "head", [embedding])  # the output layer's weight (tied or not, one size)

@@ -133,7 +133,8 @@ def render_compare(rec_a: RunRecords, rec_b: RunRecords, cmp: Dict[str, Any]) ->
         if m["a"] is None and m["b"] is None:
             continue
         change = "-" if m["ratio"] is None else f"{(m['ratio'] - 1) * 100:+.1f}%"
-        rows.append([esc(metric_label(m["metric"])), metric_value(m["metric"], m["a"]), metric_value(m["metric"], m["b"]), change])
+        rows.append([esc(metric_label(m["metric"])), metric_value(m["metric"], m["a"]),
+                     metric_value(m["metric"], m["b"]), change])
     for r in cmp["ranks"]:
         m = r["peak_reserved_bytes"] if (r["peak_reserved_bytes"]["a"] or r["peak_reserved_bytes"]["b"]) \
             else r["host_rss_peak_bytes"]
