@@ -154,9 +154,7 @@ def _alternatives(launch: Launch, train: Document) -> str:
 
 @rule("LF002", "lora-copies-beside-fp32-adapters-under-zero3", Severity.ERROR, packages=("deepspeed", "peft"),
       versions="LLaMA-Factory 0.9.5, PEFT 0.21, DeepSpeed 0.19.8",
-      witness="fixture:tests/rules/test_tuning.py::test_lf002_witness (tests/rules/peft_zero3_probe.py: "
-              "deepspeed.initialize on a PEFT model built as LLaMA-Factory 0.9.5 builds it); H200: "
-              "bench/plan/settings/data/call1 and call2, lora_mts")
+      witness="tests/rules/test_tuning.py::test_lf002_witness")
 def lora_copies_beside_fp32_adapters_under_zero3(launch: Launch) -> Iterator[Hit]:
     """A LLaMA-Factory LoRA launch with `additional_target` (or `resize_vocab`, which adds the embedding and the
     output layer to it) under ZeRO-3 with the parameters on the GPU: DeepSpeed stops in `deepspeed.initialize`.
@@ -189,6 +187,8 @@ def lora_copies_beside_fp32_adapters_under_zero3(launch: Launch) -> Iterator[Hit
       (cast_trainable_params_to_fp32)
     - DeepSpeed 0.19.8 `runtime/zero/stage3.py` `_create_fp16_partitions_with_defragmentation`,
       `runtime/zero/utils.py` `defragment`, `runtime/engine.py` `_configure_distributed_model`
+    - Witness: `tests/rules/peft_zero3_probe.py` runs `deepspeed.initialize` on a PEFT model built as LLaMA-Factory
+      0.9.5 builds it; on an H200: `bench/plan/settings/data/call1` and `call2`, row `lora_mts`
     """
     from zeropilot.launch.facts import facts
 
