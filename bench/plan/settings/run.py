@@ -1,11 +1,13 @@
 """Run issue 26's settings specs (``data/specs.jsonl``) with ``../zero_mem_probe_plan.py`` on one GPU, up to
-MAX_JOBS at a time while their predicted peaks (``pred_gib`` x 1.25 + 2 GiB each) stay under POOL_GIB.
+MAX_JOBS at a time while their predicted peaks (``pred_gib`` x 1.25 + 2 GiB each) stay under POOL_GIB, the largest
+first (each next row the largest that fits beside those running).
 
 PyTorch's peak allocated and reserved are each process's own counters; memory outside PyTorch is NVML's per-process
 figure (``non_torch_nvml_gb``), since the device-wide free memory counts the other probes (rows carry
 ``"concurrent": true``). Results go to $OUT/probe.jsonl, failures (with the probe's last output) to $OUT/fail.log;
 one line per row is printed as it ends.
-Usage (repo root on the GPU machine): OUT=DIR BUDGET_S=250 python3 bench/plan/settings/run.py [SPECS.jsonl]
+Usage (repo root on the GPU machine): OUT=DIR BUDGET_S=250 [SKIP_ROWS=row,row] python3 bench/plan/settings/run.py
+[SPECS.jsonl]
 """
 import json
 import os
@@ -13,7 +15,8 @@ import subprocess
 import sys
 import time
 
-MAX_JOBS, POOL_GIB, ROW_LIMIT_S = 4, 126.0, 200
+MAX_JOBS, ROW_LIMIT_S = 4, 200
+POOL_GIB = float(os.environ.get("POOL_GIB", "126"))  # GiB of the GPU the rows may be packed into
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE = os.path.join(os.path.dirname(HERE), "zero_mem_probe_plan.py")
 OUT = os.environ["OUT"]
@@ -53,7 +56,12 @@ def collect(spec, proc, out, t0):
 
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "data", "specs.jsonl")
-    pending = [json.loads(x) for x in open(path) if x.strip()]
+    skip = set(filter(None, os.environ.get("SKIP_ROWS", "").split(",")))  # rows left out when device time is short
+    pending = sorted((s for s in map(json.loads, filter(str.strip, open(path))) if s["row"] not in skip),
+                     key=need, reverse=True)  # largest first
+    if skip:
+        with open(os.path.join(OUT, "fail.log"), "a") as f:
+            f.write(f"SKIPPED(SKIP_ROWS) {sorted(skip)}\n")
     running = []
     while pending or running:
         for item in list(running):

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Iterator, Optional, Tuple
 
+from zeropilot import extras
 from zeropilot.errors import InputError
 from zeropilot.safefile import check_output
 
@@ -116,6 +118,10 @@ def _summary(out: Path, fmt: str) -> str:
     return render(summary)
 
 
+def _no_program(program: str) -> InputError:
+    return InputError(f"cannot start {program!r}: no such program{extras.program_hint(program)}")
+
+
 def run(args: argparse.Namespace) -> int:
     from zeropilot.runner import RunOptions, supervise
     from zeropilot.runner import runinfo
@@ -125,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise InputError("no command: zeropilot run [options] -- COMMAND ...")
+    if shutil.which(command[0]) is None:  # said before the run directory is made
+        raise _no_program(command[0])
     out, empty = _out_dir(args.out)
     script = runinfo.write_launch_script(command, out / f".launch-{os.getpid()}.sh")
     check_summary, launch, errors, plan = None, None, [], None
@@ -138,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
         os.replace(script, final)
     finally:
         script.unlink(missing_ok=True)
+    unread = getattr(launch, "read_errors", None)
+    if unread and not args.no_check:  # a file the job reads and check cannot (empty, not valid): the job fails on it
+        raise InputError(f"check: {unread[0].render()}; fix it or pass --no-check (run directory: {out})")
     if errors and not args.no_check:
         for line in errors:
             print(f"zeropilot run: check: {line}", file=sys.stderr)
@@ -160,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         with _stdout_to_stderr(args.format == "json"):
             end = supervise(opts, record)
     except FileNotFoundError:
-        raise InputError(f"cannot start {command[0]!r}: no such program") from None
+        raise _no_program(command[0]) from None
     sys.stdout.flush()
     sys.stdout.write(_summary(out, args.format))
     return int(end["exit_code"])
