@@ -24,13 +24,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run", help="run a launch with the guard in every rank: records, OOM forensics, hang watchdog",
         description="Run COMMAND (deepspeed, torchrun, accelerate launch, llamafactory-cli, python) unmodified, "
                     "with zeropilot's guard inside every rank; write the run directory and print its summary.",
-        usage="zeropilot run [--out DIR] [--no-check] [--hang-timeout S] [--on-hang report|stop] "
-              "[--memory-history] [--metrics max|ranks|off] [--format text|json] -- COMMAND ...")
+        usage="zeropilot run [--out DIR] [--no-check] [--hang-timeout S] [--timeouts-from DIR] "
+              "[--on-hang report|stop] [--memory-history] [--metrics max|ranks|off] [--format text|json] "
+              "-- COMMAND ...")
     p.add_argument("--out", type=Path, metavar="DIR", help="run directory (default: zeropilot-runs/<time>)")
     p.add_argument("--no-check", action="store_true", help="start even when `check` finds errors")
     p.add_argument("--hang-timeout", type=float, metavar="S",
-                   help="seconds without progress on any rank before the watchdog reports "
-                        "(default: from the plan's save time, else 300)")
+                   help="seconds without progress on any rank before the watchdog reports, in a section (start-up, "
+                        "first step, step, save, load) not seen yet (default: from the plan's save time, else 300); "
+                        "once seen, the section's own durations set its deadline (docs/run.md)")
+    p.add_argument("--timeouts-from", type=Path, metavar="DIR",
+                   help="start from the section durations an earlier run learned: its run directory (its "
+                        "timeouts.json, else its records) or a timeouts.json")
     p.add_argument("--on-hang", choices=("report", "stop"), default="report",
                    help="after reporting a hang: let the job run on (report) or end it (stop)")
     p.add_argument("--memory-history", action="store_true",
@@ -87,6 +92,15 @@ def hang_timeout(flag: Optional[float], plan: Optional[dict]) -> float:
     return DEFAULT_HANG_TIMEOUT_S
 
 
+def _timeouts_from(source: Optional[Path]):
+    """``--timeouts-from``: the learned timeouts of an earlier run (an input error when unreadable), or None."""
+    if source is None:
+        return None
+    from zeropilot.runlog import timeouts
+
+    return timeouts.load_source(source)
+
+
 @contextlib.contextmanager
 def _stdout_to_stderr(active: bool) -> Iterator[None]:
     """While active, file descriptor 1 (inherited by the launch) is standard error: stdout stays JSON only."""
@@ -133,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("no command: zeropilot run [options] -- COMMAND ...")
     if shutil.which(command[0]) is None:  # said before the run directory is made
         raise _no_program(command[0])
+    learned = _timeouts_from(args.timeouts_from)  # a bad one too
     out, empty = _out_dir(args.out)
     script = runinfo.write_launch_script(command, out / f".launch-{os.getpid()}.sh")
     check_summary, launch, errors, plan = None, None, [], None
@@ -155,6 +170,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"zeropilot run: `check` found {len(errors)} error(s); fix them or pass --no-check "
               f"(run directory: {out})", file=sys.stderr)
         return 1
+    if learned is not None:  # copied into this run: the source is never written
+        from zeropilot.runlog import timeouts
+        from zeropilot.runlog.layout import RunDir
+
+        timeouts.write(RunDir(out).timeouts_file, learned)
     if launch is not None:
         plan = runinfo.make_plan(launch)
     world = getattr(getattr(launch, "world_size", None), "value", None)
