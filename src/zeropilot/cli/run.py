@@ -137,6 +137,7 @@ def _no_program(program: str) -> InputError:
 
 
 def run(args: argparse.Namespace) -> int:
+    from zeropilot.runlog.layout import RunDir
     from zeropilot.runner import RunOptions, supervise
     from zeropilot.runner import runinfo
 
@@ -172,7 +173,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if learned is not None:  # copied into this run: the source is never written
         from zeropilot.runlog import timeouts
-        from zeropilot.runlog.layout import RunDir
 
         timeouts.write(RunDir(out).timeouts_file, learned)
     if launch is not None:
@@ -182,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
     record = runinfo.run_record(command, check_summary, plan, world, timeout, args.on_hang, node)
     opts = RunOptions(command=command, out=out, hang_timeout_s=timeout, on_hang=args.on_hang,
                       memory_history=args.memory_history, world_size=world,
-                      torch_version=record["versions"].get("torch"), run_file=run_file)
+                      torch_version=record["versions"].get("torch"), run_file=run_file,
+                      timeouts_file=RunDir(out).timeouts_file)  # named here: copies for later attempts keep it
     if args.metrics:  # the launch inherits this environment; rank 0's guard reads it
         from zeropilot.guard.metrics import MODE_ENV
 

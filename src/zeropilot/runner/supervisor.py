@@ -39,7 +39,8 @@ class RunOptions:
     world_size: Optional[int] = None
     torch_version: Optional[str] = None  # of the environment the launch runs in (run.json versions)
     run_file: Optional[Path] = None  # run.json's path, when not DIR/run.json (one node's file: run-node-K.json)
-    timeouts_file: Optional[Path] = None  # learned timeouts read at start and kept (default DIR/timeouts.json)
+    timeouts_file: Optional[Path] = None  # learned timeouts read at start and kept (DIR/timeouts.json when None;
+    # `run` names its own: a heal run's later attempts, copies of these options, share the first one's file)
 
 
 def child_env(opts: RunOptions, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
