@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from zeropilot.guard import checkpoint, metrics, oom, setup
+from zeropilot.guard import checkpoint, inject, metrics, oom, setup
 from zeropilot.guard.rank import current, peek
 
 setup.listen()
@@ -39,6 +39,7 @@ def _forward(original):
         guard.set_phase("forward")
         if not guard.trainer_batches:
             guard.note_batch(setup.batch_shape(args, kwargs))
+            inject.check(guard, guard.last_batch)
         return original(self, *args, **kwargs)
     return wrapper
 

@@ -1,0 +1,38 @@
+"""Resuming a restarted Trainer: ``resume_from_checkpoint`` passed for the launch when it passes none.
+
+``zeropilot run --heal`` restarts a failed launch unmodified and sets :data:`RESUME_ENV` to the newest complete
+checkpoint it chose (``OUTPUT_DIR/checkpoint-N``). In every rank, ``Trainer.train`` then gets that path as its
+``resume_from_checkpoint`` when the launch's own call gave none (``None`` or ``False``); a launch that passes its own
+(LLaMA-Factory passes the last checkpoint of its output directory unless told to overwrite it) keeps it. Either way
+the rank writes one ``resume`` record (``path``, ``given_by``: ``zeropilot`` or ``launch``); the ``load`` record the
+engine's hooks write says what was really loaded, at which step.
+
+A raw DeepSpeed loop is not resumed here: it resumes when its own code calls ``load_checkpoint`` (the ``load``
+record says it did), and the heal report says when it did not.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+RESUME_ENV = "ZEROPILOT_RESUME_FROM"
+
+
+def train_wrapper(original: Any) -> Any:
+    """``Trainer.train`` with ``resume_from_checkpoint`` from :data:`RESUME_ENV` when the call gives none."""
+    def wrapper(self, resume_from_checkpoint=None, *args, **kwargs):
+        from zeropilot.guard.rank import current
+
+        ours = os.environ.get(RESUME_ENV) or None
+        given = resume_from_checkpoint not in (None, False)
+        guard = current("hf") if (given or ours) else None
+        if not given and ours:
+            resume_from_checkpoint = ours
+        if guard is not None:
+            value = resume_from_checkpoint
+            guard.record("resume", path=value if isinstance(value, str) else None,
+                         given_by="launch" if given else "zeropilot",
+                         value=None if isinstance(value, str) else bool(value), ours=ours)
+        return original(self, resume_from_checkpoint, *args, **kwargs)
+    return wrapper
