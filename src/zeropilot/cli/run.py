@@ -23,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run COMMAND (deepspeed, torchrun, accelerate launch, llamafactory-cli, python) unmodified, "
                     "with zeropilot's guard inside every rank; write the run directory and print its summary.",
         usage="zeropilot run [--out DIR] [--no-check] [--hang-timeout S] [--on-hang report|stop] "
-              "[--memory-history] [--metrics max|ranks|off] [--format text|json] -- COMMAND ...")
+              "[--memory-history] [--metrics max|ranks|off] [--format text|json] "
+              "[--heal [--restarts N] [--heal-allow KIND] [--heal-backoff S]] -- COMMAND ...")
     p.add_argument("--out", type=Path, metavar="DIR", help="run directory (default: zeropilot-runs/<time>)")
     p.add_argument("--no-check", action="store_true", help="start even when `check` finds errors")
     p.add_argument("--hang-timeout", type=float, metavar="S",
@@ -40,6 +41,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="json: print the report (zeropilot.report/1, as `zeropilot report DIR --format json`); "
                         "the launch's own standard output then goes to standard error")
+    p.add_argument("--heal", action="store_true",
+                   help="restart the launch when it fails in a way a restart can help (a rank killed, a hang the "
+                        "watchdog stopped, an OOM with a fix that leaves the training the same), resuming from the "
+                        "newest complete checkpoint; on a DIR that holds a run, go on healing it (docs/run.md)")
+    p.add_argument("--restarts", type=int, default=3, metavar="N", help="with --heal: restarts at most (default 3)")
+    p.add_argument("--heal-allow", action="append", default=[], metavar="KIND",
+                   help="with --heal: also apply fixes of this kind, which change the data or the model: "
+                        "seq_len (a shorter maximum length), packing; shrink (restart on fewer nodes). Repeatable")
+    p.add_argument("--heal-backoff", type=float, default=10.0, metavar="S",
+                   help="with --heal: seconds before the first restart, doubled for each further one (default 10)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the launch")
     p.set_defaults(func=run)
 
@@ -116,6 +127,22 @@ def _summary(out: Path, fmt: str) -> str:
     return render(summary)
 
 
+def _heal_options(args: argparse.Namespace):
+    """``--heal``'s options, checked: an unknown kind or a negative count is an input error."""
+    from zeropilot.heal.fixes import ALLOW_WORDS
+    from zeropilot.heal.loop import HealOptions
+
+    unknown = [w for w in args.heal_allow if w not in ALLOW_WORDS]
+    if unknown:
+        raise InputError(f"--heal-allow {unknown[0]!r}: not a kind of change zeropilot knows (one of "
+                         f"{', '.join(ALLOW_WORDS)})")
+    if args.restarts < 0 or args.heal_backoff < 0:
+        raise InputError("--restarts and --heal-backoff must be 0 or more")
+    if not args.heal and (args.heal_allow or args.restarts != 3 or args.heal_backoff != 10.0):
+        raise InputError("--restarts, --heal-allow and --heal-backoff go with --heal")
+    return HealOptions(restarts=args.restarts, allow=list(args.heal_allow), backoff_s=args.heal_backoff)
+
+
 def run(args: argparse.Namespace) -> int:
     from zeropilot.runner import RunOptions, supervise
     from zeropilot.runner import runinfo
@@ -125,6 +152,17 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise InputError("no command: zeropilot run [options] -- COMMAND ...")
+    heal_opts = _heal_options(args)
+    if args.heal:
+        from zeropilot.cli import run_heal
+
+        if args.on_hang == "report" and "--on-hang" in sys.argv:
+            print("zeropilot run: --heal stops a hung job to restart it: --on-hang report is not kept",
+                  file=sys.stderr)
+        args.on_hang = "stop"
+        existing = run_heal.existing(args.out)
+        if existing is not None:
+            return run_heal.go_on(args, command, heal_opts, existing)
     out, empty = _out_dir(args.out)
     script = runinfo.write_launch_script(command, out / f".launch-{os.getpid()}.sh")
     check_summary, launch, errors, plan = None, None, [], None
@@ -156,6 +194,10 @@ def run(args: argparse.Namespace) -> int:
         from zeropilot.guard.metrics import MODE_ENV
 
         os.environ[MODE_ENV] = args.metrics
+    if args.heal:
+        from zeropilot.cli import run_heal
+
+        return run_heal.first(args, opts, record, heal_opts)
     try:
         with _stdout_to_stderr(args.format == "json"):
             end = supervise(opts, record)

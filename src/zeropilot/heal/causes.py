@@ -68,6 +68,11 @@ class Failure:
         """What makes two failures "the same failure at the same step" (:func:`zeropilot.heal.record.repeated`)."""
         return (self.kind, self.cls, self.step)
 
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Failure":
+        return cls(str(d.get("kind") or "crash"), d.get("class"), d.get("step"), list(d.get("ranks") or []),
+                   str(d.get("reason") or ""), bool(d.get("restart")), str(d.get("why") or ""))
+
     def to_dict(self) -> Dict[str, Any]:
         return {"kind": self.kind, "class": self.cls, "step": self.step, "ranks": list(self.ranks),
                 "reason": self.reason, "restart": self.restart, "why": self.why}
