@@ -288,7 +288,7 @@ class Healer:
                 self._end("preempted", failure.why, entry)
                 return self.doc
             say(f"attempt {entry['attempt']} failed: {failure.kind}" + (f" ({failure.cls})" if failure.cls else "")
-                + (f" at step {failure.step}" if failure.step is not None else "") + f": {failure.why}")
+                + (f" after step {failure.step}" if failure.step is not None else "") + f": {failure.why}")
             nxt = self.next_attempt(entry, failure)
             if nxt is None:
                 say(f"healing stopped: {self.doc['outcome']['why']}")

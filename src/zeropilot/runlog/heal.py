@@ -101,7 +101,7 @@ def _failure_words(f: Optional[Dict[str, Any]]) -> str:
     if f["kind"] == "ok":
         return "OK: every rank finished"
     what = (f["kind"] or "?").upper() + (f" ({f['class']})" if f.get("class") else "")
-    at = f" at step {f['step']}" if f.get("step") is not None else ""
+    at = f" after step {f['step']}" if f.get("step") is not None else ""
     return f"{what}{at}: {f.get('reason') or ''}".rstrip(": ")
 
 
