@@ -301,7 +301,7 @@ def apply(change: Dict[str, Any], command: List[str], env: Dict[str, str], launc
                                                                     for w in words)]
     if missing:
         return f"{', '.join(s.key for s in missing)}: not in a file or flag of the launch (set in the script's code?)"
-    if not words and not new_env:
+    if not copies.texts and out_cmd == command and not new_env:
         return "the launch already has this setting"
     out_cmd, files = _write_plan(copies, launch, out_cmd, cwd)
     merged_env = dict(env)
