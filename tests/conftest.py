@@ -6,6 +6,7 @@ import atexit
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Union
@@ -13,6 +14,11 @@ from typing import Dict, Optional, Union
 import pytest
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# The jobs start the launchers by name (torchrun, deepspeed, accelerate): those of the environment running the suite,
+# also when it runs as ``.venv/bin/python -m pytest`` without the environment activated.
+_BIN = os.path.dirname(sys.executable)
+if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = os.pathsep.join([_BIN] + [p for p in [os.environ.get("PATH")] if p])
 # A TORCH_EXTENSIONS_DIR of the suite's own for every process a test starts without one (never the machine's: a lock
 # left there cannot hang the suite). Tests that run DeepSpeed give theirs a copy of the session's built shm op
 # (``tests.zp.extensions_dir``).
@@ -33,8 +39,14 @@ else:
     _hypothesis_settings.register_profile("explore", derandomize=False)
     _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gate"))
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-CORPUS = SHARED / "corpus"
+# Public configs kept as test input, unmodified; MANIFEST.tsv says where each comes from (README.md: licences).
+CORPUS = Path(__file__).resolve().parent / "data" / "corpus"
+
+
+def corpus_files() -> list:
+    """The corpus's files, as MANIFEST.tsv lists them (its README and licence texts are not configs)."""
+    rows = (CORPUS / "MANIFEST.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    return sorted(CORPUS / row.split("\t", 1)[0] for row in rows if row.strip())
 
 
 def write_files(root: Path, files: Dict[str, Union[str, dict]]) -> Path:

@@ -1,4 +1,4 @@
-"""Every unmodified public config of ../shared/corpus is read, and check runs on it without a crash.
+"""Every unmodified public config of tests/data/corpus is read, and check runs on it without a crash.
 
 The errors the rules raise there are reviewed: `tests/data/corpus_errors.json` lists each (file, code) with
 the reason it is right, and this test fails when a rule starts or stops raising an error there.
@@ -9,18 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CORPUS
+from tests.conftest import CORPUS, corpus_files
 from zeropilot.check import check
 from zeropilot.rules.registry import Severity
 
 REVIEW = Path(__file__).parent / "data" / "corpus_errors.json"
-FILES = sorted(p for p in CORPUS.rglob("*") if p.is_file() and p.name not in ("MANIFEST.tsv", "README.md")) \
-    if CORPUS.is_dir() else []
+FILES = corpus_files()
 # Two templates with shell placeholders in place of values: not JSON, and saying so is right.
 NOT_JSON = {"compression__bert__config__ds_config_TEMPLATE.json", "training__tensor_parallel__hf_integration__"
             "configs__ds_config_temp.json"}
-
-pytestmark = pytest.mark.skipif(not FILES, reason="../shared/corpus not present")
 
 
 def _check_each():

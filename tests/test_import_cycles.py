@@ -94,3 +94,17 @@ def test_the_graph_sees_lazy_imports():
 
 def test_no_import_cycle():
     assert _cycles(_graph()) == []
+
+
+def _imports_of(graph: Dict[str, Set[str]], package: str, target: str) -> List[str]:
+    """``module -> imported`` for every import (lazy ones too) from ``package`` into ``target``."""
+    inside = (lambda m, p: m == p or m.startswith(p + "."))
+    return sorted(f"{m} -> {t}" for m, ts in graph.items() if inside(m, package) for t in ts if inside(t, target))
+
+
+def test_the_run_directory_contract_does_not_import_the_in_rank_code():
+    """``runlog`` (the run directory, read by ``report``) lies below ``guard`` (the code inside the ranks), which
+    writes it: what both need (``runlog.crash``, ``runlog.layout.STACKS_MARKER``) lives in ``runlog``."""
+    graph = _graph()
+    assert "zeropilot.runlog.layout" in graph["zeropilot.guard.hangs"]  # the other way is allowed and used
+    assert _imports_of(graph, "zeropilot.runlog", "zeropilot.guard") == []

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_export import ROOT, build, machine, run_child  # noqa: E402 - the shared harness
+from bench_export import ROOT, build, machine, move_optim, run_child  # noqa: E402 - the shared harness
 
 
 def ds_converter() -> str:
@@ -77,7 +77,7 @@ def compare(theirs: Path, ours: Path, stage: int) -> dict:
 
     files = sorted(str(p.relative_to(theirs)) for p in (theirs / "zero").rglob("*.pt"))
     mine = sorted(str(p.relative_to(ours)) for p in (ours / "zero").rglob("*.pt"))
-    differ, tensors = [], 0
+    differ, tensors, only_cat_dim = [], 0, 0
     for rel in files if files == mine else []:
         a = torch.load(str(ours / rel), weights_only=False, mmap=True)
         b = torch.load(str(theirs / rel), weights_only=False, mmap=True)
@@ -86,36 +86,45 @@ def compare(theirs: Path, ours: Path, stage: int) -> dict:
         where = _same(a, b, rel)
         if where:
             differ.append(where)
+            # DeepSpeed writes a parameter with no optimizer state (SGD keeps none) from the 16-bit weights, without
+            # "cat_dim" (its loader's default, 0): the same tensor, one key fewer
+            if isinstance(a, dict) and isinstance(b, dict) and a.get("cat_dim") == 0 and "cat_dim" not in b \
+                    and _same({k: v for k, v in a.items() if k != "cat_dim"}, b, rel) is None:
+                only_cat_dim += 1
         tensors += sum(1 for v in (a.values() if isinstance(a, dict) else [a]) if torch.is_tensor(v))
     models = sorted(p.name for p in theirs.glob("*_model_states.pt"))
     same_models = models == sorted(p.name for p in ours.glob("*_model_states.pt")) and all(
         (ours / m).read_bytes() == (theirs / m).read_bytes() for m in models)
     return {"bitwise_equal": files == mine and not differ and same_models, "same_files": files == mine,
             "files_compared": len(files), "tensors_compared": tensors, "differ": differ[:10],
+            "differ_count": len(differ), "differ_only_in_cat_dim": only_cat_dim,
             "model_states_identical": same_models}
 
 
-def bench_stage(size, stage, work: Path, reps: int, ds_workers: int, keep: bool = False, warmup: bool = True) -> dict:
+def bench_stage(size, stage, work: Path, reps: int, ds_workers: int, keep: bool = False, warmup: bool = True,
+                big: bool = False, optim_dir: Path = None, ds_outputs: Path = None) -> dict:
     ckpt_root = work / f"z{stage}"
     done = ckpt_root / "built.json"  # written after a whole build: --keep reuses it
     if keep and done.exists():
         spec, build_s = json.loads(done.read_text())
     else:
         shutil.rmtree(ckpt_root, ignore_errors=True)
-        spec, build_s = build(size, stage, ckpt_root)
+        spec, build_s = build(size, stage, ckpt_root, big)
+        if optim_dir:
+            move_optim(ckpt_root / "run", optim_dir / f"z{stage}")
         os.sync()
         done.write_text(json.dumps([spec, build_s]))
         print(f"built ZeRO-{stage} in {build_s:.0f} s", flush=True)
     save_dir = ckpt_root / "run"
     tag = (save_dir / "latest").read_text().strip()
-    ckpt_bytes = sum(f.stat().st_size for f in (save_dir / tag).glob("*.pt"))
-    ds_out, zp_out = work / f"out_ds_z{stage}", work / f"out_zp_z{stage}"
+    ckpt_bytes = sum(f.stat().st_size for f in (save_dir / tag).glob("*.pt"))  # stat follows --optim-dir links
+    ds_out, zp_out = (ds_outputs or work) / f"out_ds_z{stage}", work / f"out_zp_z{stage}"
     cmds = {
         "ds_to_universal": [sys.executable, ds_converter(), "--input_folder", str(save_dir / tag),
                             "--output_folder", str(ds_out / tag), "--inject_missing_state",
                             "--num_extract_workers", str(ds_workers), "--num_merge_workers", str(ds_workers)],
         "zeropilot": [sys.executable, "-m", "zeropilot", "ckpt", "universal", str(save_dir), str(zp_out),
-                      "--no-progress"],
+                      "--no-progress"] + (["--follow-symlinks"] if optim_dir else []),
     }
     runs = {k: [] for k in cmds}
     for rep in range(0 if warmup else 1, reps + 1):  # rep 0 warms the page cache and is not counted
@@ -129,6 +138,8 @@ def bench_stage(size, stage, work: Path, reps: int, ds_workers: int, keep: bool 
                 runs[name].append({"wall_s": round(wall, 3), "peak_rss_bytes": rss})
             print(f"ZeRO-{stage} rep {rep} {name}: {wall:.2f} s, {rss / 2**20:.0f} MiB", flush=True)
     result = {"stage": stage, "spec": spec, "build_s": round(build_s, 1), "checkpoint_bytes": ckpt_bytes,
+              "optimizer_files_in": str(optim_dir) if optim_dir else "the checkpoint",
+              "ds_output_in": str(ds_outputs or work),
               "output_bytes": sum(f.stat().st_size for f in zp_out.rglob("*.pt")), "ds_workers": ds_workers,
               "warm_cache": warmup, "runs": runs}
     for name in cmds:
@@ -138,14 +149,15 @@ def bench_stage(size, stage, work: Path, reps: int, ds_workers: int, keep: bool 
     result["rss_ratio"] = round(result["zeropilot"]["peak_rss_bytes_max"]
                                 / result["ds_to_universal"]["peak_rss_bytes_max"], 3)
     result["equality"] = compare(ds_out / tag, zp_out / tag, stage)
-    for d in (ds_out, zp_out) + (() if keep else (ckpt_root,)):
+    for d in (ds_out, zp_out) + (() if keep else (ckpt_root,) + ((optim_dir / f"z{stage}",) if optim_dir else ())):
         shutil.rmtree(d, ignore_errors=True)
     return result
 
 
 def markdown(results) -> str:
     m = results["machine"]
-    lines = [f"# ckpt universal vs ds_to_universal.py ({results['size']}, 2 ranks, bf16 training, Adam)", "",
+    optim = "SGD, saved before any step" if results.get("big") else "Adam"
+    lines = [f"# ckpt universal vs ds_to_universal.py ({results['size']}, 2 ranks, bf16 training, {optim})", "",
              f"Command: `{results['command']}`", "",
              f"Machine: {m['cpus']} CPUs, {m['memory_bytes'] / 2**30:.0f} GiB, torch {m['torch']}, "
              f"deepspeed {m['deepspeed']}", "",
@@ -159,7 +171,9 @@ def markdown(results) -> str:
             f"| {r['ds_to_universal']['wall_s_median']:.2f} s | {r['zeropilot']['wall_s_median']:.2f} s "
             f"| {r['wall_ratio']:.2f} | {r['ds_to_universal']['peak_rss_bytes_max'] / 1e9:.2f} GB "
             f"| {r['zeropilot']['peak_rss_bytes_max'] / 1e9:.3f} GB | {r['rss_ratio']:.3f} "
-            f"| {eq['bitwise_equal']} ({eq['files_compared']} files, {eq['tensors_compared']} tensors) |")
+            f"| {eq['bitwise_equal']} ({eq['files_compared']} files, {eq['tensors_compared']} tensors"
+            + (f"; {eq['differ_count']} differ, {eq['differ_only_in_cat_dim']} of them only in DeepSpeed's missing "
+               "cat_dim" if eq.get("differ_count") else "") + ") |")
     warm = all(r.get("warm_cache", True) for r in results["stages"])
     lines += ["", f"Wall: median of {results['reps']} run(s)" + (" after a warm-up run each (warm page cache)" if warm
               else ", no warm-up run") + "; peak RSS: max "
@@ -182,14 +196,21 @@ def main():
                         "and keep it")
     parser.add_argument("--no-warmup", action="store_true", help="no warm-up run before the timed ones")
     parser.add_argument("--note", default="", help="a line for the results' markdown (e.g. the machine's load)")
+    parser.add_argument("--big", action="store_true", help=">=7B: SGD, no step, bf16 creation, untied (as "
+                        "bench_export.py --big: Adam's states would not fit the GPU host twice)")
+    parser.add_argument("--optim-dir", type=Path, help="keep the optimizer files there (e.g. a tmpfs), linked from "
+                        "the checkpoint")
+    parser.add_argument("--ds-outputs", type=Path, help="where ds_to_universal.py writes (its output and its tmp "
+                        "folder of slices; default --work)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     results = {"size": args.size, "reps": args.reps, "machine": machine(), "stages": [], "note": args.note,
+               "big": args.big,
                "command": "python bench/ckpt/bench_universal.py " + " ".join(sys.argv[1:])}
     args.results.mkdir(parents=True, exist_ok=True)
     for stage in args.stages:  # results written after every stage: a run stopped later keeps the stages done
         results["stages"].append(bench_stage(args.size, stage, args.work, args.reps, args.ds_workers, args.keep,
-                                             not args.no_warmup))
+                                             not args.no_warmup, args.big, args.optim_dir, args.ds_outputs))
         print(json.dumps(results["stages"][-1], indent=1), flush=True)
         write(results, args.results)
     if not args.keep:

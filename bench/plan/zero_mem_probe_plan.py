@@ -33,6 +33,9 @@ issue 26's settings (``settings/device.sh``; ``settings/specs.py`` ``inputs_of``
                  another storage dtype (``uint8``: bitsandbytes' and transformers' default, a script's)
   liger          ``liger_kernel.transformers.apply_liger_kernel_to_llama()`` before the build, with LLaMA-Factory's
                  arguments for training (its defaults: rope, rms_norm, swiglu, fused linear cross-entropy)
+  trainable_fp32 cast every trainable tensor to fp32 after the adapters are added (LLaMA-Factory's
+                 ``cast_trainable_params_to_fp32``, which it skips under ZeRO-3): PEFT's fp32 adapters and bf16
+                 ``modules_to_save`` copies then share one dtype, which ZeRO-3's ``defragment`` asserts
   optim          "adamw_8bit": bitsandbytes' ``AdamW8bit`` as a client optimizer (what the HF Trainer makes of
                  ``optim: adamw_bnb_8bit``; ``zero_allow_untested_optimizer``)
 and, in the output: ``phase`` of an OOM (init or step), ``host_peak_rss_gb``, ``non_torch_nvml_gb``
@@ -182,6 +185,10 @@ try:
                                                  modules_to_save=spec.get("mts"), task_type="CAUSAL_LM"))
     if spec.get("freeze"):
         freeze_tuning(model, int(spec["freeze"]))
+    if spec.get("trainable_fp32"):
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = p.data.to(torch.float32)
     numel = lambda p: p.ds_numel if hasattr(p, "ds_numel") else p.numel()
     n_params = sum(numel(p) for p in model.parameters()); n_train = sum(numel(p) for p in model.parameters() if p.requires_grad)
     largest = max(numel(p) for p in model.parameters())

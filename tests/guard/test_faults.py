@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests import runjobs
-from zeropilot.guard.crash import first_failure, terminated_ranks
+from zeropilot.runlog.crash import first_failure, terminated_ranks
 from zeropilot.runlog import read_run, summarize
 
 pytestmark = [pytest.mark.slow]

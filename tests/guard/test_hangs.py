@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from zeropilot.guard.hangs import MARKER, RankState, collective, hang_verdict, parse_stacks
+from zeropilot.guard.hangs import RankState, collective, hang_verdict, parse_stacks
+from zeropilot.runlog import frames
+from zeropilot.runlog.layout import STACKS_MARKER
 
 DUMP = """Thread 0x00007f0000000002 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 331 in wait
@@ -18,7 +20,7 @@ Current thread 0x00007f0000000001 (most recent call first):
 
 
 def test_parse_takes_the_main_thread_of_the_last_dump_innermost_last():
-    text = "old garbage\n" + MARKER + " 1 ---\n" + DUMP
+    text = "old garbage\n" + STACKS_MARKER + " 1 ---\n" + DUMP
     frames = parse_stacks("Thread 0x1 (most recent call first):\n  File \"a.py\", line 1 in f\n" + text)
     assert [f["func"] for f in frames] == ["<module>", "main", "save_checkpoint", "barrier", "barrier"]
     assert collective(frames) == "barrier"
@@ -70,3 +72,38 @@ def test_zero3s_own_gather_is_a_collective():
               {"file": "/sp/deepspeed/runtime/zero/partition_parameters.py", "line": 2112,
                "func": "_allgather_params_coalesced"}]
     assert collective(frames) == "_allgather_params_coalesced"
+
+
+
+def _clone_dump(collective_call: str, line: int, ds_call: str) -> str:
+    """Stacks of a rank of tests/guard/jobs/ds_faults.py run from a clone, with its virtual environment inside."""
+    clone = "/tmp/x/zeropilot"
+    sp = f"{clone}/.venv/lib/python3.11/site-packages"
+    return f"""Thread 0x00007f0000000002 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "{clone}/src/zeropilot/guard/rank.py", line 170 in _beat_loop
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "{sp}/torch/distributed/distributed_c10d.py", line {line} in {collective_call}
+  File "{sp}/deepspeed/comm/torch.py", line 519 in {collective_call}
+  File "{sp}/deepspeed/runtime/engine.py", line 4900 in {ds_call}
+  File "{clone}/src/zeropilot/guard/deepspeed_hooks.py", line 80 in wrapped
+  File "{clone}/tests/guard/jobs/ds_faults.py", line 76 in main
+  File "{clone}/tests/guard/jobs/ds_faults.py", line 95 in <module>
+"""
+
+
+def test_a_script_in_a_checkout_named_zeropilot_is_the_users_code():
+    """``git clone`` names the checkout ``zeropilot``: its scripts are still the user's code, so the save-partial
+    verdict shows the save the script called (from such a clone it once showed only the barrier)."""
+    saving = RankState(0, phase="save", step=2, alive=True, frames=parse_stacks(_clone_dump("barrier", 5356,
+                                                                                            "save_checkpoint")))
+    training = RankState(1, phase="step", step=3, alive=True, frames=parse_stacks(_clone_dump("all_reduce", 2800,
+                                                                                              "step")))
+    v = hang_verdict([saving, training], 2, 10.0)
+    assert v["class"] == "save_partial" and v["ranks"] == [0]
+    assert v["where"] == ["<module> (ds_faults.py:95)", "main (ds_faults.py:76)",
+                          "save_checkpoint (deepspeed/runtime/engine.py:4900)",
+                          "barrier (torch/distributed/distributed_c10d.py:5356)"]
+    assert frames.kind_of("/tmp/x/zeropilot/src/zeropilot/guard/rank.py") == "library"
+    assert frames.kind_of("/tmp/x/zeropilot/src/zeropilot/check.py") == "library"

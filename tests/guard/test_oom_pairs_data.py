@@ -38,7 +38,12 @@ def _summaries():
 
 
 def _all_pairs():
-    return [p for s in _summaries() for p in s["pairs"]]
+    """Every scenario's pair from the latest call that ran it (the run directories are that call's: a later call's
+    tarball replaces them, and its summary supersedes the earlier one's record of the pair)."""
+    latest = {}
+    for s in sorted(_summaries(), key=lambda s: s["started"]):
+        latest.update((p["name"], p) for p in s["pairs"])
+    return list(latest.values())
 
 
 def _pairs():
@@ -56,23 +61,7 @@ def _record(name):
     return json.loads((DATA / name / "oom-rank-0.json").read_text())
 
 
-#: measured on the H200 before its cause was found: the rank read PEFT's ``PeftType.LORA`` as "PeftType.LORA", planned
-#: the LoRA run as a full fine-tuning (115.27 GiB at the failing batch, against 138.72 GiB for LoRA) and offered no
-#: length cap; fixed in ``guard/setup._scalar`` (tests/guard/test_whatif.py's PEFT regression test gives "cap sequences
-#: at 896 tokens" first on this very record). These records predate the fix: the pair is to be measured again
-#: (``SCENARIOS=hf-long-batch PART=c bash bench/guard/device_oom_pairs.sh OUT``); strict, so new data fails these
-#: until the mark goes.
-HF_LONG_BATCH_OPEN = pytest.mark.xfail(strict=True, reason=(
-    "hf-long-batch: recorded before the PeftType fix (the rank planned LoRA as full fine-tuning, no length cap); "
-    "to be measured again on a GPU (issue 27)"))
-
-
-def _marked():
-    return [pytest.param(p, id=p["name"], marks=HF_LONG_BATCH_OPEN if p["name"] == "hf-long-batch" else ())
-            for p in _pairs()]
-
-
-@pytest.mark.parametrize("pair", _marked())
+@pytest.mark.parametrize("pair", _pairs(), ids=lambda p: p["name"])
 def test_the_first_run_runs_out_of_memory_with_the_expected_class(pair):
     rec = _record(pair["name"])
     assert rec["verdict"]["kind"] == pair["expected_class"]
@@ -83,7 +72,7 @@ def test_the_first_run_runs_out_of_memory_with_the_expected_class(pair):
     assert [f["fix"] for f in fixes][:1] == [f["fix"] for f in gpu_fixes][:1]
 
 
-@pytest.mark.parametrize("pair", _marked())
+@pytest.mark.parametrize("pair", _pairs(), ids=lambda p: p["name"])
 def test_the_first_fix_is_the_experts_and_is_the_one_applied(pair):
     fixes = _record(pair["name"])["fixes"]
     first = fixes[0]
@@ -95,7 +84,7 @@ def test_the_first_fix_is_the_experts_and_is_the_one_applied(pair):
         assert first["fits"] is True and first["predicted_peak_bytes"] <= first["limit_bytes"]
 
 
-@pytest.mark.parametrize("pair", _marked())
+@pytest.mark.parametrize("pair", _pairs(), ids=lambda p: p["name"])
 def test_the_rerun_with_the_fix_fits_under_the_same_cap(pair):
     fixed = DATA / f"{pair['name']}-fixed"
     assert pair["fixed_run"]["rc"] == 0
@@ -121,7 +110,6 @@ def test_every_scenario_ran_and_ran_out_of_memory():
     assert (missing, skipped, no_oom) == ([], [], []), "scenarios missing / skipped / without an OOM"
 
 
-@HF_LONG_BATCH_OPEN
 def test_the_long_batch_is_named_as_the_outlier():
     pairs = {p["name"]: p for p in _pairs()}
     if "hf-long-batch" not in pairs:

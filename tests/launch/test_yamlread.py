@@ -28,8 +28,9 @@ def test_duplicate_keys_recorded():
     assert root.plain() == {"a": 2} and root.duplicates[0][0] == "a"
 
 
-def test_empty_file_is_an_empty_mapping():
-    assert parse_yaml("", P).plain() == {}
+@pytest.mark.parametrize("text", ["", "\n  \n", "# a comment\n"])
+def test_no_document_is_none_as_safe_load_reads_it(text):
+    assert parse_yaml(text, P).value is None and yaml.safe_load(text) is None
 
 
 def test_multiple_documents_take_the_first():

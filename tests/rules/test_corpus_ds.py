@@ -1,4 +1,4 @@
-"""The errors DS/HF/AC/VR rules raise on ../shared/corpus, each reviewed, and shown on the real libraries.
+"""The errors DS/HF/AC/VR rules raise on tests/data/corpus, each reviewed, and shown on the real libraries.
 
 Versions as CI installs them. Each reviewed error says why it is right; the DeepSpeed ones are replayed on
 the installed DeepSpeed (the corpus file itself, "auto" and batch keys neutralised) to show it fails there.
@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import CORPUS
+from tests.conftest import CORPUS, corpus_files
 from zeropilot.check import check
 from zeropilot.rules.registry import Severity
 
@@ -46,9 +46,7 @@ REVIEWED = [
     "train_full__mossvl_full_sft", "train_full__qwen3_full_sft", "train_full__qwen3vl_full_sft",
     "train_lora__qwen3_lora_sft_ds3")]
 
-FILES = sorted(p for p in CORPUS.rglob("*") if p.is_file() and p.name not in ("MANIFEST.tsv", "README.md")) \
-    if CORPUS.is_dir() else []
-pytestmark = pytest.mark.skipif(not FILES, reason="../shared/corpus not present")
+FILES = corpus_files()
 
 
 def test_errors_on_corpus_are_the_reviewed_ones():

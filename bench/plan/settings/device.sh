@@ -5,9 +5,9 @@
 # Needs torch, transformers, peft, accelerate, DeepSpeed, bitsandbytes (QLoRA, 8-bit AdamW) and liger_kernel (Liger);
 # a row whose package is missing fails alone, into $OUT/fail.log.
 # usage (repo root on the GPU machine): OUT=/some/dir bash bench/plan/settings/device.sh      (about 4 minutes)
-# writes $OUT/probe.jsonl (one row per setting), $OUT/fail.log, $OUT/versions.json; then, here:
-#   copy probe.jsonl into data/$CALL/ as h200.jsonl (fail.log as h200_fail.log, versions.json as h200_versions.json),
-#   then python bench/plan/settings/compare.py $CALL
+# writes $OUT/probe.jsonl (one row per setting), $OUT/fail.log, $OUT/versions.json, $OUT/traces.tar.gz (rows with
+# a trace); then, here: copy probe.jsonl into data/$CALL/ as h200.jsonl (fail.log as h200_fail.log, versions.json
+# as h200_versions.json), the traces into ../data/traces/, then python bench/plan/settings/compare.py $CALL
 here=$(dirname "$0")
 export PYTHONUNBUFFERED=1 DS_ACCELERATOR=cuda PROBE_CKPT=${PROBE_CKPT:-/tmp/zp_settings_ckpt}
 start=$(date +%s)
@@ -24,9 +24,18 @@ PY
 cat "$OUT/versions.json"
 CALL=${CALL:-call2}
 specs="$here/data/$CALL/specs.jsonl"
-model=$(python3 -c 'import json,sys; print(json.dumps(json.loads(open(sys.argv[1]).readline())["model"]))' "$specs")
-[ -f "$PROBE_CKPT/config.json" ] || python3 "$here/../zero_mem_probe_plan.py" --save-random "$model" "$PROBE_CKPT" \
-  || echo "random checkpoint not written: the quant rows will fail" >> "$OUT/fail.log"
-echo "checkpoint ready $(( $(date +%s) - start ))s"
+# the quant rows load a random checkpoint of the (first) quantized spec's model; rows that name a trace write their
+# allocator history into $TRACE_DIR ($OUT/traces, packed into $OUT/traces.tar.gz at the end)
+model=$(python3 -c 'import json,sys; q=[json.loads(x) for x in open(sys.argv[1]) if x.strip() and json.loads(x).get("quant")]; print(json.dumps(q[0]["model"]) if q else "")' "$specs")
+if [ -n "$model" ]; then
+  [ -f "$PROBE_CKPT/config.json" ] || python3 "$here/../zero_mem_probe_plan.py" --save-random "$model" "$PROBE_CKPT" \
+    || echo "random checkpoint not written: the quant rows will fail" >> "$OUT/fail.log"
+  echo "checkpoint ready $(( $(date +%s) - start ))s"
+fi
+export TRACE_DIR=${TRACE_DIR:-$OUT/traces}; mkdir -p "$TRACE_DIR"
 BUDGET_S=${BUDGET_S:-250} python3 "$here/run.py" "$specs"
+if [ "$TRACE_DIR" = "$OUT/traces" ]; then
+  [ -n "$(ls "$TRACE_DIR")" ] && tar czf "$OUT/traces.tar.gz" -C "$OUT" traces
+  rm -rf "$TRACE_DIR"
+fi
 echo "elapsed $(( $(date +%s) - start ))s"

@@ -1,5 +1,6 @@
 """Run issue 26's settings specs (``data/specs.jsonl``) with ``../zero_mem_probe_plan.py`` on one GPU, up to
-MAX_JOBS at a time while their predicted peaks (``pred_gib`` x 1.25 + 2 GiB each) stay under POOL_GIB.
+MAX_JOBS at a time while their predicted peaks (``pred_gib`` x 1.25 + 2 GiB each) stay under POOL_GIB, the largest
+first (each next row the largest that fits beside those running).
 
 PyTorch's peak allocated and reserved are each process's own counters; memory outside PyTorch is NVML's per-process
 figure (``non_torch_nvml_gb``), since the device-wide free memory counts the other probes (rows carry
@@ -13,7 +14,8 @@ import subprocess
 import sys
 import time
 
-MAX_JOBS, POOL_GIB, ROW_LIMIT_S = 4, 126.0, 200
+MAX_JOBS, ROW_LIMIT_S = 4, 200
+POOL_GIB = float(os.environ.get("POOL_GIB", "126"))  # GiB of the GPU the rows may be packed into
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE = os.path.join(os.path.dirname(HERE), "zero_mem_probe_plan.py")
 OUT = os.environ["OUT"]
@@ -53,7 +55,7 @@ def collect(spec, proc, out, t0):
 
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "data", "specs.jsonl")
-    pending = [json.loads(x) for x in open(path) if x.strip()]
+    pending = sorted((json.loads(x) for x in open(path) if x.strip()), key=need, reverse=True)  # largest first
     running = []
     while pending or running:
         for item in list(running):

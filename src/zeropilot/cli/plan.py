@@ -204,8 +204,10 @@ def build_inputs(args: argparse.Namespace):
     arch, model_source = _resolve_arch(args, lv)
     values: Dict[str, Any] = {}
     sources: Dict[str, str] = {"model": model_source}
+    args._launch_said_nothing = False
     if lv is not None:
         launch_vals, _ = resolve_auto(lv.values, arch.hidden)
+        args._launch_said_nothing = not any(k in lv.sources for k in launch_vals)  # a value with no source: derived
         values.update(launch_vals)
         sources.update({k: v for k, v in lv.sources.items() if k in launch_vals or k in ("model", "world_size")})
         if lv.world_size:
@@ -290,6 +292,20 @@ def _outside_torch(args: argparse.Namespace, inputs, constants, notes: List[str]
     return constants, notes + [f"outside PyTorch: {args.outside_torch:.2f} GiB per rank (flag --outside-torch)"]
 
 
+def _defaults_note(launch: str, inputs) -> Optional[str]:
+    """What the plan assumed where the launch sets no training setting it reads (an empty mapping, only a model,
+    only output settings), so that a plan of defaults is not taken for the plan of the launch; None when flags
+    gave every headline setting."""
+    from zeropilot.memory.render import assumed_defaults
+
+    assumed = assumed_defaults(inputs)
+    if not assumed:
+        return None
+    flags = ", ".join(_FLAG_FIELDS.get(name, "--lora-rank") for name, _ in assumed)
+    return (f"{launch} sets no training setting the plan reads: it assumed "
+            f"{', '.join(words for _, words in assumed)}; set them in the launch, or pass {flags}")
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -307,6 +323,8 @@ def run(args: argparse.Namespace) -> int:
 
         constants, notes = apply(args._profile, DEFAULT, inputs.world_size, inputs.stage)
     constants, notes = _outside_torch(args, inputs, constants, notes)
+    assumed = _defaults_note(args.launch, inputs) if args._launch_said_nothing else None
+    notes = ([assumed] if assumed else []) + notes
     plan = make_plan(inputs, constants)
     if notes:
         plan = dataclasses.replace(plan, notes=tuple(notes) + plan.notes)

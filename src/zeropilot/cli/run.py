@@ -176,6 +176,9 @@ def run(args: argparse.Namespace) -> int:
         os.replace(script, final)
     finally:
         script.unlink(missing_ok=True)
+    unread = getattr(launch, "read_errors", None)
+    if unread and not args.no_check:  # a file the job reads and check cannot (empty, not valid): the job fails on it
+        raise InputError(f"check: {unread[0].render()}; fix it or pass --no-check (run directory: {out})")
     if errors and not args.no_check:
         for line in errors:
             print(f"zeropilot run: check: {line}", file=sys.stderr)

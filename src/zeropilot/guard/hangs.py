@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from zeropilot.runlog import frames as runlog_frames
+from zeropilot.runlog.layout import STACKS_MARKER
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "all_to_all",
@@ -44,7 +45,6 @@ _DATA_FILES = ("torch/utils/data/", "accelerate/data_loader.py", "transformers/d
 _DATA_FUNCS = ("__getitem__", "__getitems__", "__iter__", "__next__")
 _WORKER_WAIT = ("_try_get_data", "_get_data")
 _WRITE_FILES = ("torch/serialization.py", "deepspeed/runtime/checkpoint_engine/", "safetensors/", "zipfile")
-MARKER = "--- zeropilot: stacks requested at"
 
 
 @dataclass
@@ -63,8 +63,8 @@ class RankState:
 
 def parse_stacks(text: str) -> List[Dict[str, Any]]:
     """The main thread's frames (innermost last) of the last dump in a faulthandler file."""
-    if MARKER in text:
-        text = text[text.rindex(MARKER):]
+    if STACKS_MARKER in text:
+        text = text[text.rindex(STACKS_MARKER):]
     blocks: List[List[Dict[str, Any]]] = []
     for line in text.splitlines():
         if line.startswith(("Thread 0x", "Current thread 0x")):

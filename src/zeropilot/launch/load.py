@@ -41,6 +41,10 @@ _NOT_LAUNCH = {
     "dataset_dict.json": "a dataset", "dataset_infos.json": "a dataset card", "state.json": "a dataset state",
 }
 _NOT_LAUNCH_SUFFIX = (".safetensors.index.json", ".bin.index.json", ".index.json")
+#: a config that is empty, only comments, ``---`` or ``null``: ``yaml.safe_load`` and ``json.load`` give None, on
+#: which accelerate's config loader and HfArgumentParser fail (witness: tests/launch/test_empty_configs.py)
+NO_SETTINGS = ("no settings in the file (it is empty, or only comments, '---' or null): accelerate and the HF "
+               "Trainer fail on it; write the launch's settings in it or leave it out")
 # A model's config.json says what the model is; a launch config never has these at its top level.
 _MODEL_CONFIG_KEYS = ("model_type", "architectures")
 
@@ -229,7 +233,9 @@ def _read_file(launch: Launch, path: Path, discovered: bool = False) -> Optional
     else:
         from zeropilot.launch.yamlread import parse_yaml  # PyYAML's import is a third of check's start-up
 
-        root, fmt, relaxed = parse_yaml(text, path), "yaml", []
+        root, fmt, relaxed = parse_yaml(text, path) if text.strip() else None, "yaml", []
+    if root is None or root.value is None:  # whitespace (PyYAML refuses a tab there) or what safe_load reads as None
+        raise InputError(NO_SETTINGS, path)
     keys = root.value.keys() if isinstance(root.value, dict) else ()
     scalars = [k for k, v in root.value.items() if not isinstance(v.value, dict)] if keys else []
     kind, flavour = classify(keys, fmt, scalars)

@@ -167,7 +167,7 @@ def parse_yaml(text: str, path: Path) -> Node:
         raise InputError(f"not valid YAML: {str(exc).splitlines()[0]}", path) from None
     finally:
         loader.dispose()
-    if root is None:
-        return Node({}, line=1, col=1, start=0, end=0)
+    if root is None:  # no document (empty, or comments only): None, as yaml.safe_load reads it
+        return Node(None, line=1, col=1, start=0, end=0)
     set_paths(root)
     return root

@@ -184,9 +184,6 @@ def _notes(inputs: PlanInputs, ckpt: Checkpoint, c: Constants, peak: int) -> Lis
     return notes
 
 
-UNCHECKED = "not yet checked against"  # in what a setting assumes: modelled, but no GPU run has confirmed it
-
-
 def unmodelled(inputs: PlanInputs) -> Tuple[Tuple[str, str], ...]:
     """What the plan does not model of ``inputs``, as (setting, what the figure assumes): the launch's settings it
     does not model (:attr:`PlanInputs.not_modelled`) and the combinations of modelled ones it does not."""
@@ -208,14 +205,6 @@ def unmodelled(inputs: PlanInputs) -> Tuple[Tuple[str, str], ...]:
         out.append((f"freeze tuning ({src.get('freeze', 'given')}) with frozen modules after trainable ones, "
                     "without gradient checkpointing", "those frozen modules keep what trained ones keep (they keep "
                     "less: nothing only a weight's gradient needs; tests/memory/test_settings_witness.py)"))
-    if inputs.quant_bits:  # pre-registered H200 rows, bench/plan/settings: measured above the figure
-        out.append((f"quant_bits: {inputs.quant_bits} ({src.get('quant_bits', 'given')})",
-                    "bitsandbytes' packed weights, one dequantized matrix at a time, the model built outside "
-                    f"zero.Init ({UNCHECKED} a GPU run in training mode: bench/plan/settings)"))
-    if inputs.optimizer == "adamw_8bit":
-        out.append((f"optimizer: adamw_8bit ({src.get('optimizer', 'given')})",
-                    "two one-byte states per element, DeepSpeed's fp32 and flattened gradients at the step, the "
-                    f"allocator replayed at ZeRO-1/2 ({UNCHECKED} a held-out GPU run: bench/plan/settings)"))
     if inputs.quant_bits and inputs.offload_param != "none":
         out.append(("a quantized base with offload_param", "the packed weights offloaded like 16-bit ones"))
     return tuple(out)
@@ -227,14 +216,10 @@ def approximate(verdict: Verdict, inputs: PlanInputs) -> Verdict:
     missing = unmodelled(inputs)
     if not missing:
         return verdict
-    said = []
-    for unchecked, what in ((False, "not modelled"), (True, "modelled, not yet checked on a GPU")):
-        keys = dict.fromkeys(setting.split(" (")[0] for setting, assumes in missing
-                             if (UNCHECKED in assumes) == unchecked)
-        if keys:
-            said.append(f"{', '.join(keys)} {what}")
+    keys = dict.fromkeys(setting.split(" (")[0] for setting, _ in missing)
     return Verdict(verdict.kind, verdict.headroom_bytes,
-                   f"{verdict.message} — approximate: {'; '.join(said)} (see 'Not modelled')", approximate=True)
+                   f"{verdict.message} — approximate: {', '.join(keys)} not modelled (see 'Not modelled')",
+                   approximate=True)
 
 
 def make_plan(inputs: PlanInputs, c: Constants = DEFAULT) -> Plan:

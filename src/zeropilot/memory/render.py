@@ -67,6 +67,25 @@ def _headline(p: PlanInputs, plan: Plan) -> str:
             + ", ".join(bits))
 
 
+#: the fields that choose what trains: with none of them given, the plan is of full fine-tuning
+_METHOD = ("lora_rank", "freeze", "quant_bits")
+
+
+def assumed_defaults(p: PlanInputs) -> List[Tuple[str, str]]:
+    """The headline settings that no flag or launch value gave, in the headline's words: (field, what was assumed).
+
+    What trains is named under ``lora_rank``, one of the :data:`_METHOD` fields that choose it.
+    """
+    given = set(p.sources) | ({"lora_rank"} if any(f in p.sources for f in _METHOD) else set())
+    said = [("stage", f"ZeRO-{p.stage}"), ("lora_rank", "full fine-tuning"),
+            ("micro_batch", f"micro batch {p.micro_batch}"), ("seq_len", f"{p.seq_len} tokens per sample"),
+            ("grad_accum", f"gradient accumulation {p.grad_accum}"),
+            ("gradient_checkpointing", f"gradient checkpointing {'on' if p.gradient_checkpointing else 'off'}"),
+            ("offload_optimizer", f"optimizer offload {p.offload_optimizer}"),
+            ("offload_param", f"parameter offload {p.offload_param}")]
+    return [(name, words) for name, words in said if name not in given]
+
+
 def render_text(plan: Plan, candidates: Optional[Tuple[List[Candidate], Optional[Candidate]]] = None) -> str:
     """The plan for people: one line per component with its reason, the verdict, host, disk, inputs."""
     p = plan.inputs

@@ -9,11 +9,19 @@ innermost frame (where the memory was asked for), and fold the rest into one lin
 
 from __future__ import annotations
 
+import pkgutil
 import re
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 KINDS = ("user", "model", "library", "stdlib")
 _PACKAGE_DIRS = ("site-packages/", "dist-packages/")
+#: zeropilot's own subpackages (guard, runner, ...) and modules: a file under ``zeropilot/<one of them>`` is ours
+#: wherever zeropilot is installed, while any other file in a folder that is merely named zeropilot is the user's
+#: (``git clone`` names a checkout so: its training scripts, tests/guard/jobs/ here, are user code)
+_OWN = [(m.name, m.ispkg) for m in pkgutil.iter_modules([str(Path(__file__).resolve().parents[1])])]
+_OWN_PACKAGES = frozenset(name for name, ispkg in _OWN if ispkg)
+_OWN_MODULES = frozenset(name + ".py" for name, ispkg in _OWN if not ispkg)
 _MODEL_PARTS = ("transformers/models/", "peft/tuners/", "diffusers/models/", "transformers_modules/")
 _STDLIB = re.compile(r"/lib/python\d+(\.\d+)?/")
 #: file names of library plumbing, for frames recorded as ``func (file:line)`` with no folder (older records)
@@ -30,13 +38,21 @@ _LIBRARY_NAMES = {"module.py", "functional.py", "engine.py", "hooks.py", "operat
 _STRING = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*):(?P<line>\d+)\)$")
 
 
+def _is_own(path: str) -> bool:
+    """Whether a file is zeropilot's own: ``zeropilot/`` then one of its subpackages or modules."""
+    parts = path.split("/")
+    return any(parts[i] == "zeropilot" and (parts[i + 1] in _OWN_PACKAGES and i + 2 < len(parts)
+                                            or parts[i + 1] in _OWN_MODULES and i + 2 == len(parts))
+               for i in range(len(parts) - 1))
+
+
 def kind_of(path: str) -> str:
     """``user``, ``model``, ``library`` or ``stdlib`` for a frame's file path (a bare file name: a guess)."""
     p = path.replace("\\", "/")
     name = p.rsplit("/", 1)[-1]
     if any(m in p for m in _MODEL_PARTS):
         return "model"
-    if any(d in p for d in _PACKAGE_DIRS) or "/zeropilot/" in p:
+    if any(d in p for d in _PACKAGE_DIRS) or _is_own(p):
         return "library"
     if _STDLIB.search(p) or p.startswith("<frozen"):
         return "stdlib"

@@ -336,7 +336,7 @@ def node_verdict(records: RunRecords, ranks: List[Dict[str, Any]], verdict: Dict
         return dict(verdict, node=_named_node(records, verdict["ranks"]))
     if verdict.get("kind") != "crash":
         return verdict
-    from zeropilot.guard.crash import terminated_ranks
+    from zeropilot.runlog.crash import terminated_ranks
 
     nodes = groups(records)
     if len(nodes) < 2:

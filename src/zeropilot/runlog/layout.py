@@ -12,6 +12,9 @@ from typing import Any, Dict, List, Optional
 
 RUN_SCHEMA = "zeropilot.run/1"
 HEAL_SCHEMA = "zeropilot.heal/1"
+#: the line the watchdog writes into ``stacks-rank-N.txt`` before each dump it requests; a dump above the first such
+#: line (or in a file without one) was not requested: the launcher's SIGTERM (``runlog.crash.terminated_ranks``)
+STACKS_MARKER = "--- zeropilot: stacks requested at"
 
 _NODE_RUN_FILE = re.compile(r"^run-node-[A-Za-z0-9._-]{1,96}\.json$")
 _ATTEMPT_DIR = re.compile(r"^attempt-(\d{1,4})$")

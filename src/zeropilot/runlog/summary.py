@@ -277,7 +277,7 @@ def _error_text(e: Dict[str, Any]) -> str:
 
 
 def _crash(records: RunRecords, ranks: List[Dict[str, Any]], errors: List[tuple]) -> Dict[str, Any]:
-    """The rank that failed first, chosen by :func:`zeropilot.guard.crash.first_failure` (one rule, one place).
+    """The rank that failed first, chosen by :func:`zeropilot.runlog.crash.first_failure` (one rule, one place).
 
     An ``error`` with ``peer_failure`` is a rank noticing a dead peer (gloo's "Connection reset by peer");
     when every error is one, the rank that stopped with neither ``error`` nor ``end`` (killed: SIGKILL,
@@ -299,8 +299,8 @@ def _crash(records: RunRecords, ranks: List[Dict[str, Any]], errors: List[tuple]
 
 
 def _first_failure(records: RunRecords, ranks: List[Dict[str, Any]]) -> Optional[tuple]:
-    """(rank, why) by :func:`zeropilot.guard.crash.first_failure`: ranks the launcher terminated are not causes."""
-    from zeropilot.guard.crash import first_failure, terminated_ranks
+    """(rank, why) by :func:`zeropilot.runlog.crash.first_failure`: ranks the launcher terminated are not causes."""
+    from zeropilot.runlog.crash import first_failure, terminated_ranks
 
     last_t = {r["rank"]: r["last_record_t"] for r in ranks}
     return first_failure({r: rec.events for r, rec in records.ranks.items()}, last_t,

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from zeropilot.guard.flight import read_dump, summarize as fr_summary
-from zeropilot.guard.hangs import MARKER, RankState, hang_verdict, parse_stacks, where
+from zeropilot.guard.hangs import RankState, hang_verdict, parse_stacks, where
 from zeropilot.guard import storebeat
 from zeropilot.guard.locks import find_locks
 from zeropilot.launch.machine import extensions_roots
-from zeropilot.runlog.layout import RunDir, write_json_atomic
+from zeropilot.runlog.layout import STACKS_MARKER, RunDir, write_json_atomic
 from zeropilot.runlog.read import read_side_json
 from zeropilot.runner import peers as peers_mod, procs
 
@@ -214,7 +214,7 @@ class Watchdog:
             if _alive(pid):
                 try:
                     with open(self.dir.stacks(rank), "a", encoding="utf-8") as fh:
-                        fh.write(f"\n{MARKER} {time.time():.3f} ---\n")
+                        fh.write(f"\n{STACKS_MARKER} {time.time():.3f} ---\n")
                     os.kill(pid, STACK_SIGNAL)
                 except OSError:
                     pass

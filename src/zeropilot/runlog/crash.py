@@ -1,5 +1,8 @@
 """Which rank failed first, from a run's records (pure, torch-free; for the report's crash verdict).
 
+Part of the run-directory contract (``runlog``), below the in-rank ``guard`` and the supervisor: ``report`` reads
+it without importing the code that runs inside the ranks.
+
 A rank that dies (SIGKILL, segfault, the OOM killer) writes nothing more; its peers then fail in
 their next collective with errors such as gloo's "Connection reset by peer" or an aborted NCCL
 communicator, which the guard marks ``peer_failure``. Those errors come later but are consequences:
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import math
 from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from zeropilot.runlog.layout import STACKS_MARKER
 
 
 def _t(value: Any) -> float:
@@ -50,11 +55,9 @@ def first_failure(events_by_rank: Dict[int, List[Dict[str, Any]]],
 
 def terminated_ranks(stacks_by_rank: Dict[int, str]) -> List[int]:
     """Ranks whose faulthandler file holds a dump the watchdog did not request (SIGTERM from the launcher)."""
-    from zeropilot.guard.hangs import MARKER
-
     out = []
     for rank, text in stacks_by_rank.items():
-        head = text.split(MARKER, 1)[0]
+        head = text.split(STACKS_MARKER, 1)[0]
         if "most recent call first" in head:
             out.append(rank)
     return sorted(out)
