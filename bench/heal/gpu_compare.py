@@ -46,14 +46,16 @@ def compare(work, cap_bytes):
     last = heal["attempts"][-1]
     resumed = ((last.get("resume") or {}).get("chosen") or {}).get("step") or 0
     ref, healed = _losses(work / "ref-ckpt"), _losses(work / "heal-ckpt")
-    rows = [{"step": s, "reference": ref[s], "healed": healed[s], "rel_diff": abs(healed[s] - ref[s]) / abs(ref[s])}
-            for s in sorted(healed) if s > resumed and s in ref]
+    rows = [{"step": s, "reference": ref[s], "healed": healed[s],
+             "rel_diff": abs(healed[s] - ref[s]) / abs(ref[s])} for s in sorted(healed) if s > resumed and s in ref]
     first = heal["attempts"][0]
-    oom = json.loads((work / "healed" / "oom-rank-0.json").read_text()) if (work / "healed" / "oom-rank-0.json").exists() else {}
+    oom_file = work / "healed" / "oom-rank-0.json"
+    oom = json.loads(oom_file.read_text()) if oom_file.exists() else {}
     fixes = [a.get("fix") for a in heal["attempts"] if a.get("fix")]
     worst = max((r["rel_diff"] for r in rows), default=None)
     _, short, long = cap(work / "reference")
-    return {"cap_bytes": int(cap_bytes) if str(cap_bytes).isdigit() else None, "reference_peak_reserved_short": short, "reference_peak_reserved_all": long,
+    return {"cap_bytes": int(cap_bytes) if str(cap_bytes).isdigit() else None,
+            "reference_peak_reserved_short": short, "reference_peak_reserved_all": long,
             "outcome": heal["outcome"], "attempts": len(heal["attempts"]),
             "first_failure": first.get("failure"), "first_ranked_fix": (oom.get("fixes") or [{}])[0].get("fix"),
             "fixes_applied": [{"key": f.get("key"), "fix": f.get("fix"), "settings": f.get("settings"),

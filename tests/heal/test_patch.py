@@ -45,7 +45,8 @@ def test_raw_deepspeed_batch_goes_to_a_copy_of_its_config_with_comments_kept(her
     assert isinstance(p, patch.Patch), p
     copy = here / "attempt-2" / "launch" / "ds.json"
     assert p.command == cmd[:-1] + [str(copy)] and p.files == [{"original": str(here / "ds.json"), "copy": str(copy)}]
-    assert p.settings == ["train_micro_batch_size_per_gpu: 4 -> 2 (ds.json)", "gradient_accumulation_steps: 1 -> 2 (ds.json)"]
+    assert p.settings == ["train_micro_batch_size_per_gpu: 4 -> 2 (ds.json)",
+                          "gradient_accumulation_steps: 1 -> 2 (ds.json)"]
     assert not copy.exists()  # planned only: the loop writes the copies when it uses the fix
     p.write()
     assert (here / "ds.json").read_text() == DS_JSON

@@ -1,14 +1,14 @@
 """A raw DeepSpeed loop that resumes from its own `latest` checkpoint, as users write them (knows nothing of zeropilot).
 
     deepspeed --num_gpus 2 ds_resume.py --save-dir DIR --deepspeed_config CFG [--steps 6] [--save-every 2]
-        [--no-resume] [--fault kill-rank1|hang-rank1 --fault-step K --fault-once FILE] [--step-sleep S]
+        [--no-resume] [--fault kill|hang --fault-step K --fault-once FILE [--fault-rank 1]] [--step-sleep S]
 
 At start the loop calls ``engine.load_checkpoint(DIR)`` (DeepSpeed reads the tag from ``DIR/latest``) unless
 ``--no-resume`` or DIR has no ``latest``, and goes on from the step it loaded. The batch of step S on rank R is drawn
 from a generator seeded with (S, R): a resumed run sees the same data as one that never stopped. ``--fault`` makes
-rank 1 die (SIGKILL) or hang (sleep) after step K, once: FILE is created when it fires and no fault fires while it
-exists. ``--step-sleep`` slows each step so that a signal lands mid-run. At the end every rank saves (tag
-``global_step<N>``).
+one rank (``--fault-rank``, 1) die (SIGKILL) or hang (sleep) after step K, once: FILE is created when it fires and no
+fault fires while it exists. ``--step-sleep`` slows each step so that a signal lands mid-run. Every rank saves every
+``--save-every`` steps and at the end (tag ``global_step<N>``).
 """
 
 import argparse
@@ -35,9 +35,10 @@ def main():
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--save-every", type=int, default=2)
     p.add_argument("--no-resume", action="store_true")
-    p.add_argument("--fault", choices=("none", "kill-rank1", "hang-rank1"), default="none")
+    p.add_argument("--fault", choices=("none", "kill", "hang"), default="none")
     p.add_argument("--fault-step", type=int, default=3)
     p.add_argument("--fault-once", default="")
+    p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
@@ -63,9 +64,10 @@ def main():
             time.sleep(a.step_sleep)
         if engine.global_steps % a.save_every == 0 or engine.global_steps == a.steps:
             engine.save_checkpoint(a.save_dir)
-        if a.fault != "none" and rank == 1 and engine.global_steps == a.fault_step and not os.path.exists(a.fault_once):
+        if (a.fault != "none" and rank == a.fault_rank and engine.global_steps == a.fault_step
+                and not os.path.exists(a.fault_once)):
             open(a.fault_once, "w").close()
-            if a.fault == "kill-rank1":
+            if a.fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(3600)
     if rank == 0:
