@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests import runjobs
+from tests.report.conftest import validate  # noqa: F401 - the report schema's validator, a fixture
 
 pytestmark = [pytest.mark.slow]
 JOBS = runjobs.JOBS
@@ -90,7 +91,8 @@ def hf_z2(tmp_path_factory):
     env = runjobs.job_env("heal_hf_z2")
     env["ZEROPILOT_INJECT_OOM"] = "64@5"  # micro batch 4 x 16 tokens from step 5 on: micro batch 2 passes
     healed = runjobs.zeropilot_run("heal_hf_z2", command(base / "healed", "--fault", "kill-rank1", "--fault-step", "3",
-                                                         "--fault-once", str(base / "killed")), HEAL, env=env)
+                                                         "--fault-once", str(base / "killed"), "--report-to",
+                                                         "tensorboard"), HEAL, env=env)
     return ref, healed, base
 
 
@@ -124,7 +126,7 @@ def test_hf_zero2_resume_after_the_kill_is_exact(hf_z2):
     assert all(abs(got[s] - want[s]) <= 1e-5 * abs(want[s]) for s in (5, 6)), (got, want)
 
 
-def test_hf_zero2_report_shows_the_attempts(hf_z2):
+def test_hf_zero2_report_shows_the_attempts(hf_z2, validate):
     _, job, _ = hf_z2
     out = job.stdout
     assert "\nheal: HEALED: finished in attempt 3 after 2 restart(s)\n" in out
@@ -133,8 +135,12 @@ def test_hf_zero2_report_shows_the_attempts(hf_z2):
     report = runjobs.subprocess.run([sys.executable, "-m", "zeropilot", "report", str(job.run_dir), "--format",
                                      "json"], capture_output=True, text=True, timeout=120)
     doc = json.loads(report.stdout)
-    heal = doc.get("report", doc)["heal"] if "report" in doc else doc["heal"]
+    assert validate(doc) == []
+    heal = doc["heal"]
     assert heal["status"] == "healed" and [a["attempt"] for a in heal["attempts"]] == [1, 2, 3]
+    # the trackers (report_to) got the attempt and the steps it redid with every logged step
+    assert "'zeropilot/heal_attempt': '3'" in out and "'zeropilot/heal_attempt': '2'" in out
+    assert "'zeropilot/steps_redone': '1'" in out
     resumes = _events(job.run_dir / "attempt-2", "resume")
     assert {r["given_by"] for r in resumes} == {"zeropilot"} and len(resumes) == 2
 

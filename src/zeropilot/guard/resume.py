@@ -17,6 +17,9 @@ import os
 from typing import Any
 
 RESUME_ENV = "ZEROPILOT_RESUME_FROM"
+#: which attempt of a heal run this is (1, 2, ...) and the steps it redoes: the trackers get both (guard.metrics)
+HEAL_ATTEMPT_ENV = "ZEROPILOT_HEAL_ATTEMPT"
+STEPS_REDONE_ENV = "ZEROPILOT_HEAL_STEPS_REDONE"
 
 
 def train_wrapper(original: Any) -> Any:

@@ -29,12 +29,9 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from zeropilot.errors import InputError
-from zeropilot.guard.resume import RESUME_ENV
+from zeropilot.guard.resume import HEAL_ATTEMPT_ENV, RESUME_ENV, STEPS_REDONE_ENV
 from zeropilot.heal import causes, checkpoints, fixes, patch, record
 from zeropilot.runlog.layout import RunDir
-
-HEAL_ATTEMPT_ENV = "ZEROPILOT_HEAL_ATTEMPT"
-STEPS_REDONE_ENV = "ZEROPILOT_HEAL_STEPS_REDONE"
 
 
 @dataclass

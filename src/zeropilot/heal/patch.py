@@ -289,11 +289,12 @@ def apply(change: Dict[str, Any], command: List[str], env: Dict[str, str], launc
     if why:
         return why
     copies = _Copies(folder)
+    docs = {"ds_config": ds_configs(launch, cwd), "train_args": list(launch.train_args)}
     out_cmd = list(command)
     words: List[str] = []
     start = _program_start(command, launch)
     for s in sets:
-        made = _make(s, launch, copies, out_cmd, start, words)
+        made = _make(s, docs[s.kind], copies, out_cmd, start, words)
         if made is None:
             continue
         out_cmd = made
@@ -303,7 +304,8 @@ def apply(change: Dict[str, Any], command: List[str], env: Dict[str, str], launc
         return f"{', '.join(s.key for s in missing)}: not in a file or flag of the launch (set in the script's code?)"
     if not copies.texts and out_cmd == command and not new_env:
         return "the launch already has this setting"
-    out_cmd, files = _write_plan(copies, launch, out_cmd, cwd)
+    out_cmd, files = _write_plan(copies, docs["ds_config"] + docs["train_args"] + list(launch.accelerate_configs),
+                                 out_cmd, cwd)
     merged_env = dict(env)
     for k, v in new_env.items():
         current = merged_env.get(k) or os.environ.get(k) or ""
@@ -316,10 +318,25 @@ def apply(change: Dict[str, Any], command: List[str], env: Dict[str, str], launc
     return Patch(out_cmd, merged_env, files, words, diff, texts)
 
 
-def _make(s: _Set, launch: Any, copies: _Copies, command: List[str], start: int, words: List[str]
+def ds_configs(launch: Any, cwd: Path) -> List[Document]:
+    """The launch's DeepSpeed configs, and the one a raw script's ``--deepspeed_config`` names (the launch reader
+    links that flag only as training arguments' ``deepspeed``), read by the same reader."""
+    docs = list(launch.ds_configs)
+    for doc in launch.train_args:
+        node = doc.get("deepspeed_config") if doc.fmt == "flags" else None
+        if node is None or not isinstance(node.value, str):
+            continue
+        path = Path(node.value) if Path(node.value).is_absolute() else cwd / node.value
+        if path.is_file() and not any(_same_file(str(d.path), path, cwd) for d in docs):
+            from zeropilot.launch.load import load_launch
+
+            docs += load_launch([path], use_installed=False).ds_configs
+    return docs
+
+
+def _make(s: _Set, docs: List[Document], copies: _Copies, command: List[str], start: int, words: List[str]
           ) -> Optional[List[str]]:
-    """Make one setting in every document of its kind; the new command when a flag changed, else None."""
-    docs = launch.ds_configs if s.kind == "ds_config" else launch.train_args
+    """Make one setting in every document of its kind (``docs``); the new command when a flag changed, else None."""
     new_cmd = None
     leaf = s.key.rsplit(".", 1)[-1]
     for doc in docs:
@@ -347,7 +364,8 @@ def _file_diff(original: Path, copy: Path, old: str, new: str) -> str:
                                         str(copy)))
 
 
-def _write_plan(copies: _Copies, launch: Any, command: List[str], cwd: Path) -> Tuple[List[str], List[Dict[str, str]]]:
+def _write_plan(copies: _Copies, docs: List[Document], command: List[str], cwd: Path
+                ) -> Tuple[List[str], List[Dict[str, str]]]:
     """Point the command and the other files at the copies (copying those files too); the copies' list."""
     pending = list(copies.texts)
     done = set()
@@ -358,7 +376,7 @@ def _write_plan(copies: _Copies, launch: Any, command: List[str], cwd: Path) -> 
         done.add(original)
         copy = copies.copy_path(original)
         command, _ = repoint(command, original, copy, cwd)
-        for doc in list(launch.ds_configs) + list(launch.train_args) + list(getattr(launch, "accelerate_configs", [])):
+        for doc in docs:
             if doc.fmt == "flags" or doc.path == original:
                 continue
             edits = [replace_value(doc, n, str(copy)) for n in doc.root.walk()

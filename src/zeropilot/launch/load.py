@@ -357,9 +357,8 @@ def _flag_value(value: Optional[str]):
 
 def _document_references(launch: Launch, seen: set, doc: Document) -> None:
     if doc.kind == "train_args":
-        # a raw DeepSpeed script's --deepspeed_config (deepspeed.add_config_arguments) names its config as well
-        key = "deepspeed" if doc.get("deepspeed") is not None or doc.fmt != "flags" else "deepspeed_config"
-        node = doc.get(key)
+        key = "deepspeed"
+        node = doc.get("deepspeed")
     elif doc.kind == "accelerate":
         key = "deepspeed_config.deepspeed_config_file"
         node = doc.get(key)

@@ -123,7 +123,7 @@ def _resume_words(a: Dict[str, Any]) -> List[str]:
 
 def timeline(heal: Dict[str, Any], clean: Any) -> List[str]:
     """The heal section as report lines (``clean``: the terminal-safe text function)."""
-    status = (heal.get("status") or "running").upper().replace("_", " ")
+    status = clean(heal.get("status") or "running").upper().replace("_", " ")
     lines = [f"heal: {status}: {clean(heal.get('why') or '')}".rstrip(": ")]
     for a in heal["attempts"]:
         head = f"  attempt {a['attempt']} ({clean(a['dir'] or '.')}): {clean(_failure_words(a['failure']))}"
@@ -132,7 +132,8 @@ def timeline(heal: Dict[str, Any], clean: Any) -> List[str]:
         if fix:
             lines.append(f"    fix applied: {clean(fix['fix'] or fix['key'] or '')}"
                          + (f" ({clean('; '.join(fix['settings']))})" if fix.get("settings") else ""))
-            lines += [f"      on a copy: {clean(f['copy'])} (of {clean(f['original'])})" for f in fix["files"]]
+            lines += [f"      on a copy: {clean(f['copy'])} (of {clean(f['original'] or '?')})" for f in fix["files"]
+                      if f.get("copy")]
         lines += [f"    {clean(w)}" for w in _resume_words(a)]
         f = a.get("failure") or {}
         if f.get("kind") not in (None, "ok") and f.get("why"):
