@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         args.on_hang = "stop"
         existing = run_heal.existing(args.out)
         if existing is not None:
-            return run_heal.go_on(args, command, heal_opts, existing)
+            return run_heal.go_on(run_heal.Run(args, hang_timeout, _stdout_to_stderr), command, heal_opts, existing)
     out, empty = _out_dir(args.out)
     script = runinfo.write_launch_script(command, out / f".launch-{os.getpid()}.sh")
     check_summary, launch, errors, plan = None, None, [], None
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     if args.heal:
         from zeropilot.cli import run_heal
 
-        return run_heal.first(args, opts, record, heal_opts)
+        return run_heal.first(run_heal.Run(args, hang_timeout, _stdout_to_stderr), opts, record, heal_opts)
     try:
         with _stdout_to_stderr(args.format == "json"):
             end = supervise(opts, record)

@@ -1,17 +1,30 @@
 """``zeropilot run --heal``: the restart loop behind ``zeropilot run`` (:mod:`zeropilot.heal.loop`), its output and
-exit status, and going on with a run directory that holds an earlier run (preempted, stopped, or a plain run)."""
+exit status, and going on with a run directory that holds an earlier run (preempted, stopped, or a plain run).
+
+``cli.run`` parses and checks the options and hands over ``Run``: its hang-timeout rule and its standard-output
+redirection, so that this module does not import it back."""
 
 from __future__ import annotations
 
 import argparse
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from zeropilot.errors import InputError
 
 DONE = ("finished", "healed", "restarted_from_scratch")
+
+
+@dataclass
+class Run:
+    """What ``zeropilot run`` gives the heal loop: its arguments and two of its rules."""
+
+    args: argparse.Namespace
+    hang_timeout: Callable[[Optional[float], Optional[dict]], float]  # cli.run.hang_timeout
+    quiet_stdout: Callable[[bool], Any]  # cli.run._stdout_to_stderr
 
 
 def existing(out: Optional[Path]) -> Optional[Path]:
@@ -24,31 +37,29 @@ def existing(out: Optional[Path]) -> Optional[Path]:
     return d.root if d.heal_file.exists() or d.run_file.exists() else None
 
 
-def _plan_record(args: argparse.Namespace):
+def _plan_record(run: Run):
     """run.json's first version for an attempt after the first (its own check and plan)."""
-    from zeropilot.cli.run import hang_timeout
     from zeropilot.runner import runinfo
 
     def make(command: List[str], prepared: Dict[str, Any], world: Optional[int]) -> Dict[str, Any]:
-        timeout = hang_timeout(args.hang_timeout, prepared.get("plan"))
+        timeout = run.hang_timeout(run.args.hang_timeout, prepared.get("plan"))
         return runinfo.run_record(command, prepared.get("check"), prepared.get("plan"), world, timeout, "stop", None)
     return make
 
 
-def first(args: argparse.Namespace, opts: Any, run_record: Dict[str, Any], heal_opts: Any) -> int:
+def first(run: Run, opts: Any, run_record: Dict[str, Any], heal_opts: Any) -> int:
     """A new heal run: attempt 1 in ``--out`` (already claimed and checked by ``zeropilot run``)."""
     from zeropilot.heal import record
     from zeropilot.heal.loop import Healer
 
-    healer = Healer(opts.out, opts.command, heal_opts, opts, _plan_record(args), first_record=run_record)
+    healer = Healer(opts.out, opts.command, heal_opts, opts, _plan_record(run), first_record=run_record)
     entry = record.start_attempt(healer.doc, 1, ".", opts.command, {}, fix=None, in_force=[], resume=None,
                                  steps_redone=None, backoff_s=0)
-    return _run(args, healer, entry)
+    return _run(run, healer, entry)
 
 
-def go_on(args: argparse.Namespace, command: List[str], heal_opts: Any, root: Path) -> int:
+def go_on(run: Run, command: List[str], heal_opts: Any, root: Path) -> int:
     """Heal a run directory that holds an earlier run of the same command: the next attempt resumes it."""
-    from zeropilot.cli.run import hang_timeout
     from zeropilot.heal import causes, record
     from zeropilot.heal.loop import Healer
     from zeropilot.runner import RunOptions
@@ -57,9 +68,9 @@ def go_on(args: argparse.Namespace, command: List[str], heal_opts: Any, root: Pa
     if doc is not None and doc.get("command") != command:
         raise InputError("this run directory heals another command: give the same command, or another --out",
                          path=root)
-    opts = RunOptions(command=command, out=root, hang_timeout_s=hang_timeout(args.hang_timeout, None),
-                      on_hang="stop", memory_history=args.memory_history)
-    healer = Healer(root, command, heal_opts, opts, _plan_record(args))
+    opts = RunOptions(command=command, out=root, hang_timeout_s=run.hang_timeout(run.args.hang_timeout, None),
+                      on_hang="stop", memory_history=run.args.memory_history)
+    healer = Healer(root, command, heal_opts, opts, _plan_record(run))
     if doc is None:
         _adopt(healer, command)
     status = (healer.doc.get("outcome") or {}).get("status")
@@ -72,8 +83,8 @@ def go_on(args: argparse.Namespace, command: List[str], heal_opts: Any, root: Pa
     healer.doc["outcome"] = {"status": "running", "why": None, "exit_code": None}
     nxt = healer.next_attempt(last, failure, asked=True)
     if nxt is None:
-        return _report(args, healer)
-    return _run(args, healer, nxt)
+        return _report(run.args, healer)
+    return _run(run, healer, nxt)
 
 
 def _adopt(healer: Any, command: List[str]) -> None:
@@ -95,15 +106,13 @@ def _adopt(healer: Any, command: List[str]) -> None:
     healer.finish_attempt(entry, run)
 
 
-def _run(args: argparse.Namespace, healer: Any, entry: Dict[str, Any]) -> int:
-    from zeropilot.cli.run import _stdout_to_stderr
-
+def _run(run: Run, healer: Any, entry: Dict[str, Any]) -> int:
     try:
-        with _stdout_to_stderr(args.format == "json"):
+        with run.quiet_stdout(run.args.format == "json"):
             healer.run(entry)
     except FileNotFoundError:
         raise InputError(f"cannot start {entry['command'][0]!r}: no such program") from None
-    return _report(args, healer)
+    return _report(run.args, healer)
 
 
 def _report(args: argparse.Namespace, healer: Any) -> int:
