@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "with zeropilot's guard inside every rank; write the run directory and print its summary.",
         usage="zeropilot run [--out DIR] [--no-check] [--hang-timeout S] [--on-hang report|stop] "
               "[--memory-history] [--metrics max|ranks|off] [--format text|json] "
-              "[--heal [--restarts N] [--heal-allow KIND] [--heal-backoff S]] -- COMMAND ...")
+              "[--preempt-grace S] [--heal [--restarts N] [--heal-allow KIND] [--heal-backoff S]] -- COMMAND ...")
     p.add_argument("--out", type=Path, metavar="DIR", help="run directory (default: zeropilot-runs/<time>)")
     p.add_argument("--no-check", action="store_true", help="start even when `check` finds errors")
     p.add_argument("--hang-timeout", type=float, metavar="S",
@@ -41,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="json: print the report (zeropilot.report/1, as `zeropilot report DIR --format json`); "
                         "the launch's own standard output then goes to standard error")
+    p.add_argument("--preempt-grace", type=float, default=120.0, metavar="S",
+                   help="on SIGTERM or SIGUSR1, HF Trainer ranks save at a step and stop; the job is stopped after "
+                        "S seconds whatever it did (default 120)")
     p.add_argument("--heal", action="store_true",
                    help="restart the launch when it fails in a way a restart can help (a rank killed, a hang the "
                         "watchdog stopped, an OOM with a fix that leaves the training the same), resuming from the "
@@ -136,8 +139,8 @@ def _heal_options(args: argparse.Namespace):
     if unknown:
         raise InputError(f"--heal-allow {unknown[0]!r}: not a kind of change zeropilot knows (one of "
                          f"{', '.join(ALLOW_WORDS)})")
-    if args.restarts < 0 or args.heal_backoff < 0:
-        raise InputError("--restarts and --heal-backoff must be 0 or more")
+    if args.restarts < 0 or args.heal_backoff < 0 or args.preempt_grace < 0:
+        raise InputError("--restarts, --heal-backoff and --preempt-grace must be 0 or more")
     if not args.heal and (args.heal_allow or args.restarts != 3 or args.heal_backoff != 10.0):
         raise InputError("--restarts, --heal-allow and --heal-backoff go with --heal")
     return HealOptions(restarts=args.restarts, allow=list(args.heal_allow), backoff_s=args.heal_backoff)
