@@ -89,11 +89,11 @@ def go_on(run: Run, command: List[str], heal_opts: Any, root: Path) -> int:
 
 def _adopt(healer: Any, command: List[str]) -> None:
     """A plain run directory (run.json, no heal.json) becomes attempt 1 of this heal run."""
-    import json
-
+    from zeropilot import safefile
     from zeropilot.heal import record
+    from zeropilot.runlog.layout import RunDir
 
-    run = json.loads(Path(healer.root / "run.json").read_text(encoding="utf-8"))
+    run = safefile.read_json(RunDir(healer.root).run_file, record.MAX_HEAL_FILE, "run.json")
     if not isinstance(run, dict) or run.get("command") != command:
         raise InputError("this run directory holds a run of another command: give the same command, or another "
                          "--out", path=healer.root)
