@@ -30,7 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from zeropilot.errors import InputError
 from zeropilot.guard.resume import HEAL_ATTEMPT_ENV, RESUME_ENV, STEPS_REDONE_ENV
-from zeropilot.heal import causes, checkpoints, fixes, patch, record
+from zeropilot.heal import causes, checkpoints, fixes, patch, record, shrink
 from zeropilot.runlog.layout import RunDir
 
 
@@ -213,6 +213,11 @@ class Healer:
         in_force = list(last.get("in_force") or [])
         number = last["attempt"] + 1
         folder = os.path.relpath(RunDir(self.root).attempt_dir(number), self.root)
+        extra: Dict[str, Any] = {}
+        if shrink.is_lost(failure):  # a lost node: the survivors restart smaller (--heal-allow shrink), or wait
+            smaller, extra = self.lost_node(last, failure, number, folder, restarts_done)
+            if smaller is not None:
+                return smaller
         if failure.kind == "oom":
             chosen = self.pick_fix(last, number)
             if chosen.fix is None:
@@ -234,7 +239,49 @@ class Healer:
         wait = record.backoff(self.opts.backoff_s, restarts_done + 1)
         return record.start_attempt(self.doc, number, folder, command, env, fix=fix_entry, in_force=in_force,
                                     resume=resume, steps_redone=max(redone, 0) if redone is not None else None,
-                                    backoff_s=wait, cause=failure.to_dict())
+                                    backoff_s=wait, cause=failure.to_dict(), **extra)
+
+    def lost_node(self, last: Dict[str, Any], failure: causes.Failure, number: int, folder: str,
+                  restarts_done: int) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
+        """After a lost node: the next attempt on the surviving nodes from a universal conversion when shrinking is
+        allowed and possible (:mod:`zeropilot.heal.shrink`); else ``(None, {"node_wait": ...})``: the same launch
+        restarts and waits for the node, for as long as its rendezvous timeout."""
+        summary, events, _ = attempt_report(self.root / last["dir"])
+        setups = [e for evs in events.values() for e in evs if e.get("event") == "setup"]
+        batch = shrink.batch_of(setups)
+        lost = shrink.lost_of(summary.get("verdict") or {}, last["command"],
+                              last.get("world_size") if batch is None else batch[2])
+        why = shrink.refusal(self.opts.allow, lost)
+        attempt = RunDir(RunDir(self.root).attempt_dir(number))
+        plan: Any = None
+        if why is None:
+            _, launch, _ = prepare(last["command"], self.root / last["dir"], last["env"])
+            plan = shrink.plan(lost, batch, last["command"], last["env"], launch, attempt.launch_copies)
+            why = plan if isinstance(plan, str) else None
+        if why is None:
+            attempt.root.mkdir(parents=True, exist_ok=True)
+            resume = shrink.universal_checkpoint(saves_so_far(self.root, self.doc), lost, attempt.universal)
+            plan.checkpoint = resume.get("universal")
+            if resume["chosen"] is None:
+                why = "no complete checkpoint converted to a universal one: " + str(
+                    (resume.get("universal") or {}).get("error") or "the job saved none")
+        if why is not None:
+            wait = shrink.waiting(lost, last["command"], why)
+            say(f"node lost, not shrinking: {why}; {wait['what']}")
+            return None, {"node_wait": wait}
+        plan.patch.write()
+        say(shrink.says(plan))
+        resume.update(give=resume["chosen"]["path"], how="the guard hands the universal checkpoint to the launch's "
+                      "load (a Trainer's resume_from_checkpoint, a raw loop's own load_checkpoint(dir)), with "
+                      "\"checkpoint\": {\"load_universal\": true} in the config copy")
+        step = resume["chosen"]["step"] or 0
+        in_force = list(last.get("in_force") or []) + [{"key": "shrink", "change": {"nodes_lost": lost.nodes}}]
+        entry = record.start_attempt(self.doc, number, folder, plan.command, plan.env, fix=None, in_force=in_force,
+                                     resume=resume, shrink=plan.to_dict(),
+                                     steps_redone=None if failure.step is None else max(failure.step - step, 0),
+                                     backoff_s=record.backoff(self.opts.backoff_s, restarts_done + 1),
+                                     cause=failure.to_dict())
+        return entry, {}
 
     def pick_fix(self, last: Dict[str, Any], number: int) -> fixes.Pick:
         """The fix for an OOM of the last attempt: from its first OOM record's ranked fixes."""

@@ -1,0 +1,108 @@
+"""A lost node without processes: the torchrun command rewritten for the survivors, the batch arithmetic that keeps
+the samples per optimizer step, the refusal (and the bounded wait) without ``--heal-allow shrink``, the config copy.
+The real two-node run is test_shrink_run.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, strategies as st
+
+from tests.conftest import write_files
+from tests.heal.test_patch import _launch, here  # noqa: F401  (a fixture)
+from zeropilot.heal import shrink
+
+NODE1 = ["torchrun", "--nnodes", "2", "--nproc_per_node", "2", "--node_rank", "1", "--master_addr", "10.0.0.1",
+         "--master_port", "29500", "train.py", "--deepspeed_config", "ds.json", "--nnodes", "7"]
+
+
+def test_one_survivor_gets_its_own_rendezvous_and_the_scripts_arguments_are_kept():
+    out = shrink.rewrite_torchrun(NODE1, 1, 0)
+    assert out == ["torchrun", "--nnodes", "1", "--standalone", "--nproc_per_node", "2", "train.py",
+                   "--deepspeed_config", "ds.json", "--nnodes", "7"]
+
+
+def test_dashed_and_equals_spellings_and_python_m_are_rewritten():
+    cmd = ["python", "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=2", "--node-rank=0",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "--rdzv-id", "job", "--rdzv-conf", "timeout=30",
+           "t.py"]
+    assert shrink.rewrite_torchrun(cmd, 1, 0) == ["python", "-m", "torch.distributed.run", "--nnodes", "1",
+                                                  "--standalone", "--nproc-per-node=2", "--rdzv-conf", "timeout=30",
+                                                  "t.py"]
+
+
+def test_several_survivors_keep_the_rendezvous_and_are_renumbered():
+    cmd = ["torchrun", "--nnodes", "3", "--nproc_per_node", "2", "--node_rank", "2", "--master_addr", "h",
+           "--master_port", "1", "t.py"]
+    lost = shrink.Lost(nodes=[1], ranks=[2, 3], world=6, nnodes=3, node_rank=2)
+    assert (lost.new_nnodes, lost.new_node_rank, lost.new_world) == (2, 1, 4)
+    assert shrink.rewrite_torchrun(cmd, lost.new_nnodes, lost.new_node_rank) == \
+        ["torchrun", "--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "2", "--master_addr", "h",
+         "--master_port", "1", "t.py"]
+
+
+def test_a_launch_that_is_not_torchrun_is_not_rewritten():
+    why = shrink.rewrite_torchrun(["deepspeed", "--hostfile", "h", "t.py"], 1, 0)
+    assert isinstance(why, str) and "torchrun" in why
+
+
+@pytest.mark.parametrize("micro, ga, world, new, kept", [
+    (4, 1, 4, 2, (4, 2)), (2, 3, 8, 6, (2, 4)), (3, 1, 4, 3, (2, 2)), (1, 1, 3, 2, None), (4, 4, 16, 8, (4, 8))])
+def test_gradient_accumulation_keeps_the_samples_per_step(micro, ga, world, new, kept):
+    got = shrink.keep_samples(micro, ga, world, new)
+    if kept is None:
+        assert isinstance(got, str) and "do not split over 2 ranks" in got
+    else:
+        assert got == kept
+
+
+@given(st.integers(1, 16), st.integers(1, 16), st.integers(2, 64), st.integers(1, 64))
+def test_the_samples_per_step_are_kept_or_the_shrink_is_refused(micro, ga, world, new):
+    got = shrink.keep_samples(micro, ga, world, min(new, world - 1))
+    n = min(new, world - 1)
+    if isinstance(got, str):
+        assert (micro * ga * world) % n != 0
+    else:
+        assert got[0] * got[1] * n == micro * ga * world and 1 <= got[0] <= micro
+
+
+VERDICT = {"kind": "hang", "class": "node_lost", "ranks": [2, 3], "nodes_lost": [1]}
+
+
+def test_without_heal_allow_shrink_the_survivors_wait_for_the_node_and_say_for_how_long():
+    lost = shrink.lost_of(VERDICT, NODE1[:6] + ["0"] + NODE1[7:], 4)
+    assert lost == shrink.Lost([1], [2, 3], 4, 2, 0)
+    why = shrink.refusal([], lost)
+    assert "--heal-allow shrink" in why and shrink.refusal(["seq_len"], lost) == why
+    assert shrink.refusal(["shrink"], lost) is None
+    wait = shrink.waiting(lost, NODE1, why)
+    assert (wait["nodes"], wait["timeout_s"]) == ([1], shrink.TORCHRUN_RDZV_TIMEOUT_S)
+    assert "waits for node 1 at most 600 s" in wait["what"]
+    with_conf = NODE1[:1] + ["--rdzv-conf", "join_timeout=120"] + NODE1[1:]
+    assert shrink.waiting(lost, with_conf, why)["timeout_s"] == 120
+
+
+def test_a_lost_node_the_command_cannot_place_is_refused_even_when_allowed():
+    assert "not a torchrun launch" in shrink.refusal(["shrink"], shrink.lost_of(VERDICT, ["python", "t.py"], 4))
+    assert "no node is left" in shrink.lost_of(dict(VERDICT, nodes_lost=[0, 1]), NODE1, 4)
+
+
+def test_the_shrunk_launch_is_a_copy_with_more_accumulation_and_load_universal(here):  # noqa: F811
+    write_files(here, {"train.py": "import deepspeed\n", "ds.json": '{"train_micro_batch_size_per_gpu": 4,\n'
+                       ' "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 3}}\n'})
+    cmd = NODE1[:-2]
+    lost = shrink.Lost([1], [2, 3], 4, 2, 1)
+    s = shrink.plan(lost, (4, 1, 4), cmd, {}, _launch(here, cmd), here / "attempt-2" / "launch")
+    assert isinstance(s, shrink.Shrink), s
+    s.patch.write()
+    copy = here / "attempt-2" / "launch" / "ds.json"
+    assert json.loads(copy.read_text()) == {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+                                            "zero_optimization": {"stage": 3}, "checkpoint": {"load_universal": True}}
+    assert json.loads((here / "ds.json").read_text())["gradient_accumulation_steps"] == 1
+    assert s.command == ["torchrun", "--nnodes", "1", "--standalone", "--nproc_per_node", "2", "train.py",
+                         "--deepspeed_config", str(copy)]
+    d = s.to_dict()
+    assert (d["samples_per_step"], d["grad_accum"], d["world_size"]) == ([16, 16], [1, 2], [4, 2])
+    assert "gradient accumulation 1 -> 2" in shrink.says(s)
+    assert "not plain data parallel" in shrink.plan(lost, (4, 1, 2), cmd, {}, None, here)
