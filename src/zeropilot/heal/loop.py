@@ -246,10 +246,11 @@ class Healer:
         """After a lost node: the next attempt on the surviving nodes from a universal conversion when shrinking is
         allowed and possible (:mod:`zeropilot.heal.shrink`); else ``(None, {"node_wait": ...})``: the same launch
         restarts and waits for the node, for as long as its rendezvous timeout."""
-        summary, events, _ = attempt_report(self.root / last["dir"])
+        summary, events, records = attempt_report(self.root / last["dir"])
+        verdict = {**(summary.get("verdict") or {}), **((records.hang or {}).get("verdict") or {})}  # nodes_lost
         setups = [e for evs in events.values() for e in evs if e.get("event") == "setup"]
         batch = shrink.batch_of(setups)
-        lost = shrink.lost_of(summary.get("verdict") or {}, last["command"],
+        lost = shrink.lost_of(verdict, last["command"],
                               last.get("world_size") if batch is None else batch[2])
         why = shrink.refusal(self.opts.allow, lost)
         attempt = RunDir(RunDir(self.root).attempt_dir(number))
