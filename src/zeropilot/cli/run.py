@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Iterator, Optional, Tuple
 
+from zeropilot import extras
 from zeropilot.errors import InputError
 from zeropilot.safefile import check_output
 
@@ -146,6 +148,10 @@ def _heal_options(args: argparse.Namespace):
     return HealOptions(restarts=args.restarts, allow=list(args.heal_allow), backoff_s=args.heal_backoff)
 
 
+def _no_program(program: str) -> InputError:
+    return InputError(f"cannot start {program!r}: no such program{extras.program_hint(program)}")
+
+
 def run(args: argparse.Namespace) -> int:
     from zeropilot.runner import RunOptions, supervise
     from zeropilot.runner import runinfo
@@ -156,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         raise InputError("no command: zeropilot run [options] -- COMMAND ...")
     heal_opts = _heal_options(args)
+    if shutil.which(command[0]) is None:  # said before the run directory is made
+        raise _no_program(command[0])
     if args.heal:
         from zeropilot.cli import run_heal
 
@@ -208,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         with _stdout_to_stderr(args.format == "json"):
             end = supervise(opts, record)
     except FileNotFoundError:
-        raise InputError(f"cannot start {command[0]!r}: no such program") from None
+        raise _no_program(command[0]) from None
     sys.stdout.flush()
     sys.stdout.write(_summary(out, args.format))
     return int(end["exit_code"])
