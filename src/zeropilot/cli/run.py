@@ -203,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
     record = runinfo.run_record(command, check_summary, plan, world, timeout, args.on_hang, node)
     opts = RunOptions(command=command, out=out, hang_timeout_s=timeout, on_hang=args.on_hang,
                       memory_history=args.memory_history, world_size=world,
-                      torch_version=record["versions"].get("torch"), run_file=run_file)
+                      torch_version=record["versions"].get("torch"), run_file=run_file,
+                      preempt_grace_s=args.preempt_grace)
     if args.metrics:  # the launch inherits this environment; rank 0's guard reads it
         from zeropilot.guard.metrics import MODE_ENV
 
@@ -219,4 +220,18 @@ def run(args: argparse.Namespace) -> int:
         raise _no_program(command[0]) from None
     sys.stdout.flush()
     sys.stdout.write(_summary(out, args.format))
-    return int(end["exit_code"])
+    return _exit_code(end, out)
+
+
+def _exit_code(end: dict, out: Path) -> int:
+    """The command's exit status; after a preemption, 128 + the signal's number, with how to resume."""
+    import signal as signals
+
+    pre = end.get("preempted")
+    if not pre:
+        return int(end["exit_code"])
+    saved = pre.get("saved_step")
+    print(f"zeropilot run: preempted ({pre.get('signal')}): " + (f"every rank saved at step {saved}; " if saved is not None
+          else f"no save ({pre.get('why')}); ") + f"resume with `zeropilot run --heal --out {out} -- ...` and the "
+          "same command", file=sys.stderr)
+    return 128 + int(getattr(signals, str(pre.get("signal")), signals.SIGTERM))
