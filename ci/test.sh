@@ -11,7 +11,7 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
     export VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH"  # what `activate` does: tests call `deepspeed`
     PYTHON="$VIRTUAL_ENV/bin/python"
 fi
-# torch's CPU build, by name: a plain torch==2.13.0 from PyPI is the CUDA build (GBs of CUDA libraries). The package
+# torch's CPU build, by name: PyPI's torch for Linux x86-64 is the CUDA build (GBs of nvidia-* wheels). The package
 # sources pip is configured with come first (a mirror or a wheel folder may hold it); PyTorch's CPU index, where it
 # is published, only when they do not have it (without the constraints there: that index holds torch's dependencies
 # but may lack a pinned version of one; the next install brings them to the pins).

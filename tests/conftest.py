@@ -13,14 +13,20 @@ from typing import Dict, Optional, Union
 
 import pytest
 
+from tests.zp import NO_SHM_OP, pythonpath
+
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# Every process the suite starts loads its sitecustomize (tests/site): MLflow kept out of DeepSpeed's import, and no
+# build of DeepSpeed's CPU shm all-reduce op (a speed path that only inference_all_reduce uses; a minute of gcc).
+os.environ["PYTHONPATH"] = pythonpath(*[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+os.environ[NO_SHM_OP] = "1"
 # The jobs start the launchers by name (torchrun, deepspeed, accelerate): those of the environment running the suite,
 # also when it runs as ``.venv/bin/python -m pytest`` without the environment activated.
 _BIN = os.path.dirname(sys.executable)
 if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = os.pathsep.join([_BIN] + [p for p in [os.environ.get("PATH")] if p])
 # A TORCH_EXTENSIONS_DIR of the suite's own for every process a test starts without one (never the machine's: a lock
-# left there cannot hang the suite). Tests that run DeepSpeed give theirs a copy of the session's built shm op
+# left there cannot hang the suite). Tests that run DeepSpeed give theirs a folder of their own
 # (``tests.zp.extensions_dir``).
 _EXTENSIONS = tempfile.mkdtemp(prefix="zeropilot-tests-extensions-")
 atexit.register(shutil.rmtree, _EXTENSIONS, True)

@@ -3,15 +3,16 @@
 Shared by the guard, report and repro tests. Every job is a real multi-process launch on CPU
 (``DS_ACCELERATOR=cpu``, gloo, 2 ranks) of an unmodified script:
 
-- :func:`hf_trainer`: HF Trainer + DeepSpeed ZeRO-2 under ``torchrun``, 4 steps, saves at steps 2 and 4,
-  then loads the best of them back (``load_best_model_at_end``: ``DeepSpeedEngine.load_checkpoint``).
+- :func:`hf_trainer`: HF Trainer + DeepSpeed ZeRO-2 under ``torchrun``, 8 steps, saves at steps 4 and 8,
+  then loads the best of them back (``load_best_model_at_end``: ``DeepSpeedEngine.load_checkpoint``); it reports
+  to TensorBoard and MLflow and ``zeropilot top`` follows it live (:func:`hf_trainer_watched`: the same job).
 - :func:`hf_trainer_plain`: a plain HF Trainer (no DeepSpeed) as ``python script.py``, 3 steps, one save.
 - :func:`accelerate_trainer`: the same Trainer script under ``accelerate launch --use_deepspeed``, 2 steps,
   one save.
 - :func:`accelerate_loop`: a plain accelerate loop (``python script.py``), 3 steps of 2 accumulated
   micro-batches, ``save_state`` then ``load_state``.
 - :func:`raw_deepspeed`: ``examples/raw-deepspeed/train.py`` (ZeRO-3) under the ``deepspeed`` launcher,
-  6 steps, saves at steps 3 and 6.
+  6 steps, saves at steps 3 and 6, the job's own monitors on (TensorBoard, DeepSpeed's CSV monitor).
 - :func:`killed_in_save`: rank 1 is SIGKILLed while it writes its model states during a save.
 - :func:`hang_save_rank0_only`: the save runs on rank 0 only; ``--hang-timeout 10 --on-hang stop``.
 - :func:`hang_sleep_rank1`: rank 1 sleeps before a barrier; ``--hang-timeout 10 --on-hang stop``.
@@ -22,8 +23,8 @@ Shared by the guard, report and repro tests. Every job is a real multi-process l
 
 Each returns a :class:`Job` (run directory, exit status, output, checkpoint folder). Jobs get their
 own ``TORCH_EXTENSIONS_DIR``, a free port, a timeout, and their process group is killed on every path.
-The CPU shm all-reduce build is skipped by ``tests/guard/jobs/site/sitecustomize.py``, which
-zeropilot's bootstrap chain-loads (see that file).
+The CPU shm all-reduce build is skipped by the suite's ``tests/site/sitecustomize.py``
+(``ZEROPILOT_TESTS_NO_SHM_OP=1``, set by tests/conftest.py), which zeropilot's bootstrap chain-loads (see that file).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
+
+from tests.zp import NO_SHM_OP, pythonpath
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "tests" / "guard" / "jobs"
@@ -77,8 +80,7 @@ def job_env(name: str) -> dict:
     env = dict(os.environ)
     env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                TORCH_EXTENSIONS_DIR=str(root() / name / "torch_extensions"), HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join([str(JOBS / "site"), str(REPO / "src")]
-                                          + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]))
+               PYTHONPATH=pythonpath(REPO / "src", *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]))
     return env
 
 
@@ -111,13 +113,10 @@ def _deepspeed(script: Path, *args: str) -> List[str]:
     return ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), str(script), *args]
 
 
-@functools.lru_cache(maxsize=None)
 def hf_trainer() -> Job:
-    """(a) HF Trainer, ZeRO-2, torchrun, 2 ranks, saves at steps 2 and 4, then loads the best one back."""
-    ckpt = root() / "hf_trainer" / "ckpt"
-    cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "hf_train.py"),
-           str(ckpt), "--stage", "2", "--steps", "4", "--save-steps", "2", "--load-best"]
-    return zeropilot_run("hf_trainer", cmd)
+    """(a) HF Trainer, ZeRO-2, torchrun, 2 ranks, saves at steps 4 and 8, then loads the best one back: the job of
+    :func:`hf_trainer_watched`."""
+    return hf_trainer_watched().job
 
 
 @functools.lru_cache(maxsize=None)
@@ -157,11 +156,21 @@ def hf_trainer_plain() -> Job:
 
 @functools.lru_cache(maxsize=None)
 def raw_deepspeed() -> Job:
-    """(b) The raw DeepSpeed example, ZeRO-3, ``deepspeed`` launcher, 2 ranks, saves at steps 3 and 6."""
-    ckpt = root() / "raw_deepspeed" / "ckpt"
-    cmd = _deepspeed(EXAMPLE / "train.py", "--deepspeed_config", str(EXAMPLE / "ds_config.json"),
-                     "--steps", "6", "--save-every", "3", "--save-dir", str(ckpt))
-    return zeropilot_run("raw_deepspeed", cmd)
+    """(b) The raw DeepSpeed example, ZeRO-3, ``deepspeed`` launcher, 2 ranks, saves at steps 3 and 6; its config is
+    the example's with the job's own monitors on: TensorBoard in ``ckpt/../monitor/tb`` and DeepSpeed's CSV monitor
+    in ``.../csv`` (one job for the guard's records and for its figures in the job's monitors)."""
+    import json
+
+    base = root() / "raw_deepspeed"
+    base.mkdir(parents=True, exist_ok=True)
+    config = json.loads((EXAMPLE / "ds_config.json").read_text())
+    config["tensorboard"] = {"enabled": True, "output_path": str(base / "monitor"), "job_name": "tb"}
+    config["csv_monitor"] = {"enabled": True, "output_path": str(base / "monitor"), "job_name": "csv"}
+    (base / "ds_config.json").write_text(json.dumps(config))
+    cmd = _deepspeed(EXAMPLE / "train.py", "--deepspeed_config", str(base / "ds_config.json"),
+                     "--steps", "6", "--save-every", "3", "--save-dir", str(base / "ckpt"))
+    # on 2 shared cores under load the ranks' imports alone took 137 s of a 172 s run (the steps: 2 s)
+    return zeropilot_run("raw_deepspeed", cmd, timeout=1.5 * JOB_TIMEOUT_S)
 
 
 def _faults(name: str, fault: str, flags: List[str]) -> Job:
@@ -181,9 +190,9 @@ HANG_FLAGS = ["--hang-timeout", "10", "--on-hang", "stop"]
 
 
 def _stale_lock_job() -> Job:
-    """No sitecustomize here: the ranks build the shm op as DeepSpeed does on CPU, and find the lock."""
+    """The shm op build is not skipped here: the ranks build it as DeepSpeed does on CPU, and find the lock."""
     env = job_env("hang_stale_lock")
-    env["PYTHONPATH"] = str(REPO / "src")
+    env.pop(NO_SHM_OP, None)
     lock = Path(env["TORCH_EXTENSIONS_DIR"]) / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     lock.write_text("")
@@ -250,10 +259,11 @@ def has_mlflow() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def hf_trainer_watched() -> Watched:
-    """HF Trainer + ZeRO-2 under torchrun, 2 ranks, 8 steps, a save at step 4, ``report_to=["tensorboard",
-    "mlflow"]`` (MLflow where installed) logging every step (event files under ``ckpt/runs``, MLflow's file store
-    in ``mlruns`` beside ``ckpt``), followed live by ``zeropilot top --interval 0.2`` and, at
-    the same time, by ``zeropilot top --format json``."""
+    """HF Trainer + ZeRO-2 under torchrun, 2 ranks, 8 steps, saves at steps 4 and 8 with an evaluation at each, the
+    best checkpoint loaded back at the end (``--load-best``), ``report_to=["tensorboard", "mlflow"]`` (MLflow where
+    installed) logging every step (event files under ``ckpt/runs``, MLflow's file store in ``mlruns`` beside
+    ``ckpt``), followed live by ``zeropilot top --interval 0.2`` and, at the same time, by ``zeropilot top --format
+    json``."""
     import queue
     import threading
     import time
@@ -263,7 +273,7 @@ def hf_trainer_watched() -> Watched:
     base.mkdir(parents=True, exist_ok=True)
     run_dir, ckpt = base / "run", base / "ckpt"
     cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "hf_train.py"),
-           str(ckpt), "--stage", "2", "--steps", "8", "--save-steps", "4", "--report-to",
+           str(ckpt), "--stage", "2", "--steps", "8", "--save-steps", "4", "--load-best", "--report-to",
            "tensorboard,mlflow" if has_mlflow() else "tensorboard", "--logging-steps", "1"]
     argv = [sys.executable, "-m", "zeropilot", "run", "--out", str(run_dir), "--", *cmd]
     env = job_env(name)
@@ -311,24 +321,6 @@ def hf_trainer_watched() -> Watched:
     result = Job(run_dir, job.returncode, (base / "stdout.txt").read_text(), (base / "stderr.txt").read_text(), ckpt,
                  argv)
     return Watched(result, seen, live, top_rc, (base / "top.jsonl").read_text().splitlines(), json_rc)
-
-
-@functools.lru_cache(maxsize=None)
-def raw_deepspeed_monitor() -> Job:
-    """The raw DeepSpeed example (ZeRO-3, ``deepspeed`` launcher, 2 ranks, 3 steps, a save at step 3) with the
-    job's own monitors on: TensorBoard in ``ckpt/../monitor/tb`` and DeepSpeed's CSV monitor in ``.../csv``."""
-    import json
-
-    base = root() / "raw_deepspeed_monitor"
-    base.mkdir(parents=True, exist_ok=True)
-    config = json.loads((EXAMPLE / "ds_config.json").read_text())
-    config["tensorboard"] = {"enabled": True, "output_path": str(base / "monitor"), "job_name": "tb"}
-    config["csv_monitor"] = {"enabled": True, "output_path": str(base / "monitor"), "job_name": "csv"}
-    (base / "ds_config.json").write_text(json.dumps(config))
-    cmd = _deepspeed(EXAMPLE / "train.py", "--deepspeed_config", str(base / "ds_config.json"),
-                     "--steps", "3", "--save-every", "3", "--save-dir", str(base / "ckpt"))
-    # on 2 shared cores under load the ranks' imports alone took 137 s of a 172 s run (the steps: 2 s)
-    return zeropilot_run("raw_deepspeed_monitor", cmd, timeout=1.5 * JOB_TIMEOUT_S)
 
 
 def hang_data_stall_rank1() -> Job:

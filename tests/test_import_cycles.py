@@ -5,6 +5,7 @@ listeners that ``oom`` registers). Read from the source with ``ast``, so nothing
 """
 
 import ast
+import functools
 from pathlib import Path
 from typing import Dict, List, Set
 
@@ -17,6 +18,7 @@ def _name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.lru_cache(maxsize=None)  # read once for every test here (none changes it)
 def _graph() -> Dict[str, Set[str]]:
     modules = {_name(p): p for p in ROOT.rglob("*.py")}
     graph: Dict[str, Set[str]] = {m: set() for m in modules}
@@ -108,3 +110,10 @@ def test_the_run_directory_contract_does_not_import_the_in_rank_code():
     graph = _graph()
     assert "zeropilot.runlog.layout" in graph["zeropilot.guard.hangs"]  # the other way is allowed and used
     assert _imports_of(graph, "zeropilot.runlog", "zeropilot.guard") == []
+
+
+def test_memory_takes_a_launch_only_as_its_plan_facts():
+    """``memory`` never reads a launch document: what it knows of a launch is ``launch.planfacts.PlanFacts`` (read
+    once, in ``launch/``); no import of ``launch.document``, ``launch.load``, the readers or the facts layer."""
+    targets = {line.split(" -> ")[1] for line in _imports_of(_graph(), "zeropilot.memory", "zeropilot.launch")}
+    assert targets == {"zeropilot.launch.planfacts"}

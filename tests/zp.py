@@ -2,50 +2,30 @@
 
 from __future__ import annotations
 
-import atexit
-import functools
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
-_BUILD_LOCK = threading.Lock()
-SHM_OP = "deepspeed_shm_comm"
-
-
-@functools.lru_cache(maxsize=None)
-def _built_shm_op() -> Optional[Path]:
-    """DeepSpeed's CPU shared-memory op (``deepspeed_shm_comm``, which ``init_distributed`` builds on the CPU
-    accelerator: a minute or more of gcc on two cores), built once per test session into a folder of its own.
-    None where it could not be built (each process then builds its own, as before)."""
-    root = Path(tempfile.mkdtemp(prefix="zeropilot-shm-op-"))
-    atexit.register(shutil.rmtree, root, True)
-    env = dict(os.environ, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(root))
-    try:
-        done = run_group([sys.executable, "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()"],
-                         timeout=900, env=env)
-    except subprocess.TimeoutExpired:
-        return None
-    built = root / SHM_OP
-    return built if done.returncode == 0 and any(built.glob("*.so")) and not (built / "lock").exists() else None
+#: the suite's ``sitecustomize`` (it keeps MLflow out of DeepSpeed's import): on every child's PYTHONPATH
+SITE = REPO / "tests" / "site"
+#: set for every process of the suite (tests/conftest.py): tests/site/sitecustomize.py then skips DeepSpeed's CPU shm
+#: op build; the tests of that build itself remove it from their processes' environment
+NO_SHM_OP = "ZEROPILOT_TESTS_NO_SHM_OP"
 
 
 def extensions_dir(path: Path) -> str:
-    """A ``TORCH_EXTENSIONS_DIR`` of the test's own at ``path``, holding a copy of the session's built
-    ``deepspeed_shm_comm`` (ninja finds it up to date: loading takes 0.1 s instead of a build). Each test keeps its
-    own folder, so a lock one leaves cannot hang another."""
-    with _BUILD_LOCK:
-        built = _built_shm_op()
+    """A ``TORCH_EXTENSIONS_DIR`` of the test's own at ``path``: a lock one test leaves cannot hang another."""
     path.mkdir(parents=True, exist_ok=True)
-    if built is not None and not (path / SHM_OP).exists():
-        shutil.copytree(built, path / SHM_OP)
     return str(path)
+
+
+def pythonpath(*first: Path) -> str:
+    """A child's PYTHONPATH: ``first``, then the suite's site folder."""
+    return os.pathsep.join([str(p) for p in first if str(p) != str(SITE)] + [str(SITE)])
 
 
 def run_group(cmd: Sequence[str], timeout: float = 120, env: Optional[Dict[str, str]] = None,
@@ -65,5 +45,5 @@ def run_group(cmd: Sequence[str], timeout: float = 120, env: Optional[Dict[str, 
 def run_zeropilot(args: Sequence[str], timeout: float = 120,
                   env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     """``python -m zeropilot ARGS`` from the checkout, through :func:`run_group`."""
-    child_env = dict(os.environ, PYTHONPATH=str(REPO / "src"), **(env or {}))
+    child_env = dict(os.environ, PYTHONPATH=pythonpath(REPO / "src"), **(env or {}))
     return run_group([sys.executable, "-m", "zeropilot", *args], timeout, child_env)

@@ -39,6 +39,14 @@ def test_non_empty_run_directory_is_refused(tmp_path):
 def test_unknown_program_is_an_input_error(tmp_path):
     r = _zp("run", "--out", str(tmp_path / "d"), "--", "no-such-program-zp")
     assert r.returncode == 2 and "no such program" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "d").exists()  # said before the run directory is made
+
+
+def test_a_missing_launcher_names_its_package(tmp_path):
+    env = dict(os.environ, PATH=str(tmp_path / "empty-bin"))
+    r = _zp("run", "--out", str(tmp_path / "d"), "--", "deepspeed", "--num_gpus", "2", "train.py", env=env)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and not (tmp_path / "d").exists()
+    assert "cannot start 'deepspeed': no such program: it comes with the deepspeed package" in r.stderr
 
 
 def test_bad_hang_timeout_is_an_input_error(tmp_path):
@@ -67,7 +75,8 @@ def test_signal_passes_through(tmp_path):
 def test_check_errors_stop_the_launch_unless_no_check(tmp_path):
     cmd = ["torchrun", "--nproc_per_node", "2", str(runjobs.JOBS / "ds_faults.py"), "--fault", "save-rank0-only",
            "--save-dir", str(tmp_path / "ck"), "--deepspeed_config", str(runjobs.JOBS / "ds_config.json")]
-    r = _zp("run", "--out", str(tmp_path / "d"), "--", *cmd)
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])  # torchrun, as a venv has it
+    r = _zp("run", "--out", str(tmp_path / "d"), "--", *cmd, env=dict(os.environ, PATH=path))
     assert r.returncode == 1 and "PY001" in r.stderr and "--no-check" in r.stderr
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["launch.sh"]
 

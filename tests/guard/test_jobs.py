@@ -32,12 +32,12 @@ def test_every_rank_records_steps_and_saves(make):
     s = _summary(job)
     assert s["verdict"]["kind"] == "ok"
     assert [r["rank"] for r in s["ranks"]] == [0, 1]
-    steps = 4 if make is runjobs.hf_trainer else 6
+    steps = 8 if make is runjobs.hf_trainer else 6
     assert all(r["steps"] == steps and r["ended"] for r in s["ranks"])
     for rank in (0, 1):
         assert [e["step"] for e in _events(job, rank, "step")] == list(range(1, steps + 1))
         assert _events(job, rank, "init")[0]["zero_stage"] == (2 if make is runjobs.hf_trainer else 3)
-    saved_at = [2, 4] if make is runjobs.hf_trainer else [3, 6]
+    saved_at = [4, 8] if make is runjobs.hf_trainer else [3, 6]
     assert sorted((x["step"], x["rank"]) for x in s["saves"]) == [(st, r) for st in saved_at for r in (0, 1)]
     for save in s["saves"]:
         names = {p["name"] for p in save["phases"]}
@@ -90,7 +90,7 @@ def test_load_checkpoint_is_recorded_on_every_rank(capsys):
     # load_best_model_at_end: the Trainer loads its best checkpoint back through DeepSpeedEngine.load_checkpoint
     job = runjobs.hf_trainer()
     assert job.returncode == 0, job.stderr[-3000:]
-    best = json.loads((job.ckpt_dir / "checkpoint-4" / "trainer_state.json").read_text())["best_model_checkpoint"]
+    best = json.loads((job.ckpt_dir / "checkpoint-8" / "trainer_state.json").read_text())["best_model_checkpoint"]
     step = int(best.rsplit("-", 1)[1])
     tag = f"global_step{step}"
     model_states = (job.ckpt_dir / f"checkpoint-{step}" / tag / "mp_rank_00_model_states.pt").stat().st_size
@@ -103,7 +103,7 @@ def test_load_checkpoint_is_recorded_on_every_rank(capsys):
         own = (job.ckpt_dir / f"checkpoint-{step}" / tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
         assert load["files"] >= 2 and load["bytes"] >= model_states + own.stat().st_size
         assert load["mem_before"]["host_rss_bytes"] > 0 and load["mem_after"]["host_rss_bytes"] > 0
-        # the load is the last checkpoint operation: after the save at step 4
+        # the load is the last checkpoint operation: after the save at step 8
         assert load["t"] > max(s["t"] for s in _events(job, rank, "save"))
     assert main(["report", str(job.run_dir), "--format", "json"]) == 0
     rep = json.loads(capsys.readouterr().out)

@@ -3,7 +3,8 @@
 Real jobs, real writers, read back with the trackers' own readers (TensorBoard's event reader, MLflow's client):
 - HF Trainer + ZeRO-2, 2 ranks under ``zeropilot run``, ``report_to=["tensorboard", "mlflow"]`` (MLflow's file
   store, offline), logging every step (the job ``zeropilot top`` follows in tests/cli/test_top.py: one live job);
-- the raw DeepSpeed example, 2 ranks, with the job's ``monitor_config`` on: TensorBoard and DeepSpeed's CSV monitor.
+- the raw DeepSpeed example, 2 ranks, 6 steps, with the job's ``monitor_config`` on: TensorBoard and DeepSpeed's CSV
+  monitor (the job tests/guard/test_jobs.py reads the guard's records of).
 Then the folding itself on run directories written here: max over ranks, every rank, off, a custom prefix.
 """
 
@@ -16,7 +17,7 @@ from typing import Optional
 
 import pytest
 
-from tests.runjobs import hf_trainer_watched, raw_deepspeed_monitor
+from tests.runjobs import hf_trainer_watched, raw_deepspeed
 from zeropilot.guard import metrics
 
 GIB = float(1 << 30)
@@ -91,17 +92,18 @@ def test_trainer_report_to_mlflow_offline_holds_the_same_figures(monkeypatch):
 
 @pytest.mark.slow
 def test_deepspeed_monitor_receives_the_figures_of_every_step():
-    job = raw_deepspeed_monitor()
+    job = raw_deepspeed()
     assert job.returncode == 0, job.stderr[-3000:]
     monitor = job.ckpt_dir.parent / "monitor"
     tb = _scalars(monitor / "tb")
-    assert sorted(tb["zeropilot/host_rss_gib"]) == [1, 2, 3]
-    assert sorted(tb["zeropilot/step_seconds"]) == [2, 3]
+    steps = list(range(1, 7))
+    assert sorted(tb["zeropilot/host_rss_gib"]) == steps
+    assert sorted(tb["zeropilot/step_seconds"]) == steps[1:]
     assert "Train/Samples/lr" in tb  # DeepSpeed's own scalars sit beside ours, in the same files
     # DeepSpeed's CSV monitor: one file per figure, written by DeepSpeed's own writer
     with open(monitor / "csv" / "zeropilot_host_rss_gib.csv") as f:
         rows = list(csv.reader(f))
-    assert rows[0] == ["step", "host_rss_gib"] and [int(r[0]) for r in rows[1:]] == [1, 2, 3]
+    assert rows[0] == ["step", "host_rss_gib"] and [int(r[0]) for r in rows[1:]] == steps
     assert all(float(r[1]) > 0 for r in rows[1:])
 
 

@@ -31,8 +31,8 @@ def test_llamafactory_lora_targets_additional_target_dora_quantization(tmp_path)
                                                                         ("embed_tokens", "lm_head"), True)
     assert (s.quant_bits, s.double_quant, s.quant_storage_auto, s.fused_loss) == (4, True, True, "liger")
     assert s.optimizer == "paged_adamw_8bit"
-    where = s.given("lora_target").where
-    assert where.endswith("t.yaml:8 lora_target")
+    source = s.given("lora_target").source
+    assert source.text.endswith("t.yaml:8 lora_target") and (source.line, source.key) == (8, "lora_target")
 
 
 def test_llamafactory_freeze_and_llama_pro(tmp_path):

@@ -8,7 +8,7 @@ Two lists, each with a verdict per argument:
 - ``tests/data/hf_training_args.tsv``: the HF ``Seq2SeqTrainingArguments`` LLaMA-Factory's ``TrainingArguments``
   extends, walked here on the installed transformers: a field added or removed upstream fails until it is judged.
 
-A verdict is ``memory`` (then the key must be in ``memory.coverage``'s MODELLED, NOT_MODELLED or READ_AS_INPUT), or
+A verdict is ``memory`` (then the key must be in ``launch.coverage``'s MODELLED, NOT_MODELLED or READ_AS_INPUT), or
 one of :data:`NOT_MEMORY`'s words, or ``sub-option of KEY`` for a setting that only matters with KEY, which must
 itself be modelled or named.
 """
@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import write_files
 from zeropilot.launch.settings import KEYS
-from zeropilot.memory.coverage import MODELLED, NOT_MODELLED, READ_AS_INPUT, modelled_or_named
+from zeropilot.launch.coverage import MODELLED, NOT_MODELLED, READ_AS_INPUT, modelled_or_named
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SRC = Path(__file__).resolve().parents[2] / "src" / "zeropilot"
@@ -84,8 +84,8 @@ def test_named_settings_are_read_by_the_launch_facts():
     assert sorted(set(NOT_MODELLED) - read) == []
 
 
-def test_inputs_are_read_by_from_launch():
-    tree = ast.parse((SRC / "memory" / "from_launch.py").read_text())
+def test_inputs_are_read_by_the_plan_facts():
+    tree = ast.parse((SRC / "launch" / "planfacts.py").read_text())
     strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert sorted(set(READ_AS_INPUT) - strings - {"bf16", "fp16", "deepspeed"}) == []
     assert not set(READ_AS_INPUT) & set(NOT_MODELLED) and not set(MODELLED) & set(NOT_MODELLED)
@@ -99,9 +99,9 @@ def test_inputs_are_read_by_from_launch():
 ])
 def test_a_named_setting_reaches_the_plan(tmp_path, line, named):
     from zeropilot.launch import load_launch
-    from zeropilot.memory.from_launch import values_from_launch
+    from zeropilot.launch.planfacts import plan_facts
 
     root = write_files(tmp_path / "l", {"train.yaml": "model_name_or_path: m\nstage: sft\nfinetuning_type: lora\n"
                                                       f"template: qwen\noutput_dir: o\n{line}\n"})
-    lv = values_from_launch(load_launch([root], use_installed=False))
-    assert any(setting.startswith(named + ":") for setting, _ in lv.not_modelled)
+    pf = plan_facts(load_launch([root], use_installed=False))
+    assert any(setting.startswith(named + ":") for setting, _ in pf.values["not_modelled"])

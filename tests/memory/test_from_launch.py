@@ -1,25 +1,8 @@
-"""Plan inputs read from real launch files (the seed scenario and a healthy launch), with sources."""
-
-from pathlib import Path
+"""The hand-over from launch to memory: a launch's plan facts become plan inputs for one model."""
 
 from zeropilot.launch import load_launch
-from zeropilot.memory.from_launch import resolve_auto, values_from_launch
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def test_seed_launch_values_and_where_they_came_from():
-    lv = values_from_launch(load_launch([EXAMPLES / "seed"], use_installed=False))
-    v = lv.values
-    assert (v["stage"], v["seq_len"], v["micro_batch"], v["grad_accum"], v["lora_rank"]) == (3, 1024, 1, 16, 16)
-    assert v["gradient_checkpointing"] is True  # LLaMA-Factory's default
-    assert v["overlap_comm"] is False and v["reduce_bucket_size"] == 200_000_000
-    assert v["prefetch_bucket_size"] == 20_000_000 and v["gather_16bit_on_save"] is False
-    assert v["expandable_segments"] is False  # ROCm/DCU launch: not known to work there
-    assert lv.world_size == 4
-    assert lv.sources["seq_len"].endswith("binding_paired_000.yaml:16 cutoff_len")
-    assert "deepspeed_z3_offload_4x16g.json" in lv.sources["stage"]
-    assert lv.model == "/public/home/a15657581978/merged_correct_2epoch"
+from zeropilot.launch.planfacts import plan_facts
+from zeropilot.memory.from_launch import launch_inputs
 
 
 def test_auto_bucket_sizes_resolve_from_hidden_size(tmp_path):
@@ -27,96 +10,8 @@ def test_auto_bucket_sizes_resolve_from_hidden_size(tmp_path):
                                       '"stage3_prefetch_bucket_size": "auto"}}')
     (tmp_path / "train.yaml").write_text("model_name_or_path: Qwen/Qwen2-7B\nfinetuning_type: full\n"
                                          "deepspeed: ds.json\ncutoff_len: 2048\n")
-    lv = values_from_launch(load_launch([tmp_path], use_installed=False))
-    values, notes = resolve_auto(lv.values, 3584)
+    given = launch_inputs(plan_facts(load_launch([tmp_path], use_installed=False)), 3584)
+    values, notes = given.values, given.notes
     assert values["reduce_bucket_size"] == 3584 ** 2 and values["prefetch_bucket_size"] == int(0.9 * 3584 ** 2)
     assert values["lora_rank"] is None and "reduce_bucket_size" in notes
-
-
-def test_healthy_launch_reads_save_total_limit_and_cuda_expandable_segments():
-    lv = values_from_launch(load_launch([EXAMPLES / "healthy"], use_installed=False))
-    assert lv.values["save_total_limit"] == 2 and lv.values["stage"] == 2 and lv.values["seq_len"] == 768
-    assert lv.values["expandable_segments"] is True  # LLaMA-Factory on CUDA sets it
-    assert lv.model == "Qwen/Qwen2-7B"
-
-
-def test_accelerate_yaml_zero_settings_without_a_deepspeed_json(tmp_path):
-    (tmp_path / "accel.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n"
-                                         "deepspeed_config:\n  zero_stage: 3\n  offload_optimizer_device: cpu\n"
-                                         "  offload_param_device: none\nnum_processes: 8\n")
-    lv = values_from_launch(load_launch([tmp_path / "accel.yaml"], use_installed=False))
-    assert lv.values["stage"] == 3 and lv.values["offload_optimizer"] == "cpu"
-    assert lv.sources["stage"].endswith("deepspeed_config.zero_stage")
-
-
-def test_sub_groups_live_parameters_and_raw_builds_are_read(tmp_path):
-    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3, "sub_group_size": 100000000, '
-                                      '"stage3_max_live_parameters": 30000000, "stage3_max_reuse_distance": 0, '
-                                      '"zero_hpz_partition_size": 8}}')
-    (tmp_path / "train.py").write_text("import deepspeed\nm = build()\n"
-                                       "engine, *_ = deepspeed.initialize(model=m, config='ds.json')\n")
-    lv = values_from_launch(load_launch([tmp_path], use_installed=False))
-    v = lv.values
-    assert (v["sub_group_size"], v["max_live_parameters"], v["hpz_partition_size"]) == (100_000_000, 30_000_000, 8)
-    assert v["zero_init"] is False and lv.sources["zero_init"].startswith(str(tmp_path / "train.py") + ":3")
-
-
-def test_the_seed_launch_builds_inside_zero_init():
-    lv = values_from_launch(load_launch([EXAMPLES / "seed"], use_installed=False))
-    assert lv.values.get("zero_init", True) is True  # LLaMA-Factory: the HF Trainer builds in zero.Init
-
-
-def test_plan_reads_the_stage_as_the_launch_facts_do(tmp_path):
-    """One fact, one place: plan and the rules agree on ``"stage": 3.0``, ``"3"`` and the boolean form."""
-    from zeropilot.launch.facts import facts
-
-    for text, stage in (('{"zero_optimization": {"stage": 3.0}}', 3), ('{"zero_optimization": {"stage": "3"}}', 3),
-                        ('{"zero_optimization": true}', 1), ('{"train_batch_size": 8}', 0)):
-        (tmp_path / "ds.json").write_text(text)
-        launch = load_launch([tmp_path / "ds.json"], use_installed=False)
-        assert values_from_launch(launch).values["stage"] == stage == facts(launch).ds[0].stage, text
-
-
-def test_plan_reads_offload_devices_through_the_launch_facts(tmp_path):
-    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "CPU"},'
-                                      ' "offload_param": {"device": "none"}}}')
-    v = values_from_launch(load_launch([tmp_path / "ds.json"], use_installed=False)).values
-    assert (v["offload_optimizer"], v["offload_param"]) == ("cpu", "none")
-
-
-def test_which_optimizer_an_offloaded_launch_gets(tmp_path):
-    """DeepSpeed 0.19.8 picks torch's AdamW for an offloaded optimizer only when the config's optimizer says
-    ``torch_adam`` (``DeepSpeedEngine.get_optimizer_configuration``, run here as installed), or when a client
-    optimizer is allowed by ``zero_force_ds_cpu_optimizer: false``; otherwise its CPUAdam. The plan reads which one
-    a launch gets (the host memory of the step differs: ``memory/host.py``)."""
-    import types
-
-    import torch
-    from deepspeed.runtime.engine import DeepSpeedEngine
-
-    stand_in = types.SimpleNamespace(zero_use_cpu_optimizer=lambda: True, bf16_optimizer_states=lambda: False,
-                                     zenflow=False)
-    chosen = DeepSpeedEngine.get_optimizer_configuration(stand_in, {"lr": 1e-5, "torch_adam": True}, True)[0]
-    assert chosen is torch.optim.AdamW
-    chosen = DeepSpeedEngine.get_optimizer_configuration(stand_in, {"lr": 1e-5}, True)[0]
-    assert chosen.__name__ == "DeepSpeedCPUAdam"
-    # DeepSpeed tests the value as Python does: the string "false" picks torch's AdamW, the boolean false CPUAdam
-    chosen = DeepSpeedEngine.get_optimizer_configuration(stand_in, {"lr": 1e-5, "torch_adam": "false"}, True)[0]
-    assert chosen is torch.optim.AdamW
-    chosen = DeepSpeedEngine.get_optimizer_configuration(stand_in, {"lr": 1e-5, "torch_adam": False}, True)[0]
-    assert chosen.__name__ == "DeepSpeedCPUAdam"
-
-    def read(ds: str) -> dict:
-        (tmp_path / "ds.json").write_text(ds)
-        (tmp_path / "train.yaml").write_text("model_name_or_path: Qwen/Qwen2-7B\nfinetuning_type: full\n"
-                                             "deepspeed: ds.json\n")
-        return values_from_launch(load_launch([tmp_path], use_installed=False)).values
-
-    offload = '"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}'
-    assert "torch_adam" not in read("{" + offload + ', "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}}')
-    assert read("{" + offload + ', "optimizer": {"type": "AdamW", "params": {"torch_adam": true}}}')["torch_adam"]
-    assert read("{" + offload + ', "optimizer": {"type": "AdamW", "params": {"torch_adam": "false"}}}')["torch_adam"]
-    assert read("{" + offload + ', "optimizer": {"type": "AdamW", "params": {"torch_adam": false}}}')[
-        "torch_adam"] is False
-    assert read("{" + offload + ', "zero_force_ds_cpu_optimizer": false}')["torch_adam"] is True
-    assert "torch_adam" not in read("{" + offload + "}")
+    assert given.sources["reduce_bucket_size"].endswith('reduce_bucket_size ("auto": filled from hidden_size)')

@@ -238,3 +238,24 @@ def test_zero3_replayed_kinds_reserve_the_replays_figure_and_say_what_takes_the_
         assert gpu.reserved_peak_bytes == zero3_segments(inputs)
         why = next(c.reason for c in gpu.components if c.name == "allocator_overhead")
         assert named in why and not_named not in why, why
+
+
+def test_freeze_tuning_and_modules_to_save_go_through_the_allocator_replay():
+    """Issue 35: freeze tuning and modules_to_save reserve what the allocator replay says (their trainable tensors
+    flattened, the frozen ones left where they were built) at ZeRO-1/2 and at ZeRO-3 with the parameters on one GPU,
+    no longer the fitted gap, which ZeRO-3 across GPUs keeps. More trained layers reserve more."""
+    from zeropilot.memory.inputs import Freeze
+
+    gaps = {}
+    for name, kw in (("f2", dict(freeze=Freeze(2))), ("f8", dict(freeze=Freeze(8))),
+                     ("mts", dict(lora_rank=16, modules_to_save=("embed_tokens", "lm_head"))),
+                     ("f8_z3", dict(freeze=Freeze(8), stage=3, zero_init=True)),
+                     ("mts_z3", dict(lora_rank=16, modules_to_save=("embed_tokens", "lm_head"), stage=3)),
+                     ("f8_z3_ws2", dict(freeze=Freeze(8), stage=3, zero_init=True, hardware=parse_gpus("2x80GiB")))):
+        gpu = estimate_gpu(_inputs(**kw))
+        gaps[name] = next(c for c in gpu.components if c.name == "allocator_overhead")
+        assert gpu.reserved_peak_bytes >= gpu.allocated_peak_bytes
+    assert all("replaying" in gaps[k].reason for k in ("f2", "f8", "mts", "f8_z3", "mts_z3"))
+    assert "fitted" in gaps["f8_z3_ws2"].reason
+    assert estimate_gpu(_inputs(freeze=Freeze(8))).reserved_peak_bytes > \
+        estimate_gpu(_inputs(freeze=Freeze(2))).reserved_peak_bytes

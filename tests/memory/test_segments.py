@@ -170,3 +170,20 @@ def test_the_8bit_optimizer_replays_its_own_first_step_tensors():
     saved = plain.reserved_peak_bytes - eight.reserved_peak_bytes
     assert 0 < saved < states[plain] - states[eight]
     assert eight.reserved_peak_bytes >= eight.allocated_peak_bytes + 1 * GIB  # the replay's fragmentation shows
+
+
+def test_frozen_layers_before_the_first_trainable_one_keep_nothing_for_the_backward():
+    """Freeze tuning's frozen front layers run without autograd: with more of them frozen the forward keeps less, so
+    the replay reserves less; with none frozen it is the plain replay."""
+    from zeropilot.memory.gpu import layer_tensors
+    from zeropilot.memory.segments import zero12_reserved
+
+    inputs = _inputs()
+    layer, front = layer_tensors(inputs), layer_tensors(_inputs(gradient_checkpointing=True), no_grad=True)
+    t, h = inputs.micro_batch * inputs.seq_len, inputs.arch.hidden
+    base = dict(build=[], frozen=[], trainable=0, world_size=1, gpu_optimizer=True, layer=layer, layers=8,
+                checkpointed=False, edges=(2.0 * t * h, ()), logits_bf16=0.0, logits_fp32=0.0, output_grad=0.0,
+                buckets=[], front_layer=front)
+    reserved = [zero12_reserved(**base, frozen_layers=k) for k in (0, 4, 6)]
+    assert reserved[0] == zero12_reserved(**{k: v for k, v in base.items() if k != "front_layer"})
+    assert reserved[0] > reserved[1] > reserved[2]

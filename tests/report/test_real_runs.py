@@ -25,7 +25,7 @@ def _report(capsys, run_dir, fmt="json", *extra):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make,steps,saved_at", [(runjobs.hf_trainer, 4, [2, 4]), (runjobs.raw_deepspeed, 6, [3, 6])],
+@pytest.mark.parametrize("make,steps,saved_at", [(runjobs.hf_trainer, 8, [4, 8]), (runjobs.raw_deepspeed, 6, [3, 6])],
                          ids=["hf_trainer", "raw_deepspeed"])
 def test_healthy_real_runs(capsys, validate, make, steps, saved_at):
     job = make()
@@ -77,7 +77,7 @@ def test_hang_shows_the_stuck_ranks_own_thread(capsys, validate):
 def test_real_pages_in_chromium(chromium_browser, tmp_path, validate, capsys):  # noqa: F811
     ok, hang = runjobs.hf_trainer(), runjobs.hang_save_rank0_only()
     f = _open(chromium_browser, _page(tmp_path, ok.run_dir))
-    # spans: the saves at steps 2 and 4 and the load of the best one (load_best_model_at_end), on each rank
+    # spans: the saves at steps 4 and 8 and the load of the best one (load_best_model_at_end), on each rank
     assert f["overview"] == ["0", "1"] and f["steps"] == ["0", "1"] and f["spans"] == 6
     assert [c[1] for c in f["memCharts"]] == [["host_rss_bytes"], ["host_rss_bytes"]]
     f = _open(chromium_browser, _page(tmp_path, hang.run_dir))

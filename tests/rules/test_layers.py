@@ -2,9 +2,10 @@
 
 - The core (envelope, launch, fix, models, memory, rules, findings, oracle's parent side) imports no torch, deepspeed,
   transformers, accelerate or peft — not even lazily; only ``zeropilot/oracle/worker.py`` does, in its subprocess.
-- Layers import only downwards: errors < safefile < checkpoint (its torch-free file names) < launch < fix, models < memory,
-  oracle < rules < findings < check, cli. (``envelope``, the JSON every command prints, is a leaf; ``safefile``, the one reader of every input, imports
-  only ``errors``.) (``checkpoint`` may import torch lazily: it is not core.)
+- Layers import only downwards: errors < safefile, extras < checkpoint (its torch-free file names) < launch < fix,
+  models < memory, oracle < rules < findings < check, cli. (``envelope``, the JSON every command prints, is a leaf;
+  ``safefile``, the one reader of every input, and ``extras``, the one line naming a missing extra, import only
+  ``errors``.) (``checkpoint`` may import torch lazily: it is not core.)
 """
 
 import ast
@@ -17,7 +18,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "zeropilot"
 HEAVY = {"torch", "deepspeed", "transformers", "accelerate", "peft"}
 CORE = ("envelope", "launch", "fix", "models", "memory", "rules", "findings", "oracle")
-LAYER = {"errors": 0, "envelope": 0, "safefile": 0.5, "checkpoint": 1, "launch": 2, "fix": 3, "models": 3, "memory": 4, "oracle": 4, "rules": 5,
+LAYER = {"errors": 0, "envelope": 0, "safefile": 0.5, "extras": 0.5, "checkpoint": 1, "launch": 2, "fix": 3,
+         "models": 3, "memory": 4, "oracle": 4, "rules": 5,
          "findings": 6}
 ALLOWED_HEAVY = {SRC / "oracle" / "worker.py"}
 

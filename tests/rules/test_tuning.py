@@ -122,3 +122,70 @@ def test_every_refusal_is_witnessed():
     keys = {r.key for r in REFUSALS}
     tested = {k for text, _ in CASES for k in keys if f"{k}:" in text}
     assert keys <= tested
+
+
+# LF002: LoRA's full copies beside PEFT's fp32 adapters under ZeRO-3 (one probe process per session)
+
+LF002_CASES = {  # probe case (tests/rules/peft_zero3_probe.py) -> the LLaMA-Factory launch it stands for
+    "z3_copies": ("finetuning_type: lora\nadditional_target: embed_tokens,lm_head\n", {"stage": 3}),
+    "z3_copies_offload_param": ("finetuning_type: lora\nadditional_target: embed_tokens,lm_head\n",
+                                {"stage": 3, "offload_param": {"device": "cpu"}}),
+    "z3_no_copies": ("finetuning_type: lora\n", {"stage": 3}),
+    "z2_copies": ("finetuning_type: lora\nadditional_target: embed_tokens,lm_head\n", {"stage": 2}),
+}
+
+
+@pytest.fixture(scope="module")
+def peft_zero3_probe(tmp_path_factory):
+    """What ``deepspeed.initialize`` did with each case of ``tests/rules/peft_zero3_probe.py`` (one process)."""
+    import json
+
+    from tests.rules.conftest import run_probe
+
+    out = tmp_path_factory.mktemp("peft_zero3_probe")
+    log = run_probe("tests.rules.peft_zero3_probe", [out / "probe.json"], out)
+    assert (out / "probe.json").exists(), log[-3000:]
+    return json.loads((out / "probe.json").read_text())
+
+
+def _lf002(launch_dir, yaml_lines, zero, **kw):
+    body = "model_name_or_path: m\nstage: sft\ntemplate: qwen\ndeepspeed: ds.json\noutput_dir: o\nbf16: true\n"
+    root = launch_dir({"train.yaml": body + yaml_lines, "ds.json": {"zero_optimization": zero}})
+    return run_check(root, versions=V, select={"LF002"}, **kw)
+
+
+@pytest.mark.parametrize("case", sorted(LF002_CASES))
+def test_lf002_witness(case, peft_zero3_probe, launch_dir):
+    """LF002 fires exactly on the launches whose model, built as LLaMA-Factory 0.9.5 builds it, stops DeepSpeed."""
+    got = peft_zero3_probe[case]
+    findings = _lf002(launch_dir, *LF002_CASES[case])
+    if got["result"] == "ok":
+        assert findings == [], (case, got)
+    else:
+        assert got["result"].startswith("AssertionError at deepspeed/runtime/zero/utils.py"), got
+        assert got["dtypes"] == ["bfloat16", "float32"]  # the fp32 adapters beside the bf16 copies
+        assert len(findings) == 1 and "defragment" in findings[0].message
+
+
+def test_lf002_names_the_key_and_both_ways_out(launch_dir):
+    (f,) = _lf002(launch_dir, "finetuning_type: lora\nadditional_target: embed_tokens\n", {"stage": 3})
+    assert f.key == "additional_target" and "ZeRO-2" in f.message and "offload_param" in f.message
+    (f,) = _lf002(launch_dir, "finetuning_type: lora\nresize_vocab: true\n", {"stage": 3})
+    assert f.key == "resize_vocab"  # LLaMA-Factory adds the embedding and the output layer to additional_target
+
+
+def test_lf002_gives_the_plans_peak_for_each_way_out_when_the_gpus_are_known(launch_dir):
+    from zeropilot.check import check
+
+    body = "model_name_or_path: qwen2.5-7b\nstage: sft\ntemplate: qwen\ncutoff_len: 1024\ndeepspeed: ds.json\n" \
+           "output_dir: o\nbf16: true\nfinetuning_type: lora\nadditional_target: embed_tokens,lm_head\n"
+    root = launch_dir({"train.yaml": body, "ds.json": {"zero_optimization": {"stage": 3}}})
+    result, _ = check([root], versions=V, select={"LF002"}, use_installed=False, gpus="2x80GiB")
+    (f,) = result.findings
+    assert f.message.count("GiB per GPU") == 2, f.message
+
+
+def test_lf002_quiet_where_llamafactory_casts_or_refuses(launch_dir):
+    assert _lf002(launch_dir, "finetuning_type: lora\nadditional_target: lm_head\nquantization_bit: 4\n",
+                  {"stage": 3}) == []  # QLoRA: every trainable tensor cast to fp32
+    assert _lf002(launch_dir, "finetuning_type: full\nadditional_target: lm_head\n", {"stage": 3}) == []

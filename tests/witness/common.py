@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from tests.zp import extensions_dir
+from tests.zp import extensions_dir, pythonpath
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,7 +73,7 @@ def run_module(module: str, spec: Dict[str, Any], out: Path, timeout: float = 30
     The child's output is kept in ``OUT/log.txt``; a failure raises with its tail.
     """
     out.mkdir(parents=True, exist_ok=True)
-    child_env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
+    child_env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=pythonpath(REPO), OMP_NUM_THREADS="1",
                      TOKENIZERS_PARALLELISM="false", TORCH_EXTENSIONS_DIR=extensions_dir(out / "torch_extensions"),
                      **(env or {}))
     log = out / "log.txt"

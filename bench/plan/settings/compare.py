@@ -6,8 +6,9 @@ the nvidia-smi peak (reserved + memory outside PyTorch, NVML's per process figur
 time). Error = predicted / measured - 1.
 ``--now``: the current plan's predictions of the same specs instead, as the rows ran (``data/CALL/as_run.json``
 names what a row ran with that its spec did not say): post hoc, a check of a fix, not evidence.
-Usage: python bench/plan/settings/compare.py [CALL] [--now] [--json]   (CALL: call1, call2 ...; default the last
-measured)
+``--pred NAME``: the predictions in ``data/CALL/NAME`` (a candidate's, committed beside the plan's before the call).
+Usage: python bench/plan/settings/compare.py [CALL] [--now] [--json] [--pred NAME]   (CALL: call1, call2 ...; default
+the last measured)
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def compare(preds: list, measured: dict) -> list:
     """One record per pre-registered row: predicted, measured and error for each quantity (None: not measured)."""
     out = []
     for p in preds:
-        rec = {"row": p["row"], "what": p["what"], "not_modelled": p["not_modelled"]}
+        rec = {"row": p["row"], "what": p["what"], "not_modelled": p["not_modelled"], "split": p.get("split")}
         r = measured.get(p["row"])
         rec["status"] = "not run" if r is None else r.get("status", "?")
         m = _peaks(r) if r is not None and r.get("status") == "ok" else {}
@@ -65,18 +66,25 @@ def render(recs: list) -> str:
         t = r.get("trainable") or {}
         lines.append(f"| {r['row']} | {r['status']} | {cell(r['allocated'])} | {cell(r['reserved'])} | "
                      f"{cell(r['peak'])} | {t.get('predicted', '—')} / {t.get('measured', '—')} |")
-    errs = [abs(r["peak"]["error_pct"]) for r in recs if r["peak"]["error_pct"] is not None]
-    if errs:
-        lines += ["", f"peak: {len(errs)} rows measured, median abs error {statistics.median(errs):.1f}%, "
-                      f"max {max(errs):.1f}%"]
+    splits = sorted({r["split"] for r in recs if r.get("split")})
+    for split in [None] + splits:  # every row, then each split declared before the call
+        errs = [r["peak"]["error_pct"] for r in recs if r["peak"]["error_pct"] is not None
+                and (split is None or r.get("split") == split)]
+        if errs:
+            absolute = [abs(e) for e in errs]
+            name = "peak" if split is None else f"peak, {split}"
+            lines += ([""] if split is None else []) + [
+                f"{name}: {len(errs)} rows measured, median abs error {statistics.median(absolute):.1f}%, max "
+                f"{max(absolute):.1f}% (from {min(errs):+.1f}% to {max(errs):+.1f}%)"]
     return "\n".join(lines)
 
 
 def main(argv) -> int:
-    args = [a for a in argv if not a.startswith("--")]
+    args = [a for i, a in enumerate(argv) if not a.startswith("--") and (i == 0 or argv[i - 1] != "--pred")]
     calls = sorted(p.parent.name for p in (HERE / "data").glob("call*/h200.jsonl"))
     call = HERE / "data" / (args[0] if args else calls[-1])
-    preds = [json.loads(x) for x in (call / "predictions.jsonl").read_text().splitlines() if x]
+    name = argv[argv.index("--pred") + 1] if "--pred" in argv else "predictions.jsonl"  # or a candidate's
+    preds = [json.loads(x) for x in (call / name).read_text().splitlines() if x]
     if "--now" in argv:
         from specs import prediction
 

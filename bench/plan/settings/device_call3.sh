@@ -9,7 +9,8 @@
 # under setsid so that it outlives a device call: a second call collects what the first did not.
 R=${1:?usage: device_call3.sh DIR}
 mkdir -p "$R/plan" "$R/ckpt"
-OUT=$R/plan CALL=call3 BUDGET_S=${BUDGET_S:-480} POOL_GIB=${POOL_GIB:-132} \
+# SKIP_ROWS: the pre-registered rows this call leaves out (device time); their predictions stay committed
+OUT=$R/plan CALL=call3 BUDGET_S=${BUDGET_S:-480} POOL_GIB=${POOL_GIB:-132} SKIP_ROWS=${SKIP_ROWS-} \
   bash bench/plan/settings/device.sh > "$R/plan.log" 2>&1
 touch "$R/plan.done"
 OUT=$R/ckpt bash bench/ckpt/device_universal_7b.sh > "$R/ckpt.log" 2>&1

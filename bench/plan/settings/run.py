@@ -6,7 +6,8 @@ PyTorch's peak allocated and reserved are each process's own counters; memory ou
 figure (``non_torch_nvml_gb``), since the device-wide free memory counts the other probes (rows carry
 ``"concurrent": true``). Results go to $OUT/probe.jsonl, failures (with the probe's last output) to $OUT/fail.log;
 one line per row is printed as it ends.
-Usage (repo root on the GPU machine): OUT=DIR BUDGET_S=250 python3 bench/plan/settings/run.py [SPECS.jsonl]
+Usage (repo root on the GPU machine): OUT=DIR BUDGET_S=250 [SKIP_ROWS=row,row] python3 bench/plan/settings/run.py
+[SPECS.jsonl]
 """
 import json
 import os
@@ -55,7 +56,12 @@ def collect(spec, proc, out, t0):
 
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "data", "specs.jsonl")
-    pending = sorted((json.loads(x) for x in open(path) if x.strip()), key=need, reverse=True)  # largest first
+    skip = set(filter(None, os.environ.get("SKIP_ROWS", "").split(",")))  # rows left out when device time is short
+    pending = sorted((s for s in map(json.loads, filter(str.strip, open(path))) if s["row"] not in skip),
+                     key=need, reverse=True)  # largest first
+    if skip:
+        with open(os.path.join(OUT, "fail.log"), "a") as f:
+            f.write(f"SKIPPED(SKIP_ROWS) {sorted(skip)}\n")
     running = []
     while pending or running:
         for item in list(running):

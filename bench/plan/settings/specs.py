@@ -16,7 +16,7 @@ to the model may be read off; ``held_out`` rows only score it; ``explore`` rows 
 Writes ``data/CALL/specs.jsonl`` (the specs ``device.sh`` runs; ``pred_gib`` packs them onto the GPU) and
 ``data/CALL/predictions.jsonl`` (per row: the plan's allocated, reserved and nvidia-smi peaks, its phase, the
 trainable parameters and what it lists as not modelled). ``compare.py CALL`` sets them against the measurement.
-Usage: python bench/plan/settings/specs.py [--check]   (--check: exit 1 if the committed files differ)
+Usage: python bench/plan/settings/specs.py [--check] [--predictions NAME]
 """
 from __future__ import annotations
 
@@ -176,16 +176,21 @@ def build(call: str = CALL):
 
 
 def main(argv) -> int:
+    """``--check``: exit 1 if the committed files differ; ``--predictions NAME``: write only the predictions, as
+    ``data/CALL/NAME`` (a candidate change's, committed beside the plan's before the call)."""
     (HERE / "data" / CALL).mkdir(parents=True, exist_ok=True)
-    targets = (HERE / "data" / CALL / "specs.jsonl", HERE / "data" / CALL / "predictions.jsonl")
+    name = argv[argv.index("--predictions") + 1] if "--predictions" in argv else "predictions.jsonl"
+    targets = (HERE / "data" / CALL / "specs.jsonl", HERE / "data" / CALL / name)
     texts = build()
+    if name != "predictions.jsonl":  # the specs (with the plan's pred_gib, which packs them) stay as committed
+        targets, texts = targets[1:], texts[1:]
     if "--check" in argv:
         stale = [str(p) for p, t in zip(targets, texts) if not p.is_file() or p.read_text() != t]
         print("differs: " + ", ".join(stale) if stale else "up to date")
         return 1 if stale else 0
     for p, t in zip(targets, texts):
         p.write_text(t)
-    print(texts[1], end="")
+    print(texts[-1], end="")
     return 0
 
 

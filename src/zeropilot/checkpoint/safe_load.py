@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+from zeropilot import extras
 from zeropilot.errors import InputError
 
 
@@ -103,11 +104,7 @@ class DamagedFileError(InputError):
 
 def require_torch():
     """The torch module, or an InputError naming the extra to install."""
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - torch is in the ckpt extra
-        raise InputError("reading checkpoint tensors needs torch: pip install 'zeropilot[ckpt]'") from exc
-    return torch
+    return extras.load("torch", "ckpt", "casts, merges or compares these tensors with torch", "ckpt")
 
 
 def allowlist() -> List[Tuple[type, str]]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
+from zeropilot import extras
 from zeropilot.checkpoint import fsguard
 from zeropilot.checkpoint import safetensors_writer as stw
 from zeropilot.checkpoint.export import _LORA_RE, _adapter_key
@@ -63,29 +64,31 @@ def _out_files(out: Path) -> List[Path]:
     raise InputError("no model.safetensors, shard index or adapter_model.safetensors here", out)
 
 
-def _need_torch():
-    try:
-        import torch
-        from safetensors import safe_open
-    except ImportError as exc:
-        raise InputError(f"`ckpt verify` compares tensor values and needs torch and safetensors ({exc.name} is "
-                         "not installed): pip install 'zeropilot[ckpt]'") from None
-    return torch, safe_open
+def _need_torch(load: bool, adapter: bool):
+    """torch and safetensors' ``safe_open``; with ``load``, transformers (and PEFT for an adapter) too: the ``hf``
+    extra, asked for before any tensor is compared."""
+    why = "compares tensor values"
+    extras.need("ckpt verify", why, "ckpt")
+    if load:
+        extras.need("ckpt verify --load", "loads the export and runs one forward", "hf",
+                    ["transformers", "peft"] if adapter else ["transformers"])
+    return extras.load("torch", "ckpt verify", why, "ckpt"), extras.load("safetensors", "ckpt verify", why,
+                                                                          "ckpt").safe_open
 
 
 def verify(out, against, tag: Optional[str] = None, load: bool = False, trust_pickle: bool = False,
            follow_symlinks: bool = False) -> VerifyResult:
     """Compare every tensor of the export `out` with the checkpoint `against`."""
-    torch, safe_open = _need_torch()
     out = Path(out)
     files = _out_files(out)
+    adapter = files[0].name == "adapter_model.safetensors"
+    torch, safe_open = _need_torch(load, adapter)
     for f in files:
         stw.read_header(f)  # a garbage or crafted file is one line, before safetensors sees it
     layout = read_layout(against, tag, follow_symlinks=follow_symlinks)
     if layout.problems:
         raise DamagedCheckpoint("the checkpoint is damaged or incomplete", layout.problems)
     state = open_checkpoint(layout, trust_pickle=trust_pickle)
-    adapter = files[0].name == "adapter_model.safetensors"
     if any(".base_layer." in e.name for e in state.entries) and not adapter:
         raise InputError("OUT is a merged model: merged weights are computed, not copied, so there is nothing "
                          "to compare exactly; verify the adapter (--adapter-only export) instead", out)

@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from zeropilot import extras
 from zeropilot.errors import InputError
 
 GIB = 1024**3
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from zeropilot.calibrate.launched import calibrate_launched, launched
     from zeropilot.safefile import check_output, kind_of
 
+    extras.need("calibrate", "measures this machine with torch in worker processes", "calibrate", ["torch"])
     if args.out:
         check_output(Path(args.out))  # before a minute of measuring, not after
     if kind_of(args.checkpoint_dir) != "dir":

@@ -68,7 +68,7 @@ def _options(args: argparse.Namespace) -> dict:
     if gpus is None:
         gpus = _detected_card()
         if gpus is not None and not args.hardware:
-            from zeropilot.memory.profile import visible_gpu_name
+            from zeropilot.launch.hardware import visible_gpu_name
 
             gpu_name = visible_gpu_name()
     elif gpus.lower() == "none":

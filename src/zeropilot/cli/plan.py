@@ -89,12 +89,12 @@ def _launch_values(path: Optional[str]):
     if not path:
         return None
     from zeropilot.launch import load_launch
-    from zeropilot.memory.from_launch import values_from_launch
+    from zeropilot.launch.planfacts import plan_facts
 
     launch = load_launch([path], use_installed=False)
     if launch.read_errors:  # as `check` does: a plan from half a launch would be silently wrong
         raise launch.read_errors[0]
-    return values_from_launch(launch)
+    return plan_facts(launch)
 
 
 def _resolve_arch(args: argparse.Namespace, lv):
@@ -106,11 +106,12 @@ def _resolve_arch(args: argparse.Namespace, lv):
     if lv is None or not lv.model:
         raise InputError("no model: pass --model (a config.json, model directory, Hub id or catalogued name)"
                          + ("" if lv is None else "; the launch names no model_name_or_path"))
+    where = lv.sources["model"].text
     try:
-        return resolve_model(lv.model, lv.model_base, hub), lv.sources.get("model", "launch")
+        return resolve_model(lv.model, lv.model_base, hub), where
     except InputError as exc:
         why = exc.reason.split(";")[0] if exc.path is None else exc.render()
-        raise InputError(f"model_name_or_path {lv.model!r} ({lv.sources.get('model')}) cannot be sized here "
+        raise InputError(f"model_name_or_path {lv.model!r} ({where}) cannot be sized here "
                          f"({why}): pass --model with the base model's config.json or name, e.g. "
                          "--model Qwen/Qwen2-7B") from None
 
@@ -133,7 +134,7 @@ def _flag_values(args: argparse.Namespace) -> Dict[str, Any]:
 
         out["modules_to_save"] = names(args.modules_to_save)
     if args.freeze_layers is not None:
-        from zeropilot.memory.inputs import Freeze
+        from zeropilot.launch.settings import Freeze
 
         out["freeze"], out["lora_rank"] = Freeze(args.freeze_layers), None
     if args.quantization_bit is not None:
@@ -155,16 +156,22 @@ def _flag_values(args: argparse.Namespace) -> Dict[str, Any]:
     return out
 
 
-def _profile(args: argparse.Namespace, world: int):
-    """The hardware profile named by --hardware, or found for the visible GPU when planning without --gpus."""
-    from zeropilot.memory.profile import find, load, visible_gpu_name
+def _visible_gpu(args: argparse.Namespace) -> Optional[str]:
+    """This machine's GPU, whose profile a plan without --gpus or --hardware uses (None: none found or not asked)."""
+    if args.hardware or args.gpus:
+        return None
+    from zeropilot.launch.hardware import visible_gpu_name
+
+    return visible_gpu_name()
+
+
+def _profile(args: argparse.Namespace, world: int, gpu_name: Optional[str]):
+    """The hardware profile named by --hardware, or found for the visible GPU ``gpu_name``."""
+    from zeropilot.memory.profile import find, load
 
     if args.hardware:
         return load(args.hardware)
-    if args.gpus:
-        return None
-    name = visible_gpu_name()
-    return find(name, world) if name else None
+    return find(gpu_name, world) if gpu_name else None
 
 
 def _apply_profile(profile, values: Dict[str, Any], sources: Dict[str, str], args) -> None:
@@ -196,31 +203,35 @@ def _hardware(args: argparse.Namespace, lv):
 
 
 def build_inputs(args: argparse.Namespace):
-    """PlanInputs from the launch (if any) with the flags applied on top."""
-    from zeropilot.memory.from_launch import resolve_auto
+    """PlanInputs from the launch (if any) with the flags applied on top.
+
+    The launch is read first and whole (``launch.planfacts``), the flags next; ``memory`` then takes over: the plan's
+    input path crosses from ``launch`` to ``memory`` once (``tests/test_plan_one_pass.py``)."""
+    from zeropilot.memory.from_launch import launch_inputs
     from zeropilot.memory.inputs import PlanInputs
 
     lv = _launch_values(args.launch)
     arch, model_source = _resolve_arch(args, lv)
+    flags = _flag_values(args)
+    gpu_name = _visible_gpu(args)
     values: Dict[str, Any] = {}
     sources: Dict[str, str] = {"model": model_source}
     args._launch_said_nothing = False
     if lv is not None:
-        launch_vals, _ = resolve_auto(lv.values, arch.hidden)
-        args._launch_said_nothing = not any(k in lv.sources for k in launch_vals)  # a value with no source: derived
-        values.update(launch_vals)
-        sources.update({k: v for k, v in lv.sources.items() if k in launch_vals or k in ("model", "world_size")})
+        given = launch_inputs(lv, arch.hidden)
+        args._launch_said_nothing = not any(k in given.sources for k in given.values)  # a value with no source: derived
+        values.update(given.values)
+        sources.update({k: v for k, v in given.sources.items() if k in given.values or k in ("model", "world_size")})
         if lv.world_size:
             values["world"] = lv.world_size
         values["flavour"] = lv.flavour
-    flags = _flag_values(args)
     values.update(flags)
     sources.update({k: "flag " + _FLAG_FIELDS.get(k, "--" + k.replace("_", "-")) for k in flags})
     hardware = _hardware(args, lv)
     if hardware is not None:
         sources["hardware"] = f"flag --gpus {args.gpus}"
     world = hardware.world_size if hardware else values.get("world", 1)
-    profile = _profile(args, world)
+    profile = _profile(args, world, gpu_name)
     if profile is not None:
         _apply_profile(profile, values, sources, args)
         if hardware is None and profile.gpu_total_bytes:

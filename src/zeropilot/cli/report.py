@@ -21,12 +21,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("text", "json", "html"), default="text",
                    help="text (default), json (schema docs/report.schema.json) or html (one self-contained page)")
     p.add_argument("--out", metavar="FILE", type=Path, help="write the report to FILE (atomically) instead of stdout")
-    p.add_argument("--compare", metavar="DIR2", type=Path,
-                   help="a second run directory to put side by side (before and after a fix)")
+    p.add_argument("--compare", metavar="DIR2", type=Path, action=_Compare,
+                   help="a second run directory to put side by side (before and after a fix); the two are A and B "
+                        "in the order given: DIR --compare DIR2, or --compare DIR DIR2")
     p.add_argument("--checkpoint", metavar="PATH", nargs="?", const="last",
                    help="check a checkpoint with `ckpt inspect`'s reader and say on which world size the job can "
                         "resume from it: PATH, or without PATH the last save the run recorded (that path is read)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, compare_first=False)
+
+
+class _Compare(argparse.Action):
+    """``--compare``, remembering whether it came before the positional DIR: ``report --compare A B`` compares A
+    (first) with B, as ``report A --compare B`` does. (argparse fills DIR when it reaches it on the line.)"""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.compare_first = getattr(namespace, "run_dir", None) is None
 
 
 def _write(text: str, out: Path) -> None:
@@ -64,12 +74,16 @@ def _render(args: argparse.Namespace) -> str:
     from zeropilot.runlog.summary import compare
 
     other = read_job([args.compare])
-    cmp = compare(summary, summarize(other))
+    pair = [(records, summary), (other, summarize(other))]
+    if args.compare_first:
+        pair.reverse()
+    (rec_a, sum_a), (rec_b, sum_b) = pair
+    cmp = compare(sum_a, sum_b)
     if args.format == "json":
         return render_json(cmp)
     if args.format == "html":
         from zeropilot.runlog.report_html import render_compare
-        return render_compare(records, other, cmp)
+        return render_compare(rec_a, rec_b, cmp)
     return text_render.render_compare(cmp)
 
 

@@ -7,6 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from zeropilot import extras
 from zeropilot.errors import InputError
 
 
@@ -89,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
 
     opts = _options(args)
     spec, check_summary = prepare([args.launch], args.model, opts)
+    extras.need("repro", "trains in worker processes with torch, DeepSpeed and transformers" +
+                (" (and PEFT: the launch trains LoRA)" if spec.lora else ""), "repro",
+                ["torch", "deepspeed", "transformers"] + (["peft"] if spec.lora else []))
     if not args.cpu:
         _need_gpus(max(spec.nproc, spec.resume_nproc))
     out = args.out or Path(tempfile.mkdtemp(prefix="zeropilot-repro-"))

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Iterator, Optional, Tuple
 
+from zeropilot import extras
 from zeropilot.errors import InputError
 from zeropilot.safefile import check_output
 
@@ -146,6 +148,10 @@ def _heal_options(args: argparse.Namespace):
     return HealOptions(restarts=args.restarts, allow=list(args.heal_allow), backoff_s=args.heal_backoff)
 
 
+def _no_program(program: str) -> InputError:
+    return InputError(f"cannot start {program!r}: no such program{extras.program_hint(program)}")
+
+
 def run(args: argparse.Namespace) -> int:
     from zeropilot.runner import RunOptions, supervise
     from zeropilot.runner import runinfo
@@ -156,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         raise InputError("no command: zeropilot run [options] -- COMMAND ...")
     heal_opts = _heal_options(args)
+    if shutil.which(command[0]) is None:  # said before the run directory is made
+        raise _no_program(command[0])
     if args.heal:
         from zeropilot.cli import run_heal
 
@@ -195,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
     record = runinfo.run_record(command, check_summary, plan, world, timeout, args.on_hang, node)
     opts = RunOptions(command=command, out=out, hang_timeout_s=timeout, on_hang=args.on_hang,
                       memory_history=args.memory_history, world_size=world,
-                      torch_version=record["versions"].get("torch"), run_file=run_file)
+                      torch_version=record["versions"].get("torch"), run_file=run_file,
+                      preempt_grace_s=args.preempt_grace)
     if args.metrics:  # the launch inherits this environment; rank 0's guard reads it
         from zeropilot.guard.metrics import MODE_ENV
 
@@ -208,7 +217,21 @@ def run(args: argparse.Namespace) -> int:
         with _stdout_to_stderr(args.format == "json"):
             end = supervise(opts, record)
     except FileNotFoundError:
-        raise InputError(f"cannot start {command[0]!r}: no such program") from None
+        raise _no_program(command[0]) from None
     sys.stdout.flush()
     sys.stdout.write(_summary(out, args.format))
-    return int(end["exit_code"])
+    return _exit_code(end, out)
+
+
+def _exit_code(end: dict, out: Path) -> int:
+    """The command's exit status; after a preemption, 128 + the signal's number, with how to resume."""
+    import signal as signals
+
+    pre = end.get("preempted")
+    if not pre:
+        return int(end["exit_code"])
+    saved = pre.get("saved_step")
+    print(f"zeropilot run: preempted ({pre.get('signal')}): " + (f"every rank saved at step {saved}; " if saved is not None
+          else f"no save ({pre.get('why')}); ") + f"resume with `zeropilot run --heal --out {out} -- ...` and the "
+          "same command", file=sys.stderr)
+    return 128 + int(getattr(signals, str(pre.get("signal")), signals.SIGTERM))

@@ -69,7 +69,8 @@ def go_on(run: Run, command: List[str], heal_opts: Any, root: Path) -> int:
         raise InputError("this run directory heals another command: give the same command, or another --out",
                          path=root)
     opts = RunOptions(command=command, out=root, hang_timeout_s=run.hang_timeout(run.args.hang_timeout, None),
-                      on_hang="stop", memory_history=run.args.memory_history)
+                      on_hang="stop", memory_history=run.args.memory_history,
+                      preempt_grace_s=run.args.preempt_grace)
     healer = Healer(root, command, heal_opts, opts, _plan_record(run))
     if doc is None:
         _adopt(healer, command)

@@ -109,6 +109,8 @@ def failure_of(summary: Dict[str, Any], events_by_rank: Dict[int, List[Dict[str,
     reason = str(verdict.get("reason") or "")
     if preempted:
         saved = preempted.get("saved_step")
+        reason = (f"{preempted.get('signal')} to zeropilot run: every rank saved at step {saved} and stopped"
+                  if saved is not None else f"{preempted.get('signal')} to zeropilot run: {preempted.get('why')}")
         return Failure("preempted", preempted.get("signal"), step, ranks, reason, False,
                        f"stopped by {preempted.get('signal')}" + (f" after a save at step {saved}" if saved is not None
                                                                    else " with no save (" + str(preempted.get("why"))

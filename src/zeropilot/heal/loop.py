@@ -23,10 +23,9 @@ import os
 import signal
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from zeropilot.errors import InputError
 from zeropilot.guard.resume import HEAL_ATTEMPT_ENV, RESUME_ENV, STEPS_REDONE_ENV
@@ -47,35 +46,15 @@ def say(text: str) -> None:
     print(f"zeropilot run: heal: {text}", file=sys.stderr, flush=True)
 
 
-@contextmanager
-def _environ(extra: Dict[str, Optional[str]]) -> Iterator[None]:
-    """The launch inherits this process's environment: set ``extra`` for one attempt (None: unset), then restore."""
-    saved = {k: os.environ.get(k) for k in extra}
-    try:
-        for k, v in extra.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def prepare(command: List[str], folder: Path, env: Dict[str, str]) -> Tuple[Dict[str, Any], Any, Optional[int]]:
     """``run.json``'s first version for an attempt (check and plan of its command), the launch as read, the world."""
     from zeropilot.runner import runinfo
 
-    with _environ(dict(env)):
-        script = runinfo.write_launch_script(command, folder / "launch.sh")
-        try:
-            summary, launch, _ = runinfo.run_check(command, script)
-        except InputError as exc:
-            summary, launch = {"errors": None, "warnings": None, "codes": [], "skipped": exc.render()}, None
+    script = runinfo.write_launch_script(command, folder / "launch.sh", env=dict(os.environ, **env))
+    try:
+        summary, launch, _ = runinfo.run_check(command, script)
+    except InputError as exc:
+        summary, launch = {"errors": None, "warnings": None, "codes": [], "skipped": exc.render()}, None
     plan = runinfo.make_plan(launch) if launch is not None else None
     world = getattr(getattr(launch, "world_size", None), "value", None)
     return {"check": summary, "plan": plan}, launch, world
@@ -170,16 +149,14 @@ class Healer:
             prepared, _, world = prepare(entry["command"], folder, entry["env"])
             run_record = self.plan_record(entry["command"], prepared, world)
         run_record = dict(run_record, heal={"attempt": entry["attempt"], "root": str(self.root)})
-        opts = replace(self.run_options, command=entry["command"], out=folder, world_size=world,
-                       run_file=None if entry["attempt"] > 1 else self.run_options.run_file)
-        env = dict(entry["env"])
+        env: Dict[str, Optional[str]] = dict(entry["env"])
         env[HEAL_ATTEMPT_ENV] = str(entry["attempt"])
         env[RESUME_ENV] = ((entry.get("resume") or {}).get("give") or None)
         env[STEPS_REDONE_ENV] = str(entry.get("steps_redone")) if entry.get("steps_redone") is not None else None
+        opts = replace(self.run_options, command=entry["command"], out=folder, world_size=world, env=env,
+                       run_file=None if entry["attempt"] > 1 else self.run_options.run_file)
         record.save(self.root, self.doc)
-        with _environ(env):
-            end = supervise(opts, run_record)
-        return end
+        return supervise(opts, run_record)
 
     def finish_attempt(self, entry: Dict[str, Any], end: Dict[str, Any]) -> causes.Failure:
         summary, events, records = attempt_report(self.root / entry["dir"])
@@ -331,6 +308,7 @@ class Healer:
                 return self._done(entry)
             if failure.kind == "preempted":
                 self._end("preempted", failure.why, entry)
+                say(f"attempt {entry['attempt']} {failure.why}")
                 return self.doc
             say(f"attempt {entry['attempt']} failed: {failure.kind}" + (f" ({failure.cls})" if failure.cls else "")
                 + (f" after step {failure.step}" if failure.step is not None else "") + f": {failure.why}")

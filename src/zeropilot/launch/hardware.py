@@ -45,6 +45,13 @@ def nvidia_smi(args: List[str], timeout: float = 5.0) -> Optional[str]:
     return out.stdout if out.returncode == 0 else None
 
 
+def visible_gpu_name(timeout: float = 5.0) -> Optional[str]:
+    """The first visible NVIDIA GPU's name from ``nvidia-smi`` (no torch), or None."""
+    lines = [x.strip() for x in (nvidia_smi(["--query-gpu=name", "--format=csv,noheader"], timeout) or "").splitlines()
+             if x.strip()]
+    return lines[0] if lines else None
+
+
 def visible_gpus(timeout: float = 5.0) -> Optional[str]:
     """The local NVIDIA GPUs as ``COUNTxMEMMiB``, or None without ``nvidia-smi`` or when it fails."""
     text = nvidia_smi(_QUERY, timeout)

@@ -11,7 +11,7 @@ Where values come from, in order (a later source fills only what an earlier one 
 3. literal keyword arguments of ``LoraConfig(...)`` and ``BitsAndBytesConfig(...)`` calls in its Python scripts.
 
 Every memory-relevant key the launch gives is kept, with where it was written (:class:`Setting`), whether or not the
-plan models it: ``memory.from_launch`` names each one it does not model, so nothing is ignored silently.
+plan models it: :mod:`zeropilot.launch.coverage` names each one it does not model, so nothing is ignored silently.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from zeropilot.launch.document import Document, Node
+from zeropilot.launch.source import Source, at
 from zeropilot.launch.values import truthy
 
-#: Every key read here, by topic (``memory.from_launch`` says which it models). LLaMA-Factory's own argument names
+#: Every key read here, by topic (``launch.coverage`` says which the plan models). LLaMA-Factory's own argument names
 #: are checked against its v0.9.5 dataclasses by ``tests/launch/test_settings_coverage.py``.
 KEYS: Dict[str, Tuple[str, ...]] = {
     "method": ("finetuning_type", "adapter", "use_peft", "peft_type", "stage", "adapter_name_or_path", "ref_model",
@@ -64,20 +65,38 @@ ADAMW_OPTIMS = frozenset({"adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw
 
 
 @dataclass(frozen=True)
+class Freeze:
+    """LLaMA-Factory's freeze (partial-parameter) tuning: which decoder layers and modules train
+    (:func:`zeropilot.models.trainable.freeze_trainable` applies its rules).
+
+    Attributes:
+        layers: ``freeze_trainable_layers``: the last N layers (N > 0) or the first ``|N|`` (N < 0).
+        modules: ``freeze_trainable_modules`` (``all``, or names such as ``mlp``, ``self_attn``).
+        extra: ``freeze_extra_modules`` outside the decoder layers (``embed_tokens``, ``lm_head``, ``norm``).
+        llama_pro: ``use_llama_pro``: every ``num_layers / N``-th layer instead (the expanded blocks).
+    """
+
+    layers: int = 2
+    modules: Tuple[str, ...] = ("all",)
+    extra: Tuple[str, ...] = ()
+    llama_pro: bool = False
+
+
+@dataclass(frozen=True)
 class Setting:
     """A memory-relevant key the launch gives.
 
     Attributes:
         key: as written (``lora_target``).
         value: its plain value.
-        where: ``file:line key``.
+        source: where it is (``file:line key``).
         topic: its :data:`KEYS` topic.
         doc, node: where it is, for findings (None for a script's keyword argument).
     """
 
     key: str
     value: Any
-    where: str
+    source: Source
     topic: str
     doc: Optional[Document] = None
     node: Optional[Node] = None
@@ -155,9 +174,8 @@ def names(value: Any) -> Tuple[str, ...]:
     return ()
 
 
-def _where(doc: Document, node: Optional[Node], key: str) -> str:
-    line = f":{node.key_line or node.line}" if node is not None and (node.key_line or node.line) else ""
-    return f"{doc.path}{line} {key}"
+def _source(doc: Document, node: Optional[Node], key: str) -> Source:
+    return at(doc.path, (node.key_line or node.line) if node is not None else None, key)
 
 
 def _dtype(value: Any) -> Optional[str]:
@@ -184,7 +202,7 @@ class _Reader:
     def read_keys(self, doc: Document, items: Sequence[Tuple[str, Any, Optional[Node]]]) -> None:
         for key, value, node in items:
             if key in _TOPIC:
-                self.out.settings.append(Setting(key, value, _where(doc, node, key), _TOPIC[key], doc, node))
+                self.out.settings.append(Setting(key, value, _source(doc, node, key), _TOPIC[key], doc, node))
 
 
 def _method(r: _Reader, doc: Document, v: Dict[str, Any]) -> None:
@@ -327,7 +345,7 @@ def read_script(r: _Reader, path, tree: ast.AST) -> None:
         kw = {k.arg: _literal(k.value) for k in call.keywords if k.arg}
         for key in kw:
             if key in _TOPIC or key in ("r", "target_modules", "modules_to_save", "use_dora", "rank_pattern"):
-                r.out.settings.append(Setting(key, kw[key], f"{path}:{call.lineno} {fn}({key}=...)",
+                r.out.settings.append(Setting(key, kw[key], at(path, call.lineno, f"{fn}({key}=...)"),
                                               _TOPIC.get(key, "lora")))
         if fn == "LoraConfig":
             _set_lora(r, kw, 8)  # PEFT's default r

@@ -38,3 +38,17 @@ def as_int(value: Any) -> Optional[int]:
     if isinstance(value, float) and not (value == value and value.is_integer()):
         return None
     return int(value)
+
+
+def positive_int(value: Any) -> Optional[int]:
+    """A count a launch gives (a batch, a length, a bucket size): a whole number above 0, or a string of digits, as
+    an int; else None (``True``, ``0``, ``"auto"``)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value > 0:
+        return value
+    if isinstance(value, float) and value.is_integer() and value > 0:  # not inf or nan (JSON's 1e999)
+        return int(value)
+    if isinstance(value, str) and value.strip().isdecimal() and len(value.strip()) <= 30:  # int() refuses "²"
+        return int(value)
+    return None

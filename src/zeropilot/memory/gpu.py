@@ -19,6 +19,7 @@ from zeropilot.memory.inputs import PlanInputs
 from zeropilot.memory.segments import Exceeded, zero3_reserved, zero12_reserved
 from zeropilot.memory import tuning
 from zeropilot.models.params import ParamCounts, count_params, layer_tensor_sizes, tensor_sizes
+from zeropilot.models.trainable import named_parameters
 
 
 @dataclass(frozen=True)
@@ -525,32 +526,46 @@ def kept_input(inputs: PlanInputs) -> float:
     return 2.0 * inputs.arch.hidden * inputs.micro_batch * inputs.seq_len
 
 
+def _gradient_units(inputs: PlanInputs, trainable: int) -> List[Tuple[float, Optional[int]]]:
+    """The trainable tensors in the order DeepSpeed flattens them (the model's), as (elements, decoder layer or None):
+    every tensor of full fine-tuning, the freeze-tuned ones, or LoRA's ``modules_to_save`` copies beside its adapters
+    (each layer's adapters counted as one tensor of that layer)."""
+    a = inputs.arch
+    listed = tuning.trainable_list(inputs)
+    if listed is None:
+        edge = [(float(a.vocab * a.hidden), None)]
+        return edge + [(float(x), i) for i in range(a.layers) for x in layer_tensor_sizes(a, i)] + edge[:not a.tied]
+    units = [(float(p.numel), p.layer) for p in listed]
+    adapters = trainable - sum(p.numel for p in listed)
+    if inputs.lora_rank and adapters > 0:
+        per = adapters / a.layers
+        tail = 1 if len(units) > 1 and units[-1][1] is None else 0  # the output layer's copy comes last
+        units = units[:len(units) - tail] + [(per, i) for i in range(a.layers)] + units[len(units) - tail:]
+    return units
+
+
 def _first_reduction(inputs: PlanInputs, trainable: int) -> Tuple[int, float]:
     """ZeRO-1/2's first reduction of a bucket that holds a gradient of rank 0's partition: (decoder layers whose
     backward comes before it, bytes that reduction flattens across ranks).
 
     Gradients reach the bucket in backward order (the output layer, the decoder layers from the last, the embedding);
     a bucket is reduced when the next gradient would overflow it (``reduce_bucket_size`` elements) and at backward's
-    end (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads``). Rank 0 owns the first 1/N of the
-    flattened parameters (the embedding, the first layers), so at world size 2 its first such reduction comes late in
-    backward; when every gradient fits in one bucket it is backward's epilogue (calls 26 and 27's traces).
+    end (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads``; a gradient larger than the bucket is
+    reduced by the next one's arrival). Rank 0 owns the first 1/N of the flattened trainable parameters (the
+    embedding, the first layers), so at world size 2 its first such reduction comes late in backward; when every
+    gradient fits in one bucket it is backward's epilogue (calls 26 and 27's traces).
     """
     a, n = inputs.arch, inputs.world_size
     flat = (lambda held: 2.0 * held if n > 1 else 0.0)  # noqa: E731
-    if inputs.lora_rank:  # a few adapters, all in one bucket
+    if inputs.lora_rank and not inputs.modules_to_save:  # a few adapters, all in one bucket
         return a.layers, flat(trainable)
-    layers = [layer_tensor_sizes(a, i) for i in range(a.layers)]
-    embedding, start = a.vocab * a.hidden, [0.0] * a.layers  # flat order: embedding, layers 0.., output layer
-    offset = float(embedding)
-    for i, sizes in enumerate(layers):
-        start[i], offset = offset, offset + sum(sizes)
-    arrival = [] if a.tied else [(embedding, 0, offset)]  # (elements, layers done before it, its flat offset)
-    for i in reversed(range(a.layers)):
-        ends = start[i] + sum(layers[i])
-        for size in reversed(layers[i]):
-            ends -= size
-            arrival.append((size, a.layers - 1 - i, ends))
-    arrival.append((embedding, a.layers, 0.0))
+    units = _gradient_units(inputs, trainable)
+    offsets, offset = [], 0.0
+    for size, _ in units:
+        offsets.append(offset)
+        offset += size
+    arrival = [(size, a.layers if layer is None and k == 0 else 0 if layer is None else a.layers - 1 - layer, at)
+               for k, ((size, layer), at) in reversed(list(enumerate(zip(units, offsets))))]
     part, bucket, held, mine = trainable / n, float(inputs.reduce_bucket_size), 0.0, False
     for size, done, at in arrival:
         if held and held + size > bucket:
@@ -565,37 +580,56 @@ def _first_reduction(inputs: PlanInputs, trainable: int) -> Tuple[int, float]:
 def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[dict]:
     """ZeRO-1/2: the arguments of :func:`~zeropilot.memory.segments.zero12_reserved` for this launch: its large
     tensors, from the same activation and logits sizes as the estimate. None for ZeRO-3, and with
-    ``expandable_segments`` (blocks grow in place; segments are not what sets the peak)."""
-    if inputs.stage not in (1, 2) or inputs.expandable_segments or not tuning.replayed(inputs):
-        return None  # tuning.replayed: freeze tuning, quantization, fused losses ... were never traced
+    ``expandable_segments`` (blocks grow in place; segments are not what sets the peak).
+
+    Freeze tuning and LoRA's ``modules_to_save`` train a subset: only those tensors are built, flattened and
+    released, the rest stay where they were built; the output layer's and the embedding's gradients exist only when
+    they train; the frozen layers before the first trainable one run without autograd and keep nothing, each one's
+    input released once its output exists (the checkpointed first forward's tensors, ``NO_GRAD_TEMPLATES``)."""
+    if inputs.stage not in (1, 2) or inputs.expandable_segments or not tuning.replayed(inputs, zero12=True):
+        return None  # tuning.replayed: quantization, fused losses ... were never traced
     a = inputs.arch
     tokens = inputs.micro_batch * inputs.seq_len
     elements = tensor_sizes(a)
     sizes = [2.0 * n for n in elements]
-    build, frozen = ([], sizes) if inputs.lora_rank else (sizes, [])
+    listed = tuning.trainable_list(inputs)  # freeze tuning's tensors, LoRA's modules_to_save copies
+    if listed is not None:
+        names = {p.name for p in listed}
+        trained = [p.numel for p in listed]
+        build = [2.0 * n for n in trained]  # built whole (PEFT copies each module), flattened, released
+        frozen = sizes if inputs.lora_rank else [2.0 * p.numel for p in named_parameters(a) if p.name not in names]
+    else:
+        trained = [] if inputs.lora_rank else elements
+        build, frozen = ([], sizes) if inputs.lora_rank else (sizes, [])
     layer = layer_tensors(inputs)
     no_grad_layer = layer_tensors(inputs, no_grad=True)
     h2 = kept_input(inputs)
     edges = (h2, final_norm(inputs))  # the embedding's output; the final norm
     part = trainable / inputs.world_size
     owned, whole, start = [], 0.0, 0.0  # rank 0's partition: the first 1/N of the flattened trainable tensors
-    for n in ([] if inputs.lora_rank else elements):
+    for n in trained:
         if start >= part:
             break
         owned.append(min(n, part - start))
         whole += n  # the gradient partition holds every tensor that reaches into it, whole
         start += n
     first = _first_reduction(inputs, trainable)
+    front = tuning.first_saving_layer(inputs)  # freeze tuning: the frozen layers before the first trainable one
+    trains = tuning.output_trains(inputs)
+    embedding = not inputs.lora_rank if listed is None else any(p.name.startswith("model.embed_tokens")
+                                                                    for p in listed)
     return dict(build=build, frozen=frozen, trainable=trainable, world_size=inputs.world_size,
                 gpu_optimizer=inputs.offload_optimizer == "none", layer=layer, layers=a.layers,
                 no_grad_layer=no_grad_layer,
                 checkpointed=inputs.gradient_checkpointing, edges=edges,
                 logits_bf16=2.0 * tokens * a.vocab, logits_fp32=4.0 * tokens * a.vocab,
-                output_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden,
+                output_grad=2.0 * a.vocab * a.hidden if trains else 0.0,
                 buckets=[2.0 * inputs.reduce_bucket_size] * (2 if inputs.overlap else 1),
-                embedding_grad=0.0 if inputs.lora_rank else 2.0 * a.vocab * a.hidden, tied=a.tied,
+                embedding_grad=2.0 * a.vocab * a.hidden if embedding else 0.0, tied=a.tied,
                 softcap=a.logit_softcap, norm_pieces=owned, grad_partition=2.0 * whole, first_reduction=first,
-                eight_bit=inputs.optimizer == "adamw_8bit")
+                eight_bit=inputs.optimizer == "adamw_8bit", frozen_layers=front,
+                front_layer=layer_tensors(replace(inputs, gradient_checkpointing=True), no_grad=True)
+                if front else None)
 
 
 def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[int]:
@@ -624,7 +658,9 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
         replayed = inputs.world_size == 1
     else:
         replayed = (not lora and gpu_optimizer) or (lora and not gpu_optimizer and inputs.world_size == 1)
-    if inputs.stage != 3 or inputs.expandable_segments or not replayed or not tuning.replayed(inputs) \
+    listed = tuning.trainable_list(inputs)  # freeze tuning, modules_to_save: replayed with the parameters on the GPU
+    if inputs.stage != 3 or inputs.expandable_segments or not replayed \
+            or not tuning.replayed(inputs, zero12=on_gpu and inputs.world_size == 1) \
             or inputs.optimizer != "adamw":  # ZeRO-3's sub-group steps with the 8-bit states: never replayed
         return None
     a, n = inputs.arch, inputs.world_size
@@ -633,6 +669,18 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
     elements = edge[:1] + [x for layer in per_layer for x in layer] + edge[1:]  # the model's order
     sizes = [2.0 * x for x in elements]
     trainable = elements if inputs.lora_rank is None else [trainable_params(inputs, count_params(a))]
+    order: List[Tuple[float, bool]] = []  # zero.Init, a trained subset: every tensor as built, and whether it trains
+    copies: List[float] = []  # modules_to_save: PEFT's copies, built after the model
+    if listed is not None:
+        names = {p.name for p in listed}
+        if inputs.lora_rank is None:  # freeze tuning: the frozen tensors stay, the trained ones are flattened
+            order = [(2.0 * p.numel, p.name in names) for p in named_parameters(a)]
+            sizes = [size for size, trains in order if not trains]
+            copies = [size for size, trains in order if trains]
+            trainable = [p.numel for p in listed]
+        else:  # LoRA's adapters (one tensor) and the copies
+            copies = [2.0 * p.numel for p in listed]
+            trainable = [trainable[0] - sum(p.numel for p in listed)] + [p.numel for p in listed]
     sub_groups: List[float] = []  # the optimizer on the GPU: its sub-groups' fp32 bytes
     offload_buckets: List[List[float]] = []  # the optimizer on the CPU: each reduction's gradients, backward order
     current = held = 0.0
@@ -652,11 +700,12 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
             offload_buckets[-1].append(float(x))
             held += x
     part = -(-sum(trainable) // n)
-    frozen = sizes if inputs.lora_rank is not None else []
+    frozen = sizes if inputs.lora_rank is not None or listed is not None else []
     tokens = inputs.micro_batch * inputs.seq_len
     # built whole, a tied model first gets its own output-layer weight, released when transformers ties it to the
     # embedding (its block stays cached; calls 21 and 49's traces)
-    build = [] if inputs.zero_init else sizes + [2.0 * a.vocab * a.hidden] * a.tied
+    build = [] if inputs.zero_init else sizes + copies + [2.0 * a.vocab * a.hidden] * a.tied
+    front = tuning.first_saving_layer(inputs)
     return dict(build=build, sub_groups=sub_groups,
                 bucket=2.0 * inputs.reduce_bucket_size, grad_partition=2.0 * part if gpu_optimizer else 0.0,
                 layer=layer_tensors(inputs), layers=a.layers, no_grad_layer=layer_tensors(inputs, no_grad=True),
@@ -664,15 +713,19 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
                 embedding=0.0 if on_gpu else 2.0 * a.vocab * a.hidden,
                 checkpointed=inputs.gradient_checkpointing, edges=(kept_input(inputs), final_norm(inputs)),
                 logits_bf16=2.0 * tokens * a.vocab, logits_fp32=4.0 * tokens * a.vocab,
-                output_grad=0.0 if inputs.lora_rank is not None else 2.0 * a.vocab * a.hidden,
+                output_grad=2.0 * a.vocab * a.hidden if tuning.output_trains(inputs) else 0.0,
                 softcap=a.logit_softcap, norm_pieces=[float(-(-x // n)) for x in trainable] if gpu_optimizer else [],
                 offload_buckets=offload_buckets, frozen=frozen,
-                hooked=[2.0 * x for x in elements] if inputs.lora_rank is None else [],  # LoRA's adapters: small
+                hooked=[2.0 * x for x in elements] if listed is None and inputs.lora_rank is None
+                else copies,  # LoRA's adapters: small
                 live=0.0 if on_gpu else 2.0 * inputs.max_live_parameters,
                 init_gathers=[(2.0 * a.vocab * a.hidden, 2.0 * -(-a.vocab * a.hidden // n))] * 2
                 if inputs.zero_init and not on_gpu else [],
                 flat=2.0 * part if on_gpu else 0.0,
-                side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0)
+                side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0,
+                init_order=order if inputs.zero_init else [], frozen_layers=front,
+                front_layer=layer_tensors(replace(inputs, gradient_checkpointing=True), no_grad=True)
+                if front else None)
 
 
 def zero3_segments(inputs: PlanInputs, steps: int = 2) -> Optional[int]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, Optional, Tuple, Union
 
 from zeropilot.errors import InputError
+from zeropilot.launch.planfacts import Freeze
 from zeropilot.models.arch import Architecture
 
 GIB = 1024**3
@@ -54,24 +55,6 @@ def parse_gpus(text: str, nodes: int = 1) -> Hardware:
     if nodes < 1:
         raise InputError(f"--nodes {nodes}: must be at least 1")
     return Hardware(int(m.group(1)), int(float(m.group(2)) * unit), nodes, text.strip())
-
-
-@dataclass(frozen=True)
-class Freeze:
-    """LLaMA-Factory's freeze (partial-parameter) tuning: which decoder layers and modules train
-    (:func:`zeropilot.models.trainable.freeze_trainable` applies its rules).
-
-    Attributes:
-        layers: ``freeze_trainable_layers``: the last N layers (N > 0) or the first ``|N|`` (N < 0).
-        modules: ``freeze_trainable_modules`` (``all``, or names such as ``mlp``, ``self_attn``).
-        extra: ``freeze_extra_modules`` outside the decoder layers (``embed_tokens``, ``lm_head``, ``norm``).
-        llama_pro: ``use_llama_pro``: every ``num_layers / N``-th layer instead (the expanded blocks).
-    """
-
-    layers: int = 2
-    modules: Tuple[str, ...] = ("all",)
-    extra: Tuple[str, ...] = ()
-    llama_pro: bool = False
 
 
 QUANT_BITS = (4, 8)

@@ -19,7 +19,6 @@ from typing import Dict, List, Optional, Tuple
 
 from zeropilot import safefile
 from zeropilot.errors import InputError
-from zeropilot.launch.hardware import nvidia_smi
 
 SCHEMA = 1
 GIB = 1024**3
@@ -236,13 +235,6 @@ def find(gpu_name: str, world_size: int) -> Optional[Profile]:
             except InputError:
                 continue
     return None
-
-
-def visible_gpu_name(timeout: float = 5.0) -> Optional[str]:
-    """The first visible NVIDIA GPU's name from ``nvidia-smi`` (no torch), or None."""
-    lines = [x.strip() for x in (nvidia_smi(["--query-gpu=name", "--format=csv,noheader"], timeout) or "").splitlines()
-             if x.strip()]
-    return lines[0] if lines else None
 
 
 def with_outside_torch(constants, base: float, source: str, raw_build_extra: float = 0.0, nodes: int = 1):

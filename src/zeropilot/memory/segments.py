@@ -216,7 +216,8 @@ def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]
                   edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]],
                   gathered: Sequence[Sequence[float]] = (),
                   window: Optional[_Window] = None,
-                  no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> List[Optional[_Block]]:
+                  no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None, frozen: int = 0,
+                  front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> List[Optional[_Block]]:
     """The decoder's forward (arguments as :func:`zero12_reserved`'s); the tensors kept for the backward.
     ``gathered``: per layer, the 16-bit parameters ZeRO-3 gathers before it and releases after it (or, with
     ``window``, leaves to the window). Under checkpointing each layer runs as ``no_grad_layer`` (the same layer without
@@ -224,11 +225,14 @@ def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]
     not known, ``layer`` with its tensors released once it is done and its output taken after them); layer 0's input
     is the embedding's output, and the last layer's output is released after the final norm, which keeps its own fp32
     copy (call 41's trace)."""
-    if checkpointed:
-        acts: List[Optional[_Block]] = [None, pool.alloc(edges[0])]  # the embedding's output: layer 0's input
-    else:
-        acts = [pool.alloc(edges[0])]  # the embedding's output
-    for index in range(layers):
+    first = pool.alloc(edges[0])  # the embedding's output
+    for _ in range(frozen):  # freeze tuning's frozen layers before the first trainable one: nothing saved
+        out = _forward(pool, front_layer or ())
+        pool.free(first)
+        first = out[-1] if out else pool.alloc(edges[0])
+    # layer ``frozen``'s input: kept for the backward (as layer 0's, the embedding's output, when nothing is frozen)
+    acts: List[Optional[_Block]] = [None, first] if checkpointed else [first]
+    for index in range(frozen, layers):
         params = _gather(pool, window, index, gathered[index] if gathered else ())
         if checkpointed and no_grad_layer:  # run without autograd: its output is the kept tensor
             acts += _forward(pool, no_grad_layer)
@@ -306,7 +310,8 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
                     grad_partition: float = 0.0, first_reduction: Tuple[int, float] = (0, 0.0),
                     steps: int = 2,
                     no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
-                    ceiling: float = float("inf"), eight_bit: bool = False) -> int:
+                    ceiling: float = float("inf"), eight_bit: bool = False, frozen_layers: int = 0,
+                    front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> int:
     """Bytes the caching allocator reserves for ZeRO-1/2's large tensors over ``steps`` training steps.
 
     Raises:
@@ -333,6 +338,10 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         norm_pieces: elements of each trainable tensor in this rank's partition. DeepSpeed takes each one's norm in
             fp64 (``get_norm_dtype``): an 8-byte copy per tensor, at the step without ``offload_optimizer``; with it,
             at the last reduction, followed by the fp32 copy that goes to the CPU.
+        frozen_layers: freeze tuning: the decoder layers before the first trainable one, which run without autograd
+            as ``front_layer`` (each tensor released after its last use, the output kept as the next layer's input,
+            the input released once the output exists); the first trainable layer's input is kept, as the
+            embedding's output is when nothing is frozen.
         eight_bit: the optimizer is bitsandbytes' 8-bit AdamW (a client optimizer): its first step makes two one-byte
             states and their fp32 absmax per 256 elements (``Optimizer2State.init_state``), and its fused kernel
             updates in place (no temporary); otherwise AdamW's two fp32 states and one foreach temporary.
@@ -367,7 +376,8 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
             if not gpu_optimizer:  # temp_grad_buffer_for_gpu_offload: 16-bit, the largest parameter's size, kept
                 pool.alloc(max(list(build) + list(frozen), default=0))
             pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
-        acts = _forward_pass(pool, layer, layers, checkpointed, edges, no_grad_layer=no_grad_layer)
+        acts = _forward_pass(pool, layer, layers, checkpointed, edges, no_grad_layer=no_grad_layer,
+                             frozen=frozen_layers, front_layer=front_layer)
         gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap)
         og = pool.alloc(output_grad)  # the output layer's weight gradient
         if step == 0:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
@@ -437,7 +447,9 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
                    hooked: Sequence[float] = (), live: float = 0.0,
                    init_gathers: Sequence[Tuple[float, float]] = (), steps: int = 2,
                    no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
-                   ceiling: float = float("inf")) -> int:
+                   ceiling: float = float("inf"), init_order: Sequence[Tuple[float, bool]] = (),
+                   frozen_layers: int = 0,
+                   front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> int:
     """Bytes the caching allocator reserves for ZeRO-3: parameters offloaded with the optimizer on the GPU (full
     fine-tuning) or offloaded too (LoRA, at world size 1), or parameters on the GPU at world size 1 (where nothing is
     gathered) with the optimizer on the GPU or offloaded.
@@ -487,6 +499,10 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
         live: ``gathered``'s budget from the second step on, in bytes (``stage3_max_live_parameters``; 0: each
             layer's parameters released after it, as in the first step, which records the module trace; call 35's
             traces, LoRA with both offloads, peak with about that many gathered).
+        init_order: zero.Init with the parameters on the GPU and a trained subset (freeze tuning): every tensor in
+            the model's order, its bytes and whether it trains; each is partitioned as it is built (at world size 1 a
+            whole copy), and ``defragment`` moves the trained ones to the CPU before the flat buffer (``frozen`` is
+            then not read). ``frozen_layers``, ``front_layer``: as :func:`zero12_reserved`'s.
         init_gathers: zero.Init with offload_param: per parameter gathered while the model is built, the bytes of
             the whole and of this rank's partition (transformers' weight initialisation gathers the embedding twice;
             call 35's traces).
@@ -497,7 +513,18 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
     """
     pool = Allocator()
     built = [pool.alloc(size) for size in build]
-    if flat:  # the parameters stay on the GPU
+    if flat and init_order:  # zero.Init, a trained subset: each tensor partitioned as built, the trained ones then
+        parts = []  # moved to the CPU by defragment
+        for size, trains in init_order:
+            whole = pool.alloc(size)
+            parts.append((pool.alloc(size), trains))
+            pool.free(whole)
+        for block, trains in parts:
+            if trains:
+                pool.free(block)
+        pool.empty_cache()
+        pool.alloc(flat)
+    elif flat:  # the parameters stay on the GPU
         for k, size in enumerate(frozen):
             whole = built[k] if built else pool.alloc(size)  # zero.Init partitions each tensor as it is built
             pool.alloc(size)  # its partition, kept
@@ -531,7 +558,8 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
             pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
         window = _Window(pool, live) if live and step else None
         emb = _gather(pool, window, "embedding", [embedding])
-        acts = _forward_pass(pool, layer, layers, checkpointed, edges, gathered, window, no_grad_layer)
+        acts = _forward_pass(pool, layer, layers, checkpointed, edges, gathered, window, no_grad_layer,
+                             frozen=frozen_layers, front_layer=front_layer)
         for b in emb:
             pool.free(b)
         head = _gather(pool, window, "head", [embedding])  # the output layer's weight (tied or not, one size)

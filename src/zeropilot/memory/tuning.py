@@ -181,10 +181,12 @@ def adam_bytes(inputs: PlanInputs) -> float:
     return ADAM8_BYTES if inputs.optimizer == "adamw_8bit" else 8.0
 
 
-def replayed(inputs: PlanInputs) -> bool:
+def replayed(inputs: PlanInputs, zero12: bool = False) -> bool:
     """Whether the allocator replays (``memory/segments.py``) know this kind of run: plain full fine-tuning or LoRA
     (on any modules), AdamW or bitsandbytes' 8-bit AdamW (whose first step's tensors ``segments.zero12_reserved``
-    knows from its source), the causal-LM loss. Freeze tuning, ``modules_to_save``, quantization, fused losses and
-    DoRA take the fitted components instead (their tensors were never traced)."""
-    return (inputs.freeze is None and not inputs.modules_to_save and inputs.quant_bits is None
-            and inputs.fused_loss is None and not inputs.dora)
+    knows from its source), the causal-LM loss; at ZeRO-1/2 (``zero12``) also freeze tuning and LoRA's
+    ``modules_to_save`` copies, whose trainable tensors DeepSpeed flattens as it flattens full fine-tuning's, beside
+    frozen ones that stay where they were built (``stage_1_and_2.py``). Quantization, fused losses and DoRA take the
+    fitted components instead (their tensors were never traced)."""
+    subset = zero12 or (inputs.freeze is None and not inputs.modules_to_save)
+    return subset and inputs.quant_bits is None and inputs.fused_loss is None and not inputs.dora

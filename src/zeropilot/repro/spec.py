@@ -2,7 +2,7 @@
 
 :func:`launch_settings` is the ONE place that reads the launch for ``repro``. ZeRO stage, precision, PEFT and
 offload come from the typed launch facts (:mod:`zeropilot.launch.facts`); sequence length, batch values, gradient
-checkpointing, LoRA rank and bucket sizes from :func:`zeropilot.memory.from_launch.values_from_launch`, the reader
+checkpointing, LoRA rank and bucket sizes from :func:`zeropilot.launch.planfacts.plan_facts`, the reader
 ``plan`` uses; it adds the few training values a run needs that a plan does not (learning rate, schedule, LoRA
 alpha/dropout/target, seed).
 
@@ -206,10 +206,10 @@ def launch_settings(launch) -> Settings:
         InputError: the launch has no DeepSpeed config, or none whose ZeRO stage can be read.
     """
     from zeropilot.launch.facts import facts
-    from zeropilot.memory.from_launch import values_from_launch
+    from zeropilot.launch.planfacts import plan_facts
 
     lf = facts(launch)
-    lv = values_from_launch(launch)
+    lv = plan_facts(launch)
     pairs = lf.hf_pairs
     train = pairs[0][0] if pairs else (launch.train_args[0] if launch.train_args else None)
     ds = pairs[0][1] if pairs else (launch.ds_configs[0] if launch.ds_configs else None)
@@ -219,7 +219,7 @@ def launch_settings(launch) -> Settings:
     dsf = lf.for_doc(ds)
     if dsf.stage is None:
         raise InputError(f"the ZeRO stage cannot be known ({dsf.stage_reason})", path=ds.path)
-    values, sources = dict(lv.values), dict(lv.sources)
+    values, sources = dict(lv.values), {name: source.text for name, source in lv.sources.items()}
     values["stage"] = dsf.stage
     sources["stage"] = f"{ds.path}:{dsf.stage_node.line if dsf.stage_node is not None else ''} {dsf.stage_reason}"
     values["precision"], sources["precision"] = _precision(dsf, train)

@@ -25,10 +25,10 @@ def unplannable(launch: Launch) -> Optional[Tuple[Document, str]]:
     pairs = launch.training_pairs()
     if not launch.gpus or not pairs:
         return None
-    from zeropilot.memory.from_launch import values_from_launch
+    from zeropilot.launch.planfacts import plan_facts
     from zeropilot.models import resolve_model
 
-    lv = values_from_launch(launch)
+    lv = plan_facts(launch)
     if not lv.model:
         return pairs[0][0], "the training arguments name no model_name_or_path"
     try:
@@ -43,20 +43,21 @@ def _plans(launch: Launch) -> Iterator[Tuple[Document, Document, object]]:
     """(training args, DeepSpeed config, Plan) for each pair whose model and GPUs are known."""
     if not launch.gpus:
         return
-    from zeropilot.memory.from_launch import resolve_auto, values_from_launch
+    from zeropilot.launch.planfacts import plan_facts
+    from zeropilot.memory.from_launch import launch_inputs
     from zeropilot.memory.inputs import PlanInputs, parse_gpus
     from zeropilot.memory.plan import make_plan
     from zeropilot.models import resolve_model
 
-    lv = values_from_launch(launch)
+    lv = plan_facts(launch)
     if not lv.model:
         return
     try:
         arch = resolve_model(lv.model, lv.model_base, launch.hub)
         text = launch.gpus if "x" in launch.gpus.lower() else f"{lv.world_size or 1}x{launch.gpus}"
         hardware = parse_gpus(text)
-        values, _ = resolve_auto(lv.values, arch.hidden)
-        inputs = PlanInputs(arch=arch, hardware=hardware, sources=dict(lv.sources), **values)
+        given = launch_inputs(lv, arch.hidden)
+        inputs = PlanInputs(arch=arch, hardware=hardware, sources=given.sources, **given.values)
         plan = make_plan(inputs, _constants(launch, inputs))
     except InputError:
         return
@@ -171,9 +172,9 @@ def checkpoints_exceed_disk(launch: Launch) -> Iterator[Hit]:
     plans = list(_plans(launch))
     if not plans:
         return
-    from zeropilot.memory.from_launch import values_from_launch
+    from zeropilot.launch.planfacts import plan_facts
 
-    output_dir = values_from_launch(launch).output_dir
+    output_dir = plan_facts(launch).output_dir
     for train, ds, plan in plans:
         k = plan.checkpoint
         free = _free_bytes(train, output_dir)
@@ -246,12 +247,13 @@ def _raw_init_plans(launch: Launch):
     if not launch.gpus:
         return
     from zeropilot.launch.build import model_build
-    from zeropilot.memory.from_launch import resolve_auto, values_from_launch
+    from zeropilot.launch.planfacts import plan_facts
+    from zeropilot.memory.from_launch import launch_inputs
     from zeropilot.memory.inputs import PlanInputs, parse_gpus
     from zeropilot.memory.plan import make_plan
     from zeropilot.models import resolve_model
 
-    lv = values_from_launch(launch)
+    lv = plan_facts(launch)
     if lv.values.get("stage") != 3:
         return
     for py in launch.python_files:
@@ -264,9 +266,9 @@ def _raw_init_plans(launch: Launch):
             if arch is None:
                 continue
             text = launch.gpus if "x" in launch.gpus.lower() else f"{lv.world_size or 1}x{launch.gpus}"
-            values, _ = resolve_auto(lv.values, arch.hidden)
-            values["zero_init"] = False
-            inputs = PlanInputs(arch=arch, hardware=parse_gpus(text), sources=dict(lv.sources), **values)
+            given = launch_inputs(lv, arch.hidden)
+            values = dict(given.values, zero_init=False)
+            inputs = PlanInputs(arch=arch, hardware=parse_gpus(text), sources=given.sources, **values)
             plan = make_plan(inputs, _constants(launch, inputs))
         except InputError:
             continue

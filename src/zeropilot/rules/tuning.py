@@ -123,3 +123,86 @@ def llamafactory_refuses_setting_with_deepspeed(launch: Launch) -> Iterator[Hit]
                 yield Hit(train, train.get(r.key),
                           f"`{r.key}` with {under} ({ds.path.name}): LLaMA-Factory refuses the combination "
                           f"before training (\"{r.error}\", {r.where}); use {r.instead}")
+
+
+def _copies_key(train: Document, modules_to_save) -> Optional[str]:
+    """The YAML key that gives LoRA full copies of modules: ``additional_target``, or ``resize_vocab`` (LLaMA-Factory
+    then makes the embedding and the output layer ``additional_target`` itself: ``_setup_lora_tuning``)."""
+    if modules_to_save:
+        return "additional_target"
+    return "resize_vocab" if _on(train, "resize_vocab") else None
+
+
+def _alternatives(launch: Launch, train: Document) -> str:
+    """The two launches that start, with the plan's peak per GPU for each where the model and GPUs are known."""
+    from dataclasses import replace
+
+    from zeropilot.memory.inputs import GIB
+    from zeropilot.memory.plan import make_plan
+    from zeropilot.rules.memory import _plans
+
+    peaks = {}
+    for doc, _ds, plan in _plans(launch):
+        if doc is train:
+            for name, change in (("z2", {"stage": 2}), ("offload", {"offload_param": "cpu"})):
+                got = make_plan(replace(plan.inputs, **change))
+                peaks[name] = f"; the plan: {got.gpu.peak_bytes / GIB:.1f} GiB per GPU, {got.verdict.kind}"
+    return (f"ZeRO-2 (LLaMA-Factory then casts every trainable tensor to fp32{peaks.get('z2', '')}), or "
+            f"\"offload_param\": {{\"device\": \"cpu\"}} in zero_optimization (nothing is defragmented"
+            f"{peaks.get('offload', '')})")
+
+
+@rule("LF002", "lora-copies-beside-fp32-adapters-under-zero3", Severity.ERROR, packages=("deepspeed", "peft"),
+      versions="LLaMA-Factory 0.9.5, PEFT 0.21, DeepSpeed 0.19.8",
+      witness="tests/rules/test_tuning.py::test_lf002_witness")
+def lora_copies_beside_fp32_adapters_under_zero3(launch: Launch) -> Iterator[Hit]:
+    """A LLaMA-Factory LoRA launch with `additional_target` (or `resize_vocab`, which adds the embedding and the
+    output layer to it) under ZeRO-3 with the parameters on the GPU: DeepSpeed stops in `deepspeed.initialize`.
+
+    ## Why is this bad?
+    PEFT creates the LoRA adapters in fp32 (`get_peft_model`'s `autocast_adapter_dtype`), and the full copies of
+    the `additional_target` modules in the model's bf16. Outside ZeRO-3 LLaMA-Factory then casts every trainable
+    tensor to fp32; under ZeRO-3 it does not (`init_adapter`: "remaining trainable params in float32"), and
+    DeepSpeed, for a model built in `zero.Init`, casts nothing. ZeRO-3 without `offload_param` copies the trainable
+    partitions into one flat buffer (`_create_fp16_partitions_with_defragmentation`), whose `defragment` asserts one
+    dtype: an `AssertionError` on every rank once the model has loaded, before the first step (seen on an H200 with
+    a 1.5 B model, and on the CPU in the witness).
+
+    ## Example
+    ```yaml
+    finetuning_type: lora
+    additional_target: embed_tokens,lm_head
+    deepspeed: ds_z3_config.json
+    ```
+
+    ## Use instead
+    ```yaml
+    finetuning_type: lora
+    additional_target: embed_tokens,lm_head
+    deepspeed: ds_z2_config.json
+    ```
+
+    ## References
+    - LLaMA-Factory v0.9.5 `model/adapter.py` `_setup_lora_tuning` (get_peft_model, resize_vocab) and `init_adapter`
+      (cast_trainable_params_to_fp32)
+    - DeepSpeed 0.19.8 `runtime/zero/stage3.py` `_create_fp16_partitions_with_defragmentation`,
+      `runtime/zero/utils.py` `defragment`, `runtime/engine.py` `_configure_distributed_model`
+    - Witness: `tests/rules/peft_zero3_probe.py` runs `deepspeed.initialize` on a PEFT model built as LLaMA-Factory
+      0.9.5 builds it; on an H200: `bench/plan/settings/data/call1` and `call2`, row `lora_mts`
+    """
+    from zeropilot.launch.facts import facts
+
+    for train, ds in launch.training_pairs():
+        if train.flavour != "llamafactory" or zero_stage(ds) != 3 or facts(launch).for_doc(ds).offload_param:
+            continue
+        s = facts(launch).settings(train)
+        key = _copies_key(train, s.modules_to_save)
+        # QLoRA: LLaMA-Factory casts the trainable tensors to fp32; pure_bf16 under ZeRO-3 is LF001's
+        if s.method != "lora" or key is None or s.quant_bits is not None or _on(train, "pure_bf16") \
+                or _on(train, "use_badam"):
+            continue
+        yield Hit(train, train.get(key),
+                  f"`{key}` with LoRA under DeepSpeed ZeRO-3 ({ds.path.name}): deepspeed.initialize stops with an "
+                  "AssertionError before the first step (runtime/zero/utils.py defragment wants one dtype among the "
+                  "trainable tensors: PEFT keeps the adapters in fp32, LLaMA-Factory leaves the copies in bf16 under "
+                  f"ZeRO-3); use {_alternatives(launch, train)}")

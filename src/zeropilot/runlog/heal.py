@@ -137,7 +137,8 @@ def timeline(heal: Dict[str, Any], clean: Any) -> List[str]:
         lines += [f"    {clean(w)}" for w in _resume_words(a)]
         f = a.get("failure") or {}
         if f.get("kind") not in (None, "ok") and f.get("why"):
-            lines.append(f"    {'restart' if f.get('restart') else 'no restart'}: {clean(f['why'])}")
+            then = "then" if f.get("kind") == "preempted" else "restart" if f.get("restart") else "no restart"
+            lines.append(f"    {then}: {clean(f['why'])}")
     lines += [f"  not applied: {clean(p['fix'] or p['key'] or '?')}: {clean(p['why'] or '')}"
               for p in heal.get("passed") or []]
     return lines

@@ -310,6 +310,21 @@ def nodes(summary: Dict[str, Any]) -> List[str]:
     return lines
 
 
+#: a compared metric (its JSON name, ``runlog.summary.compare``) in the words of the report's own table and lines
+METRIC_LABELS = {
+    "peak_reserved_bytes": "peak reserved", "peak_allocated_bytes": "peak allocated",
+    "outside_torch_bytes": "outside torch", "host_rss_peak_bytes": "host RSS", "steps": "steps",
+    "step_seconds_median": "step time median", "step_seconds_max": "step time max",
+    "save_seconds_median": "save time median", "save_bytes": "largest save",
+    "save_peak_reserved_bytes": "peak reserved at a save",
+}
+
+
+def metric_label(metric: str) -> str:
+    """A compared metric as people read it (its JSON name when it has no words yet)."""
+    return METRIC_LABELS.get(metric, metric)
+
+
 def metric_value(metric: str, x: Optional[float]) -> str:
     """A compared metric's value as the text and HTML reports show it (``-`` when the run has none)."""
     if x is None:
@@ -333,11 +348,11 @@ def render_compare(cmp: Dict[str, Any]) -> str:
         if m["a"] is None and m["b"] is None:
             continue
         change = "-" if m["ratio"] is None else f"{(m['ratio'] - 1) * 100:+.1f}%"
-        lines.append(f"{m['metric']:<26}{metric_value(m['metric'], m['a']):>14}"
+        lines.append(f"{metric_label(m['metric']):<26}{metric_value(m['metric'], m['a']):>14}"
                      f"{metric_value(m['metric'], m['b']):>14}  {change}")
     for r in cmp["ranks"]:
         m = r["peak_reserved_bytes"] if r["peak_reserved_bytes"]["a"] or r["peak_reserved_bytes"]["b"] \
             else r["host_rss_peak_bytes"]
-        lines.append(f"rank {r['rank']} {m['metric']:<19}{metric_value(m['metric'], m['a']):>14}"
-                     f"{metric_value(m['metric'], m['b']):>14}")
+        lines.append(f"{'rank ' + str(r['rank']) + ' ' + metric_label(m['metric']):<26}"
+                     f"{metric_value(m['metric'], m['a']):>14}{metric_value(m['metric'], m['b']):>14}")
     return "\n".join(lines) + "\n"

@@ -74,21 +74,23 @@ def run_check(command: List[str], script: Path) -> Tuple[Dict[str, Any], Any, Li
 def make_plan(launch: Any) -> Optional[Dict[str, Any]]:
     """The plan of the launch where its model can be sized here without the network, else None + reason."""
     try:
-        from zeropilot.memory.from_launch import resolve_auto, values_from_launch
+        from zeropilot.launch.planfacts import plan_facts
+        from zeropilot.memory.from_launch import launch_inputs
         from zeropilot.memory.inputs import PlanInputs
         from zeropilot.memory.plan import make_plan as plan_of
         from zeropilot.memory.render import to_dict
         from zeropilot.models import resolve_model
 
-        lv = values_from_launch(launch)
+        lv = plan_facts(launch)
         if not lv.model:
             return {"peak_bytes_per_rank": None, "reason": "the launch names no model (model_name_or_path)"}
         arch = resolve_model(lv.model, lv.model_base)  # no hub argument: no network
-        values, _ = resolve_auto(lv.values, arch.hidden)
+        given = launch_inputs(lv, arch.hidden)
+        values = dict(given.values)
         if lv.world_size:
             values["world"] = lv.world_size
         values["flavour"] = lv.flavour
-        plan = to_dict(plan_of(PlanInputs(arch=arch, hardware=None, sources=dict(lv.sources), **values)))
+        plan = to_dict(plan_of(PlanInputs(arch=arch, hardware=None, sources=given.sources, **values)))
         plan["peak_bytes_per_rank"] = plan.get("gpu_peak_bytes")
         return plan
     except Exception as exc:  # noqa: BLE001 - a plan is optional; say why there is none

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from zeropilot.runlog.read import RunRecords
 from zeropilot.runlog.report_html import charts, sections
 from zeropilot.runlog.report_html.svg import esc
-from zeropilot.runlog.text import metric_value
+from zeropilot.runlog.text import metric_label, metric_value
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; base-uri 'none'; form-action 'none'"
 
@@ -133,11 +133,12 @@ def render_compare(rec_a: RunRecords, rec_b: RunRecords, cmp: Dict[str, Any]) ->
         if m["a"] is None and m["b"] is None:
             continue
         change = "-" if m["ratio"] is None else f"{(m['ratio'] - 1) * 100:+.1f}%"
-        rows.append([esc(m["metric"]), metric_value(m["metric"], m["a"]), metric_value(m["metric"], m["b"]), change])
+        rows.append([esc(metric_label(m["metric"])), metric_value(m["metric"], m["a"]),
+                     metric_value(m["metric"], m["b"]), change])
     for r in cmp["ranks"]:
         m = r["peak_reserved_bytes"] if (r["peak_reserved_bytes"]["a"] or r["peak_reserved_bytes"]["b"]) \
             else r["host_rss_peak_bytes"]
-        rows.append([esc(f"rank {r['rank']} {m['metric']}"), metric_value(m["metric"], m["a"]),
+        rows.append([esc(f"rank {r['rank']} {metric_label(m['metric'])}"), metric_value(m["metric"], m["a"]),
                      metric_value(m["metric"], m["b"]), "-" if m["ratio"] is None else
                      f"{(m['ratio'] - 1) * 100:+.1f}%"])
     cols = []

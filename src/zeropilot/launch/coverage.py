@@ -1,7 +1,8 @@
 """Which of a launch's memory-relevant settings the plan models, and what its figure assumes for each one it does not.
 
-:func:`apply_settings` turns the launch facts' :class:`~zeropilot.launch.settings.TrainSettings` into plan inputs
-(the fine-tuning method and what it trains, quantization, the optimizer, a fused loss) and lists every other setting
+Part of reading a launch for the plan (:mod:`zeropilot.launch.planfacts`): :func:`apply_settings` turns the launch
+facts' :class:`~zeropilot.launch.settings.TrainSettings` into plan inputs (the fine-tuning method and what it trains,
+quantization, the optimizer, a fused loss) and lists every other setting
 the launch gives as *not modelled*, with what the figure assumes instead (:data:`NOT_MODELLED`). The plan prints that
 list and calls its verdict approximate; nothing the launch says is dropped silently. :data:`MODELLED` names what each
 modelled key sets. ``tests/launch/test_settings_coverage.py`` walks LLaMA-Factory's arguments (v0.9.5) and fails on
@@ -10,9 +11,11 @@ any memory-relevant one that is in neither table.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Dict, Optional, Tuple
 
-from zeropilot.launch.settings import ADAMW_OPTIMS, EIGHT_BIT_OPTIMS, Setting, TrainSettings
+from zeropilot.launch.settings import ADAMW_OPTIMS, EIGHT_BIT_OPTIMS, Freeze, Setting, TrainSettings
+from zeropilot.launch.source import Source
 from zeropilot.launch.values import truthy
 
 #: Keys the plan models, and what they set (``PlanInputs`` fields).
@@ -99,7 +102,7 @@ NOT_MODELLED: Dict[str, str] = {
     **{k: "DeepSpeed ZeRO (FSDP is another backend)" for k in ("fsdp", "fsdp_config")},
 }
 
-#: Keys the plan reads as its own inputs (``memory/from_launch.py``), and the input each sets.
+#: Keys the plan reads as its own inputs (``launch/planfacts.py``), and the input each sets.
 READ_AS_INPUT: Dict[str, str] = {
     "model_name_or_path": "the model",
     **{k: "seq_len" for k in ("cutoff_len", "max_seq_length", "model_max_length", "max_length", "sequence_len")},
@@ -138,25 +141,25 @@ def _active(s: Setting) -> bool:
 def _name(s: Setting) -> str:
     value = s.value if not isinstance(s.value, (dict, list)) else (",".join(map(str, s.value)) if isinstance(
         s.value, list) else "{...}")
-    return f"{s.key}: {value} ({s.where})"
+    return f"{s.key}: {value} ({s.source.text})"
 
 
-def _method(ts: TrainSettings, values: Dict[str, Any], sources: Dict[str, str], skip: set) -> Dict[str, str]:
+def _method(ts: TrainSettings, values: Dict[str, Any], sources: Dict[str, Source], skip: set) -> Dict[str, str]:
     """The fine-tuning method's plan inputs; returns not-modelled entries for method values it cannot size."""
     out: Dict[str, str] = {}
-    where = {s.key: s.where for s in ts.settings}
+    where = {s.key: s.source for s in ts.settings}
     src = next((where[k] for k in ("finetuning_type", "adapter", "use_peft", "peft_type") if k in where), None)
     if ts.method in ("lora", "oft"):
         values["lora_rank"] = ts.lora_rank or 8
         sources["lora_rank"] = next((where[k] for k in ("lora_rank", "lora_r", "r") if k in where),
-                                    src or "LLaMA-Factory's default: LoRA r8")
+                                    src or Source("LLaMA-Factory's default: LoRA r8"))
         if ts.lora_targets not in (None, "all-linear"):
             values["lora_targets"] = ts.lora_targets
             sources["lora_targets"] = next(where[k] for k in ("lora_target", "lora_target_modules", "target_modules")
                                            if k in where)
         if ts.rank_pattern:
             values["lora_rank_pattern"] = tuple(sorted(ts.rank_pattern.items()))
-            sources["lora_rank_pattern"] = where.get("rank_pattern", "adapter config")
+            sources["lora_rank_pattern"] = where.get("rank_pattern", Source("adapter config"))
         if ts.dora:
             values["dora"] = True
             sources["dora"] = next(where[k] for k in ("use_dora", "peft_use_dora") if k in where)
@@ -170,28 +173,26 @@ def _method(ts: TrainSettings, values: Dict[str, Any], sources: Dict[str, str], 
             out["finetuning_type"] = NOT_MODELLED["oft_rank"]
         skip.update({"oft_rank", "oft_block_size", "oft_target"} if ts.method == "oft" else set())
     elif ts.method == "freeze":
-        from zeropilot.memory.inputs import Freeze
-
         values["lora_rank"] = None
         values["freeze"] = Freeze(ts.freeze_layers, ts.freeze_modules, ts.freeze_extra, ts.llama_pro)
-        sources["lora_rank"] = sources["freeze"] = src or "freeze tuning"
+        sources["lora_rank"] = sources["freeze"] = src or Source("freeze tuning")
     elif ts.method == "full":
         values["lora_rank"] = None
         if src:
             sources["lora_rank"] = src
     else:
         values["lora_rank"] = None
-        sources["lora_rank"] = src or "finetuning_type"
+        sources["lora_rank"] = src or Source("finetuning_type")
         out["finetuning_type"] = "full fine-tuning (this fine-tuning method is not one the plan knows)"
     return out
 
 
-def _quantization(ts: TrainSettings, values: Dict[str, Any], sources: Dict[str, str]) -> Dict[str, str]:
+def _quantization(ts: TrainSettings, values: Dict[str, Any], sources: Dict[str, Source]) -> Dict[str, str]:
     out: Dict[str, str] = {}
     if ts.quant_bits is None:
         return out
-    where = next((s.where for s in ts.settings if s.key in ("quantization_bit", "load_in_4bit", "load_in_8bit",
-                                                            "adapter")), "a BitsAndBytesConfig in the script")
+    where = next((s.source for s in ts.settings if s.key in ("quantization_bit", "load_in_4bit", "load_in_8bit",
+                                                             "adapter")), Source("a BitsAndBytesConfig in the script"))
     if ts.quant_method != "bnb" or ts.quant_bits not in (4, 8) or ts.method not in ("lora", "oft"):
         out["quantization_bit"] = ("a 16-bit base (only bitsandbytes' 4- and 8-bit quantization under LoRA is "
                                    "sized)")
@@ -205,19 +206,21 @@ def _quantization(ts: TrainSettings, values: Dict[str, Any], sources: Dict[str, 
     return out
 
 
-def _optimizer(ts: TrainSettings, ds, values: Dict[str, Any], sources: Dict[str, str]) -> Dict[str, str]:
+def _optimizer(ts: TrainSettings, ds, values: Dict[str, Any], sources: Dict[str, Source]) -> Dict[str, str]:
     out: Dict[str, str] = {}
     opt = ts.optimizer
     if opt is None:
         return out
-    where = next((s.where for s in ts.settings if s.key in ("optim", "optimizer", "use_galore", "use_apollo",
-                                                            "use_badam", "use_adam_mini", "use_muon")), "")
+    where = next((s.source for s in ts.settings if s.key in ("optim", "optimizer", "use_galore", "use_apollo",
+                                                             "use_badam", "use_adam_mini", "use_muon")), Source(""))
     if opt in ("galore", "apollo", "badam", "adam_mini", "muon"):
         out[f"use_{opt}"] = NOT_MODELLED[f"use_{opt}"]
         return out
     if ds is not None and ds.optimizer is not None:
-        sources["optimizer"] = (f"{ds.doc.path} optimizer.type {ds.optimizer} (the DeepSpeed config's optimizer "
-                                f"is used; {where} is not)")
+        node = ds.doc.get("optimizer.type")
+        sources["optimizer"] = Source(f"{ds.doc.path} optimizer.type {ds.optimizer} (the DeepSpeed config's "
+                                      f"optimizer is used; {where.text} is not)", ds.doc.path,
+                                      node.line if node is not None else None, "optimizer.type")
         return out
     if opt in EIGHT_BIT_OPTIMS:
         if ds is not None and ds.offload_optimizer:
@@ -237,7 +240,7 @@ def _optimizer(ts: TrainSettings, ds, values: Dict[str, Any], sources: Dict[str,
     return out
 
 
-def apply_settings(ts: TrainSettings, ds, values: Dict[str, Any], sources: Dict[str, str]) -> \
+def apply_settings(ts: TrainSettings, ds, values: Dict[str, Any], sources: Dict[str, Source]) -> \
         Tuple[Tuple[str, str], ...]:
     """Set ``values`` (PlanInputs fields) and ``sources`` from ``ts`` (``ds``: the DeepSpeed config's
     :class:`~zeropilot.launch.facts.DsFacts`, or None); return the settings the plan does not model, as (setting with
@@ -248,11 +251,12 @@ def apply_settings(ts: TrainSettings, ds, values: Dict[str, Any], sources: Dict[
     judged.update(_optimizer(ts, ds, values, sources))
     if ts.fused_loss is not None:
         values["fused_loss"] = ts.fused_loss
-        sources["fused_loss"] = next(s.where for s in ts.settings if s.key in (
+        sources["fused_loss"] = next(s.source for s in ts.settings if s.key in (
             "enable_liger_kernel", "use_liger_kernel", "liger_fused_linear_cross_entropy", "cut_cross_entropy"))
     packing = [s for s in ts.settings if s.topic == "packing" and _active(s)]
     if packing and "seq_len" in sources:
-        sources["seq_len"] += f" ({packing[0].key}: every sample that long)"
+        seq = sources["seq_len"]
+        sources["seq_len"] = replace(seq, text=f"{seq.text} ({packing[0].key}: every sample that long)")
     out = []
     for s in ts.settings:
         if s.key in judged:
