@@ -106,3 +106,27 @@ def test_the_shrunk_launch_is_a_copy_with_more_accumulation_and_load_universal(h
     assert (d["samples_per_step"], d["grad_accum"], d["world_size"]) == ([16, 16], [1, 2], [4, 2])
     assert "gradient accumulation 1 -> 2" in shrink.says(s)
     assert "not plain data parallel" in shrink.plan(lost, (4, 1, 2), cmd, {}, None, here)
+
+
+SETUP = [{"event": "setup", "train": {"micro_batch": 4, "grad_accum": 1, "world_size": 4}}]
+
+
+def test_decide_without_heal_allow_shrink_waits_and_writes_nothing(tmp_path):
+    def never():
+        raise AssertionError("nothing is read when shrinking is not allowed")
+
+    last = {"command": NODE1, "env": {}, "world_size": 4}
+    plan, wait = shrink.decide([], VERDICT, SETUP, last, tmp_path / "attempt-2", never, never)
+    assert plan is None and "--heal-allow shrink" in wait["why"] and wait["nodes"] == [1]
+    assert not (tmp_path / "attempt-2").exists()
+
+
+def test_decide_with_nothing_to_convert_waits_and_says_why(here):  # noqa: F811
+    write_files(here, {"train.py": "import deepspeed\n",
+                       "ds.json": '{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}\n'})
+    cmd = NODE1[:6] + ["0"] + NODE1[7:-2]
+    last = {"command": cmd, "env": {}, "world_size": 4}
+    plan, wait = shrink.decide(["shrink"], VERDICT, SETUP, last, here / "attempt-2", lambda: _launch(here, cmd),
+                               lambda: [])
+    assert plan is None and wait["why"].endswith("the job saved none") and wait["timeout_s"] == 600
+    assert not (here / "attempt-2" / "launch").exists()  # the copies are written only for a shrink that happens

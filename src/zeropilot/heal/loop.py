@@ -220,40 +220,20 @@ class Healer:
 
     def lost_node(self, last: Dict[str, Any], failure: causes.Failure, number: int, folder: str,
                   restarts_done: int) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
-        """After a lost node: the next attempt on the surviving nodes from a universal conversion when shrinking is
-        allowed and possible (:mod:`zeropilot.heal.shrink`); else ``(None, {"node_wait": ...})``: the same launch
-        restarts and waits for the node, for as long as its rendezvous timeout."""
+        """After a lost node: the next attempt on the surviving nodes (:func:`zeropilot.heal.shrink.decide`), or
+        ``(None, {"node_wait": ...})``: the same launch restarts and waits for the node."""
         summary, events, records = attempt_report(self.root / last["dir"])
         verdict = {**(summary.get("verdict") or {}), **((records.hang or {}).get("verdict") or {})}  # nodes_lost
         setups = [e for evs in events.values() for e in evs if e.get("event") == "setup"]
-        batch = shrink.batch_of(setups)
-        lost = shrink.lost_of(verdict, last["command"],
-                              last.get("world_size") if batch is None else batch[2])
-        why = shrink.refusal(self.opts.allow, lost)
-        attempt = RunDir(RunDir(self.root).attempt_dir(number))
-        plan: Any = None
-        if why is None:
-            _, launch, _ = prepare(last["command"], self.root / last["dir"], last["env"])
-            plan = shrink.plan(lost, batch, last["command"], last["env"], launch, attempt.launch_copies)
-            why = plan if isinstance(plan, str) else None
-        if why is None:
-            attempt.root.mkdir(parents=True, exist_ok=True)
-            resume = shrink.universal_checkpoint(saves_so_far(self.root, self.doc), lost, attempt.universal)
-            plan.checkpoint = resume.get("universal")
-            if resume["chosen"] is None:
-                why = "no complete checkpoint converted to a universal one: " + str(
-                    (resume.get("universal") or {}).get("error") or "the job saved none")
-        if why is not None:
-            wait = shrink.waiting(lost, last["command"], why)
-            say(f"node lost, not shrinking: {why}; {wait['what']}")
-            return None, {"node_wait": wait}
-        plan.patch.write()
+        plan, resume = shrink.decide(self.opts.allow, verdict, setups, last, RunDir(self.root).attempt_dir(number),
+                                     lambda: prepare(last["command"], self.root / last["dir"], last["env"])[1],
+                                     lambda: saves_so_far(self.root, self.doc))
+        if plan is None:
+            say(f"node lost, not shrinking: {resume['why']}; {resume['what']}")
+            return None, {"node_wait": resume}
         say(shrink.says(plan))
-        resume.update(give=resume["chosen"]["path"], how="the guard hands the universal checkpoint to the launch's "
-                      "load (a Trainer's resume_from_checkpoint, a raw loop's own load_checkpoint(dir)), with "
-                      "\"checkpoint\": {\"load_universal\": true} in the config copy")
         step = resume["chosen"]["step"] or 0
-        in_force = list(last.get("in_force") or []) + [{"key": "shrink", "change": {"nodes_lost": lost.nodes}}]
+        in_force = list(last.get("in_force") or []) + [{"key": "shrink", "change": {"nodes_lost": plan.lost.nodes}}]
         entry = record.start_attempt(self.doc, number, folder, plan.command, plan.env, fix=None, in_force=in_force,
                                      resume=resume, shrink=plan.to_dict(),
                                      steps_redone=None if failure.step is None else max(failure.step - step, 0),

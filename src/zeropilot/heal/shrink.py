@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 LOST_CLASS = "node_lost"  # the watchdog's hang class (zeropilot.runner.watchdog)
 ALLOW_WORD = "shrink"  # the --heal-allow word (zeropilot.heal.fixes.ALLOW_WORDS)
@@ -283,3 +283,44 @@ def says(s: Shrink) -> str:
     return (f"node {', '.join(map(str, s.lost.nodes))} lost (ranks {', '.join(map(str, s.lost.ranks))}): restarting "
             f"on {s.lost.new_nnodes} node(s), {w2} ranks; micro batch {m} -> {m2}, gradient accumulation {g} -> {g2}: "
             f"{m}x{g}x{w} = {m2}x{g2}x{w2} = {m * g * w} samples per step")
+
+
+def decide(allow: List[str], verdict: Dict[str, Any], setups: List[Dict[str, Any]], last: Dict[str, Any],
+           attempt_dir: Path, read_launch: Callable[[], Any], read_saves: Callable[[], List[Dict[str, Any]]]
+           ) -> Tuple[Optional[Shrink], Dict[str, Any]]:
+    """The restart after a lost node: ``(Shrink, resume)`` with the copies and the universal conversion written, or
+    ``(None, node_wait)`` (:func:`waiting`) when the survivors wait for the node.
+
+    Args:
+        allow: the ``--heal-allow`` words.
+        verdict: the failed attempt's hang verdict (``nodes_lost``, ``ranks``).
+        setups: its ranks' ``setup`` records (the batch the engine ran with).
+        last: its ``heal.json`` entry (``command``, ``env``, ``world_size``).
+        attempt_dir: the next attempt's run directory (copies in ``launch/``, the conversion in ``universal/``).
+        read_launch: the failed attempt's launch as ``check`` reads it (called only when shrinking).
+        read_saves: every attempt's ``save`` records (called only when shrinking).
+    """
+    from zeropilot.runlog.layout import RunDir
+
+    batch = batch_of(setups)
+    lost = lost_of(verdict, last["command"], last.get("world_size") if batch is None else batch[2])
+    why = refusal(allow, lost)
+    where = RunDir(attempt_dir)
+    s: Union[Shrink, str, None] = None
+    if why is None:
+        s = plan(lost, batch, last["command"], last["env"], read_launch(), where.launch_copies)
+        why = s if isinstance(s, str) else None
+    if why is None:
+        where.root.mkdir(parents=True, exist_ok=True)
+        resume = universal_checkpoint(read_saves(), lost, where.universal)
+        s.checkpoint = resume.get("universal")
+        if resume["chosen"] is None:
+            why = "no complete checkpoint converted to a universal one: " + str(
+                (resume.get("universal") or {}).get("error") or "the job saved none")
+    if why is not None:
+        return None, waiting(lost, last["command"], why)
+    s.patch.write()
+    resume.update(give=resume["chosen"]["path"], how="the guard hands the universal checkpoint to the launch's load "
+                  "(a Trainer's resume_from_checkpoint, a raw loop's own load_checkpoint(dir)), with \"checkpoint\": "
+                  "{\"load_universal\": true} in the config copy")
+    return s, resume
