@@ -11,6 +11,7 @@ from hypothesis import given, strategies as st
 
 from tests.conftest import write_files
 from tests.heal.test_patch import _launch, here  # noqa: F401  (a fixture)
+from tests.report.conftest import validate  # noqa: F401 - the report schema's validator, a fixture
 from zeropilot.heal import shrink
 
 NODE1 = ["torchrun", "--nnodes", "2", "--nproc_per_node", "2", "--node_rank", "1", "--master_addr", "10.0.0.1",
@@ -130,3 +131,32 @@ def test_decide_with_nothing_to_convert_waits_and_says_why(here):  # noqa: F811
                                lambda: [])
     assert plan is None and wait["why"].endswith("the job saved none") and wait["timeout_s"] == 600
     assert not (here / "attempt-2" / "launch").exists()  # the copies are written only for a shrink that happens
+
+
+def test_the_report_shows_the_shrink_and_the_wait_and_keeps_a_hostile_one_in_shape(tmp_path, capsys, validate):
+    from tests.heal.test_report_heal import GOOD, _attempt
+    from tests.report.synth import Spec, write_run
+    from zeropilot.cli import main
+
+    lost = {"kind": "hang", "class": "node_lost", "step": 3, "ranks": [2, 3], "reason": "node 1 lost",
+            "restart": True, "why": "restart"}
+    shrunk = {"nodes_lost": [1], "ranks_lost": [2, 3], "nnodes": [2, 1], "world_size": [4, 2], "micro_batch": [4, 4],
+              "grad_accum": [1, 2], "samples_per_step": [16, 16], "settings": ["gradient_accumulation_steps: 1 -> 2"],
+              "checkpoint": {"from": "/c", "tag": "global_step2", "to": "/r/attempt-2/universal",
+                             "verdict": "resumable only through a universal conversion at 2 ranks"}}
+    wait = {"nodes": [1], "timeout_s": 600, "why": "shrinking is not allowed", "what": "waits for node 1 at most 600 s"}
+    d = write_run(tmp_path / "run", Spec(ranks=2, steps=3))
+    doc = dict(GOOD, attempts=[_attempt(1, failure=lost), _attempt(2, shrink=shrunk), _attempt(3, node_wait=wait),
+                               _attempt(4, shrink={"world_size": "x", "checkpoint": [1]}, node_wait=[2])])
+    (d / "heal.json").write_text(json.dumps(doc))
+    assert main(["report", str(d), "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert validate(out) == []
+    got = out["heal"]["attempts"]
+    assert got[1]["shrink"]["samples_per_step"] == [16, 16] and got[2]["node_wait"]["timeout_s"] == 600
+    assert got[3]["shrink"]["world_size"] == [] and got[3]["node_wait"] is None
+    assert main(["report", str(d)]) == 0
+    text = capsys.readouterr().out
+    assert ("    shrunk: node 1 lost: 4 -> 2 ranks, micro batch 4 -> 4, gradient accumulation 1 -> 2 (16 -> 16 samples "
+            "per step); resumable only through a universal conversion at 2 ranks\n") in text
+    assert "    waits for the lost node: waits for node 1 at most 600 s (shrinking is not allowed)\n" in text

@@ -20,6 +20,8 @@ import pytest
 
 from tests import runjobs
 from tests.guard.test_watch_nodes import _job
+from tests.report.conftest import validate  # noqa: F401 - the report schema's validator, a fixture
+from zeropilot.cli import main
 
 pytestmark = [pytest.mark.slow]
 CONFIG = runjobs.JOBS / "ds_config.json"  # micro batch 4, gradient accumulation 1, ZeRO-3
@@ -39,7 +41,7 @@ def _records(folder: Path, rank: int, event: str) -> List[Dict]:
     return [r for r in map(json.loads, lines) if r.get("event") == event]
 
 
-def test_node_0_finishes_alone_from_the_universal_conversion_with_the_same_samples_per_step():
+def test_node_0_finishes_alone_from_the_universal_conversion_with_the_same_samples_per_step(capsys, validate):
     job = _shrunk()
     root = job["dirs"][0]
     doc = json.loads((root / "heal.json").read_text())
@@ -51,7 +53,8 @@ def test_node_0_finishes_alone_from_the_universal_conversion_with_the_same_sampl
     assert cmd[cmd.index("--nnodes") + 1] == "1" and "--standalone" in cmd
     assert not {"--node_rank", "--master_addr", "--master_port"} & set(cmd)
     copy = Path(cmd[cmd.index("--deepspeed_config") + 1])
-    assert copy.parent == root / "attempt-2" / "launch" and json.loads(CONFIG.read_text())["gradient_accumulation_steps"] == 1
+    assert copy.parent == root / "attempt-2" / "launch"
+    assert json.loads(CONFIG.read_text())["gradient_accumulation_steps"] == 1
     assert json.loads(copy.read_text())["checkpoint"] == {"load_universal": True}
     # the samples per optimizer step, as the engines ran them (the guard's setup records): before = after
     before = _records(root, 0, "setup")[-1]["train"]
@@ -76,3 +79,9 @@ def test_node_0_finishes_alone_from_the_universal_conversion_with_the_same_sampl
     assert second["resumed"]["really"] is True and second["exit_code"] == 0
     steps = [r["step"] for r in _records(root / "attempt-2", 0, "step")]
     assert steps[0] == chosen["step"] + 1 and steps[-1] == STEPS
+    # the report of node 0's heal run: the timeline names the shrink
+    assert main(["report", str(root), "--format", "json"]) == 0
+    assert validate(json.loads(capsys.readouterr().out)) == []
+    assert main(["report", str(root)]) == 0
+    assert "    shrunk: node 1 lost: 4 -> 2 ranks, micro batch 4 -> 4, gradient accumulation 1 -> 2 (16 -> 16" in \
+        capsys.readouterr().out
