@@ -160,3 +160,26 @@ def test_the_report_shows_the_shrink_and_the_wait_and_keeps_a_hostile_one_in_sha
     assert ("    shrunk: node 1 lost: 4 -> 2 ranks, micro batch 4 -> 4, gradient accumulation 1 -> 2 (16 -> 16 samples "
             "per step); resumable only through a universal conversion at 2 ranks\n") in text
     assert "    waits for the lost node: waits for node 1 at most 600 s (shrinking is not allowed)\n" in text
+
+
+def test_a_restart_after_a_shrink_resumes_from_the_conversion_or_a_newer_save(here):  # noqa: F811
+    from zeropilot.heal.checkpoints import Candidate, Choice
+
+    write_files(here, {"train.py": "import deepspeed\n", "ds.json": '{"train_micro_batch_size_per_gpu": 4,\n'
+                       ' "gradient_accumulation_steps": 2, "checkpoint": {"load_universal": true}}\n'})
+    cmd = ["torchrun", "--nnodes", "1", "--standalone", "--nproc_per_node", "2", "train.py", "--deepspeed_config",
+           "ds.json"]
+    conv = {"path": str(here / "attempt-2" / "universal"), "tag": "global_step2", "step": 2, "universal": True}
+    attempts = [{"attempt": 1}, {"attempt": 2, "shrink": {"nodes_lost": [1]}, "resume": {"chosen": conv}}]
+    assert shrink.shrunk([{"key": "shrink"}]) and not shrink.shrunk([{"key": "micro_batch"}])
+    copies = here / "attempt-3" / "launch"
+    # no save since the conversion: the conversion again, handed over by the guard
+    old = Choice(Candidate(here / "ckpt", "global_step2", 2, "deepspeed", world_size=4), [])
+    c, e, r = shrink.resume_after(attempts, old, {"chosen": None, "give": None}, cmd, {}, copies, lambda: None)
+    assert (c, r["chosen"], r["give"]) == (cmd, conv, conv["path"])
+    # a ZeRO save at the smaller world after it: load_universal off on a new copy, that save resumed
+    newer = Choice(Candidate(here / "ckpt", "global_step6", 6, "deepspeed", world_size=2), [])
+    given = {"chosen": newer.chosen.to_dict(), "give": None, "how": "the script's own load_checkpoint"}
+    c, e, r = shrink.resume_after(attempts, newer, given, cmd, {}, copies, lambda: _launch(here, cmd))
+    assert r["chosen"]["step"] == 6 and c[-1] == str(copies / "ds.json") and "load_universal turned off" in r["how"]
+    assert json.loads((copies / "ds.json").read_text())["checkpoint"] == {"load_universal": False}

@@ -212,7 +212,11 @@ class Healer:
         world = last.get("world_size")
         choice = checkpoints.choose(saves_so_far(self.root, self.doc), world)
         resume = self.resume_entry(choice)
-        redone = None if failure.step is None else failure.step - ((choice.chosen.step or 0) if choice.chosen else 0)
+        if shrink.shrunk(in_force):  # after a restart on fewer nodes: its universal checkpoint, or a newer save
+            copies = RunDir(RunDir(self.root).attempt_dir(number)).launch_copies
+            command, env, resume = shrink.resume_after(self.doc["attempts"], choice, resume, command, env, copies,
+                                                       lambda: prepare(command, self.root / last["dir"], env)[1])
+        redone = None if failure.step is None else failure.step - ((resume.get("chosen") or {}).get("step") or 0)
         wait = record.backoff(self.opts.backoff_s, restarts_done + 1)
         return record.start_attempt(self.doc, number, folder, command, env, fix=fix_entry, in_force=in_force,
                                     resume=resume, steps_redone=max(redone, 0) if redone is not None else None,

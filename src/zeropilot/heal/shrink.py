@@ -324,3 +324,38 @@ def decide(allow: List[str], verdict: Dict[str, Any], setups: List[Dict[str, Any
                   "(a Trainer's resume_from_checkpoint, a raw loop's own load_checkpoint(dir)), with \"checkpoint\": "
                   "{\"load_universal\": true} in the config copy")
     return s, resume
+
+
+def shrunk(in_force: List[Dict[str, Any]]) -> bool:
+    """Whether an earlier attempt of this heal run restarted on fewer nodes (its launch has ``load_universal``)."""
+    return any(isinstance(f, dict) and f.get("key") == "shrink" for f in in_force or [])
+
+
+def resume_after(attempts: List[Dict[str, Any]], choice: Any, resume: Dict[str, Any], command: List[str],
+                 env: Dict[str, str], copies: Path, read_launch: Callable[[], Any]
+                 ) -> Tuple[List[str], Dict[str, str], Dict[str, Any]]:
+    """A restart after a shrunk attempt: ``(command, env, resume)``.
+
+    The launch in force loads universal checkpoints. When no complete save newer than the universal conversion was
+    made (``choice``: the checkpoints of the save folders, judged at the smaller world), the restart resumes from the
+    conversion again (the guard hands it over). When there is one (a ZeRO save at the smaller world, which DeepSpeed
+    reads only without ``load_universal``), ``load_universal`` is turned off on a new copy and ``resume`` is kept."""
+    from zeropilot.heal import patch
+
+    last = next((a for a in reversed(attempts) if a.get("shrink")), None)
+    universal = ((last or {}).get("resume") or {}).get("chosen")
+    if not universal:
+        return command, env, resume
+    newer = choice.chosen is not None and (choice.chosen.step or 0) > (universal.get("step") or 0)
+    if newer and choice.chosen.universal:
+        return command, env, resume
+    if newer:
+        launch = read_launch()
+        p = patch.apply({"load_universal": False}, command, env, launch, copies) if launch is not None else None
+        if isinstance(p, patch.Patch):
+            p.write()
+            return p.command, p.env, dict(resume, how=resume.get("how", "") + "; load_universal turned off on a copy: "
+                                          "this save was made at the smaller world size")
+    return command, env, dict(resume, chosen=universal, give=universal.get("path"),
+                              how="the universal conversion of the restart on fewer nodes, again (no newer complete "
+                                  "save): the guard hands it to the launch's load")
