@@ -79,9 +79,13 @@ def test_without_heal_allow_shrink_the_survivors_wait_for_the_node_and_say_for_h
     assert shrink.refusal(["shrink"], lost) is None
     wait = shrink.waiting(lost, NODE1, why)
     assert (wait["nodes"], wait["timeout_s"]) == ([1], shrink.TORCHRUN_RDZV_TIMEOUT_S)
-    assert "waits for node 1 at most 600 s" in wait["what"]
+    assert "waits for node 1 at most 600 s (torchrun's rendezvous timeout 600 s)" in wait["what"]
     with_conf = NODE1[:1] + ["--rdzv-conf", "join_timeout=120"] + NODE1[1:]
     assert shrink.waiting(lost, with_conf, why)["timeout_s"] == 120
+    # the watchdog's limit for a job with no rank yet (at least its start-up grace of 120 s) may end it first
+    assert shrink.waiting(lost, NODE1, why, 300.0)["timeout_s"] == 300
+    assert shrink.waiting(lost, NODE1, why, 30.0)["timeout_s"] == 120
+    assert "the watchdog's start-up limit 120 s" in shrink.waiting(lost, NODE1, why, 30.0)["what"]
 
 
 def test_a_lost_node_the_command_cannot_place_is_refused_even_when_allowed():

@@ -231,7 +231,7 @@ class Healer:
         setups = [e for evs in events.values() for e in evs if e.get("event") == "setup"]
         plan, resume = shrink.decide(self.opts.allow, verdict, setups, last, RunDir(self.root).attempt_dir(number),
                                      lambda: prepare(last["command"], self.root / last["dir"], last["env"])[1],
-                                     lambda: saves_so_far(self.root, self.doc))
+                                     lambda: saves_so_far(self.root, self.doc), self.run_options.hang_timeout_s)
         if plan is None:
             say(f"node lost, not shrinking: {resume['why']}; {resume['what']}")
             return None, {"node_wait": resume}

@@ -22,8 +22,9 @@ publishing heartbeats) cannot restart as it was: its rendezvous waits for every 
 - **wait** (shrinking not allowed, or not possible for this launch): the same launch restarts on every node and its
   rendezvous waits for the lost node to come back (its own ``zeropilot run --heal`` started again there), at most
   the rendezvous timeout of the launch (:func:`rendezvous_wait_s`: ``--rdzv-conf timeout=S``, else torchrun's
-  default, :data:`TORCHRUN_RDZV_TIMEOUT_S`). If the node does not come back by then, torchrun fails before any rank
-  starts and the healing stops there, saying so.
+  default, :data:`TORCHRUN_RDZV_TIMEOUT_S`) or the watchdog's limit for a job whose ranks never started, the
+  smaller (:func:`waiting`). If the node does not come back by then, the attempt fails before any rank starts and
+  the healing stops there, saying so.
 
 Only ``torchrun`` launches (one launcher per node, each under its own ``zeropilot run``) are shrunk; a launch that
 starts every node from one command (``deepspeed --hostfile``) waits.
@@ -179,14 +180,25 @@ def refusal(allow: List[str], lost: Union[Lost, str]) -> Optional[str]:
     return lost if isinstance(lost, str) else None
 
 
-def waiting(lost: Union[Lost, str, None], command: List[str], why: str) -> Dict[str, Any]:
-    """``heal.json``'s ``node_wait`` of an attempt that restarts the same launch and waits for the lost node."""
+def waiting(lost: Union[Lost, str, None], command: List[str], why: str, hang_timeout_s: Optional[float] = None
+            ) -> Dict[str, Any]:
+    """``heal.json``'s ``node_wait`` of an attempt that restarts the same launch and waits for the lost node.
+
+    The wait ends at the first of: torchrun's rendezvous timeout (:func:`rendezvous_wait_s`; torchrun then fails
+    before any rank starts, which is not restarted) and the watchdog's limit for a job with no rank heartbeat yet
+    (``max(--hang-timeout, STARTUP_GRACE_S)``; a hang, which the no-loop rule stops at its second time)."""
+    from zeropilot.runner.watchdog import STARTUP_GRACE_S
+
     nodes = ", ".join(map(str, lost.nodes)) if isinstance(lost, Lost) else "?"
-    seconds = rendezvous_wait_s(command)
+    rdzv = rendezvous_wait_s(command)
+    watchdog = None if hang_timeout_s is None else int(max(hang_timeout_s, STARTUP_GRACE_S))
+    seconds = rdzv if watchdog is None else min(rdzv, watchdog)
+    limits = f"torchrun's rendezvous timeout {rdzv} s" + ("" if watchdog is None else
+                                                          f", the watchdog's start-up limit {watchdog} s")
     return {"nodes": list(lost.nodes) if isinstance(lost, Lost) else None, "timeout_s": seconds, "why": why,
             "what": f"the same launch restarts and its rendezvous waits for node {nodes} at most {seconds} s "
-                    "(torchrun's rendezvous timeout); start that node's `zeropilot run --heal` again to rejoin. "
-                    "If it does not come back, torchrun fails before any rank starts and the healing stops"}
+                    f"({limits}); start that node's `zeropilot run --heal` again to rejoin. If it does not come "
+                    "back, the attempt fails before any rank starts and the healing stops"}
 
 
 # -- the shrink -----------------------------------------------------------------------------------------------
@@ -286,8 +298,8 @@ def says(s: Shrink) -> str:
 
 
 def decide(allow: List[str], verdict: Dict[str, Any], setups: List[Dict[str, Any]], last: Dict[str, Any],
-           attempt_dir: Path, read_launch: Callable[[], Any], read_saves: Callable[[], List[Dict[str, Any]]]
-           ) -> Tuple[Optional[Shrink], Dict[str, Any]]:
+           attempt_dir: Path, read_launch: Callable[[], Any], read_saves: Callable[[], List[Dict[str, Any]]],
+           hang_timeout_s: Optional[float] = None) -> Tuple[Optional[Shrink], Dict[str, Any]]:
     """The restart after a lost node: ``(Shrink, resume)`` with the copies and the universal conversion written, or
     ``(None, node_wait)`` (:func:`waiting`) when the survivors wait for the node.
 
@@ -299,6 +311,7 @@ def decide(allow: List[str], verdict: Dict[str, Any], setups: List[Dict[str, Any
         attempt_dir: the next attempt's run directory (copies in ``launch/``, the conversion in ``universal/``).
         read_launch: the failed attempt's launch as ``check`` reads it (called only when shrinking).
         read_saves: every attempt's ``save`` records (called only when shrinking).
+        hang_timeout_s: the watchdog's ``--hang-timeout`` (bounds the wait, :func:`waiting`).
     """
     from zeropilot.runlog.layout import RunDir
 
@@ -318,7 +331,7 @@ def decide(allow: List[str], verdict: Dict[str, Any], setups: List[Dict[str, Any
             why = "no complete checkpoint converted to a universal one: " + str(
                 (resume.get("universal") or {}).get("error") or "the job saved none")
     if why is not None:
-        return None, waiting(lost, last["command"], why)
+        return None, waiting(lost, last["command"], why, hang_timeout_s)
     s.patch.write()
     resume.update(give=resume["chosen"]["path"], how="the guard hands the universal checkpoint to the launch's load "
                   "(a Trainer's resume_from_checkpoint, a raw loop's own load_checkpoint(dir)), with \"checkpoint\": "
