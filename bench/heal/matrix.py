@@ -2,6 +2,7 @@
 failed, bit for bit.
 
     python bench/heal/matrix.py OUT_JSON [--only hf_z2:kill ...] [--keep DIR]
+    python bench/heal/matrix.py --table OUT_JSON        (the results as the Markdown table of the README)
 
 Launches (2 ranks, gloo, ``DS_ACCELERATOR=cpu``; unmodified scripts from ``tests/guard/jobs``): ``hf_z2`` and
 ``hf_z3`` (``hf_train.py``: HF Trainer + DeepSpeed ZeRO-2 / ZeRO-3 under torchrun), ``raw_z3`` (``ds_resume.py``:
@@ -159,7 +160,24 @@ def cell(launch: str, fault: str, work: Path, ref_ckpt: Path) -> dict:
     return row
 
 
+def table(doc: dict) -> str:
+    """The results as a Markdown table."""
+    lines = ["| launch | fault | outcome | attempts | resumed from step | steps redone (save every "
+             f"{doc['save_every']}) | final checkpoint vs the run that never failed | seconds |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        same = (f"bitwise equal ({r['tensors']} tensors)" if r["bitwise_equal"] else
+                f"DIFFERS: {r['first_difference']}")
+        lines.append(f"| {r['launch']} | {r['fault']} | {r['status']} | {r['attempts']} | "
+                     f"{', '.join(map(str, r['resumed_from_steps']))} | {', '.join(map(str, r['steps_redone']))} | "
+                     f"{same} | {r['seconds']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--table"]:
+        print(table(json.loads(Path(sys.argv[2]).read_text())), end="")
+        return 0
     p = argparse.ArgumentParser()
     p.add_argument("out", type=Path)
     p.add_argument("--only", nargs="*", default=[], help="cells as launch:fault")

@@ -226,19 +226,24 @@ def _preempted_run(name: str, command: list, env: dict, at_step: int) -> runjobs
 @pytest.fixture(scope="module")
 def hf_z3(tmp_path_factory):
     base = tmp_path_factory.mktemp("hf_z3")
+    (base / "z3.json").write_text(json.dumps(dict(Z2, zero_optimization={"stage": 3})))
 
     def command(out, *extra):
         return ["torchrun", "--nproc_per_node", "2", "--master_port", str(runjobs.free_port()), str(JOBS / "hf_train.py"),
                 str(out), "--stage", "3", "--steps", "8", "--save-steps", "2", "--logging-steps", "1",
-                "--per_device_train_batch_size", "1", "--seq", "256", "--max_length", "256", *extra]
+                "--deepspeed", str(base / "z3.json"), "--per_device_train_batch_size", "1", "--seq", "256",
+                "--max_length", "256", *extra]
 
     ref = runjobs.zeropilot_run("heal_hf_z3_ref", command(base / "ref"), ["--no-check"])
     env = runjobs.job_env("heal_hf_z3")
     env["ZEROPILOT_INJECT_OOM"] = "256@7"  # from step 7 on, a micro batch of 256 tokens does not fit: only a cap does
     cmd = command(base / "healed", "--step-sleep", "1.0")
     preempted = _preempted_run("heal_hf_z3", cmd, env, at_step=2)
+    preempted.heal = _heal(preempted)
     stopped = runjobs.zeropilot_run("heal_hf_z3", cmd, ["--no-check", *HEAL], env=env)  # the requeued job
+    stopped.heal = _heal(stopped)
     allowed = runjobs.zeropilot_run("heal_hf_z3", cmd, ["--no-check", *HEAL, "--heal-allow", "seq_len"], env=env)
+    allowed.heal = _heal(allowed)
     return ref, preempted, stopped, allowed, base
 
 
@@ -253,12 +258,12 @@ def test_hf_zero3_preemption_saves_at_one_step_on_every_rank_and_stops(hf_z3):
     assert not any(r["late"] for r in took)
     assert (base / "healed" / f"checkpoint-{pre['stop_step']}" / "trainer_state.json").is_file()
     assert f"every rank saves at the end of step {pre['stop_step']} and stops" in job.stderr
-    assert _heal(job)["attempts"][0]["failure"]["kind"] == "preempted"
+    assert job.heal["attempts"][0]["failure"]["kind"] == "preempted" and job.heal["outcome"]["status"] == "preempted"
 
 
 def test_hf_zero3_the_next_heal_resumes_from_the_preemption_save_exactly(hf_z3):
     ref, job, stopped, _, base = hf_z3
-    second = _heal(stopped)["attempts"][1]
+    second = stopped.heal["attempts"][1]
     saved = json.loads((job.run_dir / "run.json").read_text())["preempted"]["saved_step"]
     assert second["resume"]["chosen"]["step"] == saved and second["resumed"]["really"] is True
     assert bitwise_equal(base / "ref" / "checkpoint-6" / "global_step6",
@@ -268,13 +273,13 @@ def test_hf_zero3_the_next_heal_resumes_from_the_preemption_save_exactly(hf_z3):
 def test_an_oom_whose_only_fix_cuts_the_data_stops_then_heals_when_allowed(hf_z3):
     _, _, stopped, allowed, base = hf_z3
     assert stopped.returncode != 0
-    heal = _heal(stopped)
+    heal = stopped.heal
     assert heal["outcome"]["status"] == "stopped" and heal["attempts"][1]["failure"]["kind"] == "oom"
     why = heal["outcome"]["why"]
     assert "the first ranked fix, 'cap sequences at 128 tokens', is not applied" in why
     assert "--heal-allow seq_len" in why and "INJECTED" in stopped.stdout
     assert allowed.returncode == 0, allowed.stderr[-3000:]
-    heal = _heal(allowed)
+    heal = allowed.heal
     third = heal["attempts"][2]
     assert heal["outcome"]["status"] == "healed" and third["fix"]["key"] == "seq_len"
     assert third["fix"]["allowed_by"] == ["seq_len"] and third["fix"]["settings"] == ["max_length: 256 -> 128 (flag)"]

@@ -63,6 +63,8 @@ def test_hf_flags_are_rewritten_in_the_command_and_an_added_section_lands_in_the
     launch = _launch(here, cmd)
     p = patch.apply({"micro_batch": 2, "grad_accum": 2}, cmd, {}, launch, here / "c")
     assert p.command[-3:] == ["--per_device_train_batch_size=2", "--gradient_accumulation_steps", "2"]
+    assert patch.apply({"seq_len": 128}, cmd, {}, launch, here / "c") == (
+        "max_length, max_seq_length: not in a file or flag of the launch (set in the script's code?)")
     assert p.files == []  # "auto" in the DeepSpeed config follows the Trainer's arguments: not touched
     p = patch.apply({"offload_optimizer": "cpu"}, cmd, {}, launch, here / "c")
     p.write()

@@ -120,6 +120,15 @@ def judge_resume(entry: Dict[str, Any], events: Dict[int, List[Dict[str, Any]]],
     return out
 
 
+def fix_record(chosen: fixes.Pick) -> Dict[str, Any]:
+    """``fix`` of an attempt: the fix applied, whether it is math-neutral or allowed, what it changed where."""
+    fix, applied = chosen.fix, chosen.applied
+    return {"key": fix.get("key"), "fix": fix.get("fix"), "change": fix.get("change"), "why": fix.get("why"),
+            "evidence": fix.get("evidence"), "neutral": fixes.neutral(fix.get("key")),
+            "allowed_by": fixes.needs_allow(fix.get("key")), "passed": chosen.passed,
+            "settings": applied.settings, "files": applied.files, "diff": applied.diff}
+
+
 class Healer:
     """The restart loop over one heal run directory."""
 
@@ -184,7 +193,8 @@ class Healer:
         if stop is None and restarts_done >= self.opts.restarts:
             stop = f"{self.opts.restarts} restart(s) used (--restarts {self.opts.restarts})"
         if stop is not None:
-            return self._end("stopped", stop, last)
+            self._end("stopped", stop, last)
+            return None
         command, env = last["command"], dict(last["env"])
         fix_entry = None
         in_force = list(last.get("in_force") or [])
@@ -198,17 +208,12 @@ class Healer:
         if failure.kind == "oom":
             chosen = self.pick_fix(last, number)
             if chosen.fix is None:
-                return self._end("stopped", "out of memory and no fix to apply: " + chosen.stop_reason, last,
-                                 passed=chosen.passed)
-            p = chosen.applied
-            command, env = p.command, p.env
-            fix_entry = {"key": chosen.fix.get("key"), "fix": chosen.fix.get("fix"), "change": chosen.fix.get("change"),
-                         "why": chosen.fix.get("why"), "evidence": chosen.fix.get("evidence"),
-                         "neutral": fixes.neutral(chosen.fix.get("key")),
-                         "allowed_by": fixes.needs_allow(chosen.fix.get("key")), "passed": chosen.passed,
-                         **{k: v for k, v in p.to_dict().items() if k in ("settings", "files", "diff")}}
+                self._end("stopped", "out of memory and no fix to apply: " + chosen.stop_reason, last,
+                          passed=chosen.passed)
+                return None
+            command, env, fix_entry = chosen.applied.command, chosen.applied.env, fix_record(chosen)
             in_force.append({"key": chosen.fix.get("key"), "change": chosen.fix.get("change")})
-            p.write()
+            chosen.applied.write()
         world = last.get("world_size")
         choice = checkpoints.choose(saves_so_far(self.root, self.doc), world)
         resume = self.resume_entry(choice)
@@ -265,17 +270,18 @@ class Healer:
 
     @staticmethod
     def resume_entry(choice: checkpoints.Choice) -> Dict[str, Any]:
+        """``resume`` of the next attempt: the choice, the path the guard gives a Trainer, how it is resumed."""
         c = choice.chosen
         give = str(c.path) if c is not None and c.framework == "hf" else None
         how = ("none: no complete checkpoint, the attempt starts from step 0" if c is None else
-               f"the guard passes it to Trainer.train (resume_from_checkpoint)" if give else
+               "the guard passes it to Trainer.train (resume_from_checkpoint)" if give else
                "the script's own load_checkpoint (DeepSpeed reads `latest`); the report says whether it did")
         return dict(choice.to_dict(), give=give, how=how)
 
     def _end(self, status: str, why: str, last: Dict[str, Any], **extra: Any) -> None:
+        """The healing ends here: ``outcome`` written."""
         self.doc["outcome"] = {"status": status, "why": why, "exit_code": last.get("exit_code"), **extra}
         record.save(self.root, self.doc)
-        return None
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def run(self, first: Dict[str, Any]) -> Dict[str, Any]:
@@ -316,7 +322,8 @@ class Healer:
 
     def _done(self, entry: Dict[str, Any]) -> Dict[str, Any]:
         if entry["attempt"] == 1:
-            return self._end("finished", "every rank finished; nothing to heal", entry) or self.doc
+            self._end("finished", "every rank finished; nothing to heal", entry)
+            return self.doc
         cold = [a for a in self.doc["attempts"] if (a.get("resumed") or {}).get("really") is False]
         if cold:
             self._end("restarted_from_scratch", f"finished, but attempt {cold[0]['attempt']} "

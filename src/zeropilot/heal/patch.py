@@ -305,7 +305,10 @@ def apply(change: Dict[str, Any], command: List[str], env: Dict[str, str], launc
     if missing:
         return f"{', '.join(s.key for s in missing)}: not in a file or flag of the launch (set in the script's code?)"
     if not copies.texts and out_cmd == command and not new_env:
-        return "the launch already has this setting"
+        if any(w.endswith("(already)") for w in words):
+            return "the launch already has this setting"
+        return (f"{', '.join(dict.fromkeys(s.key for s in sets))}: not in a file or flag of the launch (set in the "
+                "script's code?)")
     out_cmd, files = _write_plan(copies, docs["ds_config"] + docs["train_args"] + list(launch.accelerate_configs),
                                  out_cmd, cwd)
     merged_env = dict(env)
