@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "with zeropilot's guard inside every rank; write the run directory and print its summary.",
         usage="zeropilot run [--out DIR] [--no-check] [--hang-timeout S] [--timeouts-from DIR] "
               "[--on-hang report|stop] [--memory-history] [--metrics max|ranks|off] [--format text|json] "
-              "-- COMMAND ...")
+              "[--preempt-grace S] [--heal [--restarts N] [--heal-allow KIND] [--heal-backoff S]] -- COMMAND ...")
     p.add_argument("--out", type=Path, metavar="DIR", help="run directory (default: zeropilot-runs/<time>)")
     p.add_argument("--no-check", action="store_true", help="start even when `check` finds errors")
     p.add_argument("--hang-timeout", type=float, metavar="S",
@@ -47,6 +47,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="json: print the report (zeropilot.report/1, as `zeropilot report DIR --format json`); "
                         "the launch's own standard output then goes to standard error")
+    p.add_argument("--preempt-grace", type=float, default=120.0, metavar="S",
+                   help="on SIGTERM or SIGUSR1, HF Trainer ranks save at a step and stop; the job is stopped after "
+                        "S seconds whatever it did (default 120)")
+    p.add_argument("--heal", action="store_true",
+                   help="restart the launch when it fails in a way a restart can help (a rank killed, a hang the "
+                        "watchdog stopped, an OOM with a fix that leaves the training the same), resuming from the "
+                        "newest complete checkpoint; on a DIR that holds a run, go on healing it (docs/run.md)")
+    p.add_argument("--restarts", type=int, default=3, metavar="N", help="with --heal: restarts at most (default 3)")
+    p.add_argument("--heal-allow", action="append", default=[], metavar="KIND",
+                   help="with --heal: also apply fixes of this kind, which change the data or the model: "
+                        "seq_len (a shorter maximum length), packing; shrink (restart on fewer nodes). Repeatable")
+    p.add_argument("--heal-backoff", type=float, default=10.0, metavar="S",
+                   help="with --heal: seconds before the first restart, doubled for each further one (default 10)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the launch")
     p.set_defaults(func=run)
 
@@ -132,6 +145,22 @@ def _summary(out: Path, fmt: str) -> str:
     return render(summary)
 
 
+def _heal_options(args: argparse.Namespace):
+    """``--heal``'s options, checked: an unknown kind or a negative count is an input error."""
+    from zeropilot.heal.fixes import ALLOW_WORDS
+    from zeropilot.heal.loop import HealOptions
+
+    unknown = [w for w in args.heal_allow if w not in ALLOW_WORDS]
+    if unknown:
+        raise InputError(f"--heal-allow {unknown[0]!r}: not a kind of change zeropilot knows (one of "
+                         f"{', '.join(ALLOW_WORDS)})")
+    if args.restarts < 0 or args.heal_backoff < 0 or args.preempt_grace < 0:
+        raise InputError("--restarts, --heal-backoff and --preempt-grace must be 0 or more")
+    if not args.heal and (args.heal_allow or args.restarts != 3 or args.heal_backoff != 10.0):
+        raise InputError("--restarts, --heal-allow and --heal-backoff go with --heal")
+    return HealOptions(restarts=args.restarts, allow=list(args.heal_allow), backoff_s=args.heal_backoff)
+
+
 def _no_program(program: str) -> InputError:
     return InputError(f"cannot start {program!r}: no such program{extras.program_hint(program)}")
 
@@ -146,9 +175,20 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise InputError("no command: zeropilot run [options] -- COMMAND ...")
+    heal_opts = _heal_options(args)
     if shutil.which(command[0]) is None:  # said before the run directory is made
         raise _no_program(command[0])
     learned = _timeouts_from(args.timeouts_from)  # a bad one too
+    if args.heal:
+        from zeropilot.cli import run_heal
+
+        if args.on_hang == "report" and "--on-hang" in sys.argv:
+            print("zeropilot run: --heal stops a hung job to restart it: --on-hang report is not kept",
+                  file=sys.stderr)
+        args.on_hang = "stop"
+        existing = run_heal.existing(args.out)
+        if existing is not None:
+            return run_heal.go_on(run_heal.Run(args, hang_timeout, _stdout_to_stderr), command, heal_opts, existing)
     out, empty = _out_dir(args.out)
     script = runinfo.write_launch_script(command, out / f".launch-{os.getpid()}.sh")
     check_summary, launch, errors, plan = None, None, [], None
@@ -183,11 +223,16 @@ def run(args: argparse.Namespace) -> int:
     opts = RunOptions(command=command, out=out, hang_timeout_s=timeout, on_hang=args.on_hang,
                       memory_history=args.memory_history, world_size=world,
                       torch_version=record["versions"].get("torch"), run_file=run_file,
-                      timeouts_file=RunDir(out).timeouts_file)  # named here: copies for later attempts keep it
+                      timeouts_file=RunDir(out).timeouts_file,  # named here: copies for later attempts keep it
+                      preempt_grace_s=args.preempt_grace)
     if args.metrics:  # the launch inherits this environment; rank 0's guard reads it
         from zeropilot.guard.metrics import MODE_ENV
 
         os.environ[MODE_ENV] = args.metrics
+    if args.heal:
+        from zeropilot.cli import run_heal
+
+        return run_heal.first(run_heal.Run(args, hang_timeout, _stdout_to_stderr), opts, record, heal_opts)
     try:
         with _stdout_to_stderr(args.format == "json"):
             end = supervise(opts, record)
@@ -195,4 +240,18 @@ def run(args: argparse.Namespace) -> int:
         raise _no_program(command[0]) from None
     sys.stdout.flush()
     sys.stdout.write(_summary(out, args.format))
-    return int(end["exit_code"])
+    return _exit_code(end, out)
+
+
+def _exit_code(end: dict, out: Path) -> int:
+    """The command's exit status; after a preemption, 128 + the signal's number, with how to resume."""
+    import signal as signals
+
+    pre = end.get("preempted")
+    if not pre:
+        return int(end["exit_code"])
+    saved = pre.get("saved_step")
+    print(f"zeropilot run: preempted ({pre.get('signal')}): " + (f"every rank saved at step {saved}; " if saved is not None
+          else f"no save ({pre.get('why')}); ") + f"resume with `zeropilot run --heal --out {out} -- ...` and the "
+          "same command", file=sys.stderr)
+    return 128 + int(getattr(signals, str(pre.get("signal")), signals.SIGTERM))

@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from zeropilot.guard import checkpoint, metrics, oom, setup
+from zeropilot.guard import checkpoint, inject, metrics, oom, resume, setup
 from zeropilot.guard.rank import current, peek
 
 setup.listen()
@@ -41,6 +41,7 @@ def _forward(original):
         guard.set_phase("forward")
         if not guard.trainer_batches:
             guard.note_batch(setup.batch_shape(args, kwargs))
+            inject.check(guard, guard.last_batch)
         return original(self, *args, **kwargs)
     return wrapper
 
@@ -81,6 +82,7 @@ def _save16(original):
 
 def _load(original):
     def wrapper(self, load_dir, tag=None, *args, **kwargs):
+        load_dir = resume.load_dir(self, load_dir, tag)
         with checkpoint.operation("load", load_dir, tag) as op:
             with _count_files(self, "load", "read"):
                 result = original(self, load_dir, tag, *args, **kwargs)
@@ -102,6 +104,8 @@ def _loaded(op: Any, engine: Any, result: Any) -> None:
     steps = getattr(engine, "global_steps", None)
     if steps is not None:
         op.step = int(steps)
+    universal = getattr(engine, "load_universal_checkpoint", None)
+    op.universal = bool(universal()) if callable(universal) else None
     path = result[0] if isinstance(result, tuple) and result else None
     if op.tag is None and isinstance(path, str):
         op.tag = os.path.basename(os.path.dirname(path)) or None

@@ -49,6 +49,18 @@ MEMORY_FIGURES = (
 COUNT_FIGURES = (("alloc_retries", "alloc_retries"), ("num_ooms", "num_ooms"))
 
 
+def heal_figures(pre: str) -> Dict[str, float]:
+    """Under ``zeropilot run --heal``: which attempt this is and the steps it redoes (set by the restart loop)."""
+    from zeropilot.guard.resume import HEAL_ATTEMPT_ENV, STEPS_REDONE_ENV
+
+    out = {}
+    for name, env in (("heal_attempt", HEAL_ATTEMPT_ENV), ("steps_redone", STEPS_REDONE_ENV)):
+        value = os.environ.get(env, "")
+        if value.isdigit():
+            out[pre + name] = float(value)
+    return out
+
+
 def mode() -> str:
     value = os.environ.get(MODE_ENV, "max").strip().lower() or "max"
     return value if value in MODES else "max"
@@ -206,7 +218,9 @@ class _Sink:
                 if guard is None:
                     return {}
                 self.figures[consumer] = Figures(guard.dir.root)
-            return self.figures[consumer].take(mode() == "ranks", prefix())
+            out = self.figures[consumer].take(mode() == "ranks", prefix())
+            out.update(heal_figures(prefix()))
+            return out
         except Exception as exc:  # noqa: BLE001 - the job must never pay for a figure
             self.fail(exc)
             return {}

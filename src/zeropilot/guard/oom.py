@@ -54,8 +54,9 @@ def _plan() -> Optional[Dict[str, Any]]:
 
 
 def build_record(guard: RankGuard, request: int, device_free: Optional[int], mem: Dict[str, Any],
-                 device_limit: Optional[int] = None) -> Dict[str, Any]:
-    """The OOM record (everything but the snapshot path) with its verdict and fixes."""
+                 device_limit: Optional[int] = None, injected: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The OOM record (everything but the snapshot path) with its verdict and fixes; ``injected``: the law of an
+    OOM injected for a test (:mod:`zeropilot.guard.inject`), kept in the record and used by the fixes."""
     torch = sys.modules.get("torch")
     setup.refresh(guard)
     frames = stack()
@@ -68,8 +69,12 @@ def build_record(guard: RankGuard, request: int, device_free: Optional[int], mem
         "setup": guard.setup or None, "allocator_settings": guard.allocator_settings,
         "batch": _batch(guard.last_batch), "batch_history": guard.batch_history(), "last_save": guard.save_context(),
     }
+    if injected is not None:
+        record["injected"] = injected
     record["just_before"] = just_before(record)
     verdict, fixes = classify_oom(record, _plan())
+    if injected is not None:
+        verdict["summary"] = f"INJECTED ({injected.get('env')}): {verdict.get('summary')}"
     record["verdict"] = verdict
     record["fixes"] = fixes
     return record

@@ -101,6 +101,9 @@ class RankGuard:
         self.engine_steps = False  # steps come from DeepSpeedEngine.step, not the Trainer callback
         self.baseline_mem: Optional[Dict[str, Any]] = None  # memory when the OOM observer was attached
         self.failed = False
+        self.stoppable = False  # a Trainer with the guard's callback: a stop request can make it save and stop
+        self.stop_request: Any = None  # guard.preempt.StopRequest, made at the first step end that asks
+        self.stopping = False  # a stop request was taken (the preempt record is written once)
         self.oom_observer = False  # PyTorch's OOM observer attached (see guard.oom)
         self.allocator_settings: Optional[Dict[str, Any]] = None  # as last read (start, init): for OOM records
         self.setup: Dict[str, Any] = {}  # what this rank trains: model, zero, train (guard.setup; a `setup` record)
@@ -193,7 +196,7 @@ class RankGuard:
             write_json_atomic(self.dir.heartbeat(self.rank), {
                 "t": time.time(), "rank": self.rank, "pid": self.pid, "host": self.host, "phase": self.phase,
                 "phase_since": self.phase_since, "step": self.step, "progress": self.progress,
-                "activity": self.activity, "world_size": _env_int("WORLD_SIZE"),
+                "activity": self.activity, "world_size": _env_int("WORLD_SIZE"), "stoppable": self.stoppable,
                 "store": _store_text(getattr(self, "store_beat", None))})
         except OSError:
             pass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from zeropilot.guard import checkpoint, metrics, oom, setup
+from zeropilot.guard import checkpoint, inject, metrics, oom, preempt, resume, setup
 from zeropilot.guard.rank import current, peek
 
 setup.listen()
@@ -34,8 +34,10 @@ def make_callback_class() -> type:
             if guard is not None:
                 guard.announce("hf")
                 guard.step = int(state.global_step or 0)
+                guard.stoppable = True  # a stop request (preemption) can make this rank save and stop at a step
                 _record_setup(guard, args, kwargs.get("model"))
                 guard.set_phase("idle")
+                guard.beat(force=True)
 
         def on_step_begin(self, args, state, control, **kwargs):
             guard = peek()
@@ -44,8 +46,12 @@ def make_callback_class() -> type:
 
         def on_step_end(self, args, state, control, **kwargs):
             guard = peek()
-            if guard is not None and not guard.engine_steps:
+            if guard is None:
+                return control
+            if not guard.engine_steps:
                 guard.step_ended(state.global_step)
+            preempt.at_step_end(guard, int(state.global_step), control)
+            return control
 
         def on_evaluate(self, args, state, control, **kwargs):
             guard = peek()
@@ -76,6 +82,7 @@ def _training_step(original):
         if guard is not None and isinstance(inputs, dict):
             guard.trainer_batches = True
             guard.note_batch(setup.batch_shape((), inputs))
+            inject.check(guard, guard.last_batch)
         return original(self, model, inputs, *args, **kwargs)
     return wrapper
 
@@ -132,10 +139,10 @@ def _save_model(original):
 
 
 def patch_trainer_module(module: Any) -> None:
-    """Wrap ``Trainer.__init__``, ``_save_checkpoint``, ``save_model`` and ``training_step`` (once)."""
+    """Wrap ``Trainer.__init__``, ``_save_checkpoint``, ``save_model``, ``training_step`` and ``train`` (once)."""
     cls = getattr(module, "Trainer", None)
     if cls is None:
         return
     for name, make in (("__init__", _init), ("_save_checkpoint", _save_checkpoint), ("save_model", _save_model),
-                       ("training_step", _training_step)):
+                       ("training_step", _training_step), ("train", resume.train_wrapper)):
         checkpoint.wrap_method(cls, name, make)

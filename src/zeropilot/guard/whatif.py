@@ -70,6 +70,9 @@ class Situation:
         expandable: expandable segments in force; expandable_ok: whether the build honours them (None: unknown).
         flavour: whose keys to name (``llamafactory``, ``hf``, ``deepspeed``).
         notes: assumptions the plan of this run made.
+        injected_tokens: an OOM injected for a test (``ZEROPILOT_INJECT_OOM``, :mod:`zeropilot.guard.inject`)
+            emulates a device on which a micro batch of fewer padded tokens than this fits: a change fits when it
+            brings micro batch x length under it, whatever the plan's bytes say (a CPU run has no device budget).
     """
 
     inputs: Optional[PlanInputs]
@@ -88,6 +91,7 @@ class Situation:
     base_peak: Optional[int] = None
     base_allocated: Optional[int] = None
     notes: List[str] = field(default_factory=list)
+    injected_tokens: Optional[int] = None  # an injected OOM's law (guard.inject): fits iff micro batch x length < this
 
 
 def _expandable(record: Dict[str, Any]) -> bool:
@@ -177,7 +181,9 @@ def situation(record: Dict[str, Any], plan: Optional[Dict[str, Any]] = None,
     need = allocated + request if allocated is not None and request is not None else None
     constants = DEFAULT if outside is None else with_outside_torch(DEFAULT, outside, "measured on this rank at the OOM")
     inputs, reason, notes = plan_inputs(record, budget)
+    injected = record.get("injected") if isinstance(record.get("injected"), dict) else {}
     common = dict(constants=constants, budget=budget, limit=limit, total=total, need=need, outside=outside,
+                  injected_tokens=_num(injected.get("tokens_limit")),
                   outside_base=_num(base.get("outside_torch_bytes")), expandable=_expandable(record),
                   expandable_ok=expandable_ok, flavour=_flavour(record, plan), notes=notes)
     if inputs is None:
@@ -215,9 +221,19 @@ def _peak(s: Situation, inputs: PlanInputs, constants: Optional[Constants] = Non
 
 
 def _fits(s: Situation, peak: Optional[int], measured: bool = False) -> Optional[bool]:
+    if s.injected_tokens is not None:
+        return None  # judged by the injected law on the inputs (_fits_inputs), never by bytes
     if peak is None or s.budget is None:
         return None
     return peak <= s.budget * (1.0 if measured else 1.0 - SAFE_MARGIN)
+
+
+def _fits_inputs(s: Situation, inputs: Optional[PlanInputs], constants: Optional[Constants] = None
+                 ) -> Optional[bool]:
+    """Whether a plan's inputs fit: the injected law where one is in force, else the plan's peak against the budget."""
+    if s.injected_tokens is not None:
+        return None if inputs is None else inputs.micro_batch * inputs.seq_len < s.injected_tokens
+    return None if inputs is None else _fits(s, _peak(s, inputs, constants))
 
 
 def _keys(s: Situation) -> Dict[str, str]:
@@ -252,12 +268,12 @@ def _longest_fitting(s: Situation, lo: int, hi: int) -> Optional[int]:
     inputs = s.inputs
     assert inputs is not None
     lo = max(SEQ_STEP, lo - lo % SEQ_STEP)
-    if not _fits(s, _peak(s, inputs.with_(seq_len=lo))):
+    if not _fits_inputs(s, inputs.with_(seq_len=lo)):
         return None
     a, b = lo // SEQ_STEP, max(lo // SEQ_STEP, (hi - 1) // SEQ_STEP)
     while a < b:  # the peak grows with the length: bisect
         mid = (a + b + 1) // 2
-        if _fits(s, _peak(s, inputs.with_(seq_len=mid * SEQ_STEP))):
+        if _fits_inputs(s, inputs.with_(seq_len=mid * SEQ_STEP)):
             a = mid
         else:
             b = mid - 1
@@ -290,7 +306,7 @@ def _micro_batch(s: Situation, keys: Dict[str, str]) -> List[_Cand]:
     options = [m for m in range(inputs.micro_batch - 1, 0, -1) if per_step % m == 0]
     if not options:
         return []
-    pick = next((m for m in options if _fits(s, _peak(s, inputs.with_(micro_batch=m, grad_accum=per_step // m)))),
+    pick = next((m for m in options if _fits_inputs(s, inputs.with_(micro_batch=m, grad_accum=per_step // m))),
                 options[-1])
     return [_Cand("micro_batch", {"micro_batch": pick, "grad_accum": per_step // pick},
                   f"micro batch {pick}, gradient accumulation {per_step // pick} (was {inputs.micro_batch} and "
@@ -405,9 +421,16 @@ def _evaluate(s: Situation, c: _Cand) -> Dict[str, Any]:
     if c.predicted is None and c.inputs is not None:
         c.predicted = _peak(s, c.inputs, c.constants)
     fits = _fits(s, c.predicted, c.measured)
+    if s.injected_tokens is not None:
+        fits = bool(_fits_inputs(s, c.inputs)) if c.constants is None else False
     saved = None if c.predicted is None or s.base_peak is None else max(s.base_peak - c.predicted, 0)
     evidence = (f"predicted peak {_g(c.predicted)} against {_g(s.budget)}"
                 + (" (measured)" if c.measured else f" (this run: {_g(s.base_peak)})"))
+    if s.injected_tokens is not None:
+        tokens = None if c.inputs is None else c.inputs.micro_batch * c.inputs.seq_len
+        evidence = (f"INJECTED OOM (ZEROPILOT_INJECT_OOM): a micro batch fits under {s.injected_tokens} padded tokens; "
+                    + ("this change does not touch the micro batch's tokens" if tokens is None else
+                       f"with this change {c.inputs.micro_batch} x {c.inputs.seq_len} = {tokens}"))
     return {"fix": c.fix, "why": c.why, "expected_bytes": saved, "change": c.change, "applies_to": c.applies_to,
             "predicted_peak_bytes": c.predicted, "limit_bytes": s.budget, "fits": fits, "ranked": True,
             "evidence": evidence, "key": c.key, "tier": TIERS.get(c.key, 3) + (0.5 if "+" in c.key else 0.0)}
@@ -478,7 +501,7 @@ def what_ifs(s: Situation, kind: str, record: Dict[str, Any]) -> List[Dict[str, 
              + _packing(s, record) + _micro_batch(s, keys) + _gc_candidate(s, keys) + _zero_candidates(s))
     evaluated = [(c, _evaluate(s, c)) for c in cands]
     fixes = [f for _, f in evaluated]
-    if not any(f["fits"] for f in fixes):
+    if not any(f["fits"] for f in fixes) and s.injected_tokens is None:
         combo = _combine(s, evaluated)
         if combo is not None:
             fixes.append(combo)

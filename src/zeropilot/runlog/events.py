@@ -29,12 +29,18 @@ EVENT_VERSION = 1
 #:        batches the model saw in it: micro_batches, micro_batch_size, seq_len (padded), tokens or null).
 #: save / load: a checkpoint save or load ended (step, tag, path, bytes, seconds, phases[], mem_before,
 #:        mem_peak, mem_after).
-#: oom: an out-of-memory error on this rank (step, phase, request_bytes, file: the oom-rank-N.json).
+#: oom: an out-of-memory error on this rank (step, phase, request_bytes, file: the oom-rank-N.json; injected: true
+#:        for an OOM injected by ``ZEROPILOT_INJECT_OOM``, :mod:`zeropilot.guard.inject`).
 #: error: an exception left the training code (type, message, where: innermost frames last,
 #:        peer_failure: true when the exception is this rank noticing a failed peer, e.g. gloo's
 #:        "Connection reset by peer" or an aborted NCCL communicator: a consequence, not the first failure).
+#: resume: a Trainer's ``train`` was given a checkpoint to resume from (path, given_by: ``zeropilot`` when the guard
+#:        passed the one ``zeropilot run --heal`` chose, ``launch`` when the launch passed its own; value: a boolean
+#:        ``resume_from_checkpoint`` as given; ours: the path zeropilot offered).
+#: preempt: the rank took a stop request (``preempt.json``) at the end of optimizer step ``step``: it saves and stops
+#:        (stop_step: the step asked for; late: the rank had passed it when it read the request).
 #: end: the rank's interpreter is exiting normally (steps).
-EVENTS = ("start", "init", "setup", "step", "save", "load", "oom", "error", "end")
+EVENTS = ("start", "init", "setup", "step", "save", "load", "oom", "error", "resume", "preempt", "end")
 
 MEMORY_FIELDS = (
     "allocated_bytes",

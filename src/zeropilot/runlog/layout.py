@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 RUN_SCHEMA = "zeropilot.run/1"
+HEAL_SCHEMA = "zeropilot.heal/1"
 #: the line the watchdog writes into ``stacks-rank-N.txt`` before each dump it requests; a dump above the first such
 #: line (or in a file without one) was not requested: the launcher's SIGTERM (``runlog.crash.terminated_ranks``)
 STACKS_MARKER = "--- zeropilot: stacks requested at"
 
 _NODE_RUN_FILE = re.compile(r"^run-node-[A-Za-z0-9._-]{1,96}\.json$")
+_ATTEMPT_DIR = re.compile(r"^attempt-(\d{1,4})$")
 _RANK_FILE = re.compile(r"^(rank|heartbeat-rank|oom-rank|stacks-rank)-(\d{1,6})\.(jsonl|json|txt)$")
 
 
@@ -41,6 +43,40 @@ class RunDir:
         except OSError:
             return []
         return [self.root / n for n in names[:limit]]
+
+    @property
+    def heal_file(self) -> Path:
+        """``zeropilot run --heal``'s record of every attempt (schema :data:`HEAL_SCHEMA`), in the first attempt's
+        directory: the heal run's root."""
+        return self.root / "heal.json"
+
+    def attempt_dir(self, attempt: int) -> Path:
+        """The run directory of attempt ``attempt`` of a heal run: the root itself for the first, else
+        ``attempt-K`` inside it (each a whole run directory that ``zeropilot report`` reads)."""
+        return self.root if attempt <= 1 else self.root / f"attempt-{attempt}"
+
+    @staticmethod
+    def attempt_of(name: str) -> Optional[int]:
+        """The attempt number of a folder name ``attempt-K``, else None."""
+        m = _ATTEMPT_DIR.match(name)
+        return int(m.group(1)) if m else None
+
+    @property
+    def launch_copies(self) -> Path:
+        """Where a heal run writes the copies of the launch's files it changed (a fix): never the user's files."""
+        return self.root / "launch"
+
+    @property
+    def universal(self) -> Path:
+        """Where a heal run that restarts on fewer nodes writes the universal conversion of the checkpoint it
+        resumes from (``zeropilot ckpt universal``'s layout): never the job's own checkpoint folder."""
+        return self.root / "universal"
+
+    @property
+    def preempt_file(self) -> Path:
+        """Written by the supervisor on SIGTERM/SIGUSR1: the step at which every rank saves and stops
+        (``stop_step``), read by each rank's guard at the end of every optimizer step."""
+        return self.root / "preempt.json"
 
     @property
     def hang_file(self) -> Path:

@@ -78,6 +78,7 @@ class RunRecords:
     rank_dirs: Dict[int, Path] = field(default_factory=dict)  # rank -> the directory its records came from
     clock: Optional[Dict[str, Any]] = None  # how the nodes' clocks were aligned (``runlog.job.align_clocks``)
     timeouts: Optional[Dict[str, Any]] = None  # timeouts.json as read (``runlog.timeouts.from_json`` checks it)
+    heal: Optional[Dict[str, Any]] = None  # heal.json of a ``zeropilot run --heal`` (its root directory)
 
 
 LIMIT = float(1 << 62)  # no time, step, second count or byte count of a real run comes near 4.6e18
@@ -264,9 +265,10 @@ def read_run(root: Path, budget: Optional[_Budget] = None) -> RunRecords:
     beats = _by_rank(d.ranks("heartbeat-rank"), lambda r: read_side_json(d.heartbeat(r), problems))
     stacks = _by_rank(d.ranks("stacks-rank"), lambda r: read_stack(d.stacks(r), problems))
     timeouts = read_side_json(d.timeouts_file, problems) if os.path.lexists(d.timeouts_file) else None
+    heal = read_side_json(d.heal_file, problems) if os.path.lexists(d.heal_file) else None
     return RunRecords(root=root, run=run, ranks=ranks, ooms=ooms, hang=read_side_json(d.hang_file, problems),
                       heartbeats=beats, problems=problems, stacks=stacks, node_runs=node_runs,
-                      rank_dirs={r: root for r in ranks}, timeouts=timeouts)
+                      rank_dirs={r: root for r in ranks}, timeouts=timeouts, heal=heal)
 
 
 def merge_runs(runs: Dict[str, Dict[str, Any]], problems: List[str]) -> Dict[str, Any]:

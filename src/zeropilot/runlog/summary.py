@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 from zeropilot.runlog import job, normalize as nz, stragglers, timeouts
 from zeropilot.runlog.events import MEMORY_FIELDS
 from zeropilot.runlog.frames import display
+from zeropilot.runlog.heal import section as heal_section
 from zeropilot.runlog.read import RankRecords, RunRecords
 
 REPORT_SCHEMA = "zeropilot.report/1"
@@ -401,6 +402,7 @@ def summarize(records: RunRecords) -> Dict[str, Any]:
         "timeouts": timeouts.report(records),
         "problems": records.problems,
         "nodes": nodes,
+        "heal": heal_section(records.heal),
     }
 
 

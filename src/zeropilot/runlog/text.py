@@ -276,8 +276,11 @@ def stragglers(summary: Dict[str, Any]) -> List[str]:
 
 
 def render(summary: Dict[str, Any]) -> str:
-    """The whole terminal report of one run."""
-    lines: List[str] = _verdict(summary) + _steps(summary) + stragglers(summary) + _ranks(summary) + nodes(summary)
+    """The whole terminal report of one run (a heal run's attempts first, when it is one)."""
+    from zeropilot.runlog.heal import timeline
+
+    lines: List[str] = timeline(summary["heal"], clean) if summary.get("heal") else []
+    lines += _verdict(summary) + _steps(summary) + stragglers(summary) + _ranks(summary) + nodes(summary)
     lines += _ops("save", summary["saves"]) + _ops("load", summary["loads"])
     for o in summary["ooms"]:
         lines += _oom(o)

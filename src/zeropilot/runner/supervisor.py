@@ -1,8 +1,10 @@
 """Run a launch unmodified with the guard in every rank; pass its exit status and signals through.
 
 The command starts in its own process group (``start_new_session``) with the bootstrap first on
-``PYTHONPATH`` and ``ZEROPILOT_RUN_DIR`` set; SIGINT / SIGTERM / SIGHUP sent to ``zeropilot run``
-go to the whole group. The exit status is the command's, or 128 + N when a signal N ended it.
+``PYTHONPATH`` and ``ZEROPILOT_RUN_DIR`` set; SIGINT / SIGHUP sent to ``zeropilot run`` go to the whole
+group. SIGTERM and SIGUSR1 are a preemption (:mod:`zeropilot.runner.preempt`): ranks that can save at a step
+are asked to, within a grace period; otherwise the signal goes to the group at once. The exit status is the
+command's, or 128 + N when a signal N ended it.
 """
 
 from __future__ import annotations
@@ -13,18 +15,19 @@ import stat
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from zeropilot.runlog.layout import RunDir, write_json_atomic
+from zeropilot.runner import preempt
 from zeropilot.runner.watchdog import PIPE_ENV, Watchdog
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "guard" / "bootstrap"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
 STOP_GRACE_S = 10.0
 POLL_S = 0.5
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_FORWARDED = (signal.SIGINT, signal.SIGHUP)
 
 
 @dataclass
@@ -41,11 +44,18 @@ class RunOptions:
     run_file: Optional[Path] = None  # run.json's path, when not DIR/run.json (one node's file: run-node-K.json)
     timeouts_file: Optional[Path] = None  # learned timeouts read at start and kept (DIR/timeouts.json when None;
     # `run` names its own: a heal run's later attempts, copies of these options, share the first one's file)
+    env: Dict[str, Optional[str]] = field(default_factory=dict)  # set for the launch (None: unset): --heal's
+    preempt_grace_s: float = preempt.DEFAULT_GRACE_S  # after a preemption signal, the job's time to save and stop
 
 
 def child_env(opts: RunOptions, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """The launch's environment: the bootstrap on PYTHONPATH, the run directory, flight-recorder paths."""
     env = dict(os.environ if base is None else base)
+    for key, value in opts.env.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     paths = [str(BOOTSTRAP_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [str(PACKAGE_ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     d = RunDir(opts.out)
@@ -173,6 +183,47 @@ def _session_alive(d: RunDir, env: Dict[str, str]) -> bool:
     return any(_alive(rec.get("pid")) for rec in taken(d.root).values())
 
 
+class _Preemption:
+    """SIGTERM/SIGUSR1 while the job runs: a stop request to the ranks, or the signal at once (runner.preempt)."""
+
+    def __init__(self, d: RunDir, proc: subprocess.Popen, grace_s: float) -> None:
+        self.d, self.proc, self.grace_s = d, proc, grace_s
+        self.record: Optional[Dict] = None
+        self.deadline: Optional[float] = None
+
+    def __call__(self, signum, _frame) -> None:
+        if self.record is not None:  # a second signal: no more waiting
+            _signal_group(self.proc.pid, signum)
+            return
+        self.record = preempt.request(self.d.root, signum, self.grace_s)
+        name = signal.Signals(signum).name
+        if self.record["stop_step"] is None:
+            print(f"zeropilot run: {name}: {self.record['why']}", file=sys.stderr, flush=True)
+            _signal_group(self.proc.pid, signum)
+            return
+        self.deadline = time.time() + self.grace_s
+        print(f"zeropilot run: {name}: every rank saves at the end of step {self.record['stop_step']} and stops "
+              f"(within {self.grace_s:g} s; the same signal again stops it now)", file=sys.stderr, flush=True)
+
+    def poll(self) -> None:
+        if self.deadline is not None and time.time() > self.deadline and self.proc.poll() is None:
+            self.deadline = None
+            self.record["why"] = f"the job did not save and stop within {self.grace_s:g} s: stopped"
+            print(f"zeropilot run: {self.record['why']}", file=sys.stderr, flush=True)
+            _stop(self.proc)
+
+    def outcome(self) -> Optional[Dict]:
+        if self.record is None:
+            return None
+        from zeropilot.runlog import read_run
+
+        try:
+            records = read_run(self.d.root)
+        except Exception:  # noqa: BLE001 - the record stands without the ranks' side
+            return self.record
+        return preempt.outcome(self.d.root, self.record, {r: rec.events for r, rec in records.ranks.items()})
+
+
 def supervise(opts: RunOptions, run_record: Dict) -> Dict:
     """Run the command to its end; returns run.json as written at the end."""
     d = RunDir(opts.out)
@@ -185,8 +236,11 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
     def forward(signum, _frame):
         _signal_group(proc.pid, signum)
 
+    preemption = _Preemption(d, proc, opts.preempt_grace_s)
     for sig in _FORWARDED:
         previous[sig] = signal.signal(sig, forward)
+    for sig in preempt.SIGNALS:
+        previous[sig] = signal.signal(sig, preemption)
     dog = Watchdog(d.root, opts.hang_timeout_s, opts.on_hang, opts.world_size, env, session=proc.pid,
                    plan=run_record.get("plan"), timeouts_file=opts.timeouts_file)
     told: set = set()
@@ -194,6 +248,7 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
     try:
         while proc.poll() is None:
             time.sleep(POLL_S)
+            preemption.poll()
             fired = dog.poll()
             for folder, b in dog.builds.items():
                 if folder not in told:
@@ -227,5 +282,6 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
     record["signal"] = signal.Signals(-code).name if code < 0 else None
     record["stopped_on_hang"] = bool(hang and opts.on_hang == "stop")
     record["store"] = dog.peers.summary() if dog.peers is not None else None
+    record["preempted"] = preemption.outcome()
     write_json_atomic(run_file, record)
     return record

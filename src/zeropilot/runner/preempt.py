@@ -1,0 +1,125 @@
+"""Preemption seen from the supervisor: SIGTERM or SIGUSR1 to ``zeropilot run`` becomes a save and a clean stop.
+
+Slurm's ``--signal`` and cloud spot notices send one of these some time before the machine goes. When every rank's
+guard says it can stop at a step (``stoppable`` in its heartbeat: a Trainer with the guard's callback), the
+supervisor writes ``preempt.json`` in the run directory with a ``stop_step`` beyond every rank's last recorded step
+(:func:`stop_step`) and lets the job run on: each rank, at the end of that step, saves and leaves its training loop
+(:mod:`zeropilot.guard.preempt`), deciding alone from the same file — no collective. After ``grace_s`` the job is
+ended as any stop ends it. A raw DeepSpeed loop cannot be made to save: the signal goes to the job at once and the
+record says no save was possible. A second signal does not wait.
+
+The margin: a rank reads the file at the end of each optimizer step, so the stop step must lie beyond every step
+that may end between the supervisor's reading of the records and the ranks' reading of the file: the steps of
+:data:`LEAD_S` seconds at the recorded step time, and one more.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from zeropilot.runlog.layout import RunDir, write_json_atomic
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+DEFAULT_GRACE_S = 120.0
+LEAD_S = 2.0  # seconds between reading the ranks' records and every rank having read the stop request, at most
+TAIL_BYTES = 64 << 10
+
+
+def last_steps(folder: Path, rank: int, limit: int = 8) -> List[Dict[str, Any]]:
+    """The last ``step`` records of a rank (``step``, ``t``), from the tail of its ``rank-N.jsonl``."""
+    path = RunDir(folder).events(rank)
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(max(size - TAIL_BYTES, 0))
+            data = fh.read(TAIL_BYTES)
+    except OSError:
+        return []
+    lines = data.splitlines()[1 if size > TAIL_BYTES else 0:]  # a cut first line is no record
+    out = []
+    for line in lines[-256:]:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("event") == "step" and isinstance(rec.get("step"), int):
+            out.append({"step": rec["step"], "t": rec.get("t")})
+    return out[-limit:]
+
+
+def stop_step(steps_by_rank: Dict[int, List[Dict[str, Any]]], lead_s: float = LEAD_S) -> Optional[int]:
+    """The step every rank stops at: past the highest recorded step by one, plus the steps of ``lead_s`` seconds
+    at the fastest recorded step time; None before any step (nothing to save yet)."""
+    latest = [s[-1]["step"] for s in steps_by_rank.values() if s]
+    if not latest:
+        return None
+    gaps = []
+    for s in steps_by_rank.values():
+        for a, b in zip(s, s[1:]):
+            if isinstance(a.get("t"), (int, float)) and isinstance(b.get("t"), (int, float)) and b["step"] > a["step"]:
+                gaps.append((b["t"] - a["t"]) / (b["step"] - a["step"]))
+    fastest = min((g for g in gaps if g > 0), default=None)
+    ahead = math.ceil(lead_s / fastest) if fastest else 1
+    return max(latest) + 1 + min(ahead, 10_000)
+
+
+def stoppable(folder: Path) -> Optional[List[int]]:
+    """The ranks (all of those with a heartbeat) when every one can be asked to stop at a step, else None."""
+    d = RunDir(folder)
+    ranks = d.ranks("heartbeat-rank")
+    beats = []
+    for r in ranks:
+        try:
+            with open(d.heartbeat(r), encoding="utf-8") as fh:
+                beats.append(json.load(fh))
+        except (OSError, ValueError):
+            return None
+    live = [b for b in beats if isinstance(b, dict) and b.get("phase") != "exit"]
+    if not live or not all(b.get("stoppable") is True for b in live):
+        return None
+    return ranks
+
+
+def request(folder: Path, signum: int, grace_s: float) -> Dict[str, Any]:
+    """Write the stop request when the ranks can take one; the ``preempted`` record of ``run.json`` so far."""
+    name = signal.Signals(signum).name
+    ranks = stoppable(folder)
+    if ranks is None:
+        return {"signal": name, "t": time.time(), "stop_step": None, "saved_step": None, "grace_s": grace_s,
+                "why": "the ranks cannot be asked to save (not an HF Trainer with the guard's callback, or not "
+                       "training yet): the signal went to the job at once, no save was possible"}
+    stop = stop_step({r: last_steps(folder, r) for r in ranks})
+    if stop is None:
+        return {"signal": name, "t": time.time(), "stop_step": None, "saved_step": None, "grace_s": grace_s,
+                "why": "no step ended yet: nothing to save; the signal went to the job at once"}
+    write_json_atomic(RunDir(folder).preempt_file, {"stop_step": stop, "signal": name, "t": time.time(),
+                                                    "grace_s": grace_s})
+    return {"signal": name, "t": time.time(), "stop_step": stop, "saved_step": None, "grace_s": grace_s,
+            "why": None}
+
+
+def outcome(folder: Path, preempted: Dict[str, Any], events_by_rank: Dict[int, List[Dict[str, Any]]]) -> Dict[str, Any]:
+    """``preempted`` completed from the ranks' records: the step every rank saved at, or why there is none."""
+    out = dict(preempted)
+    if out.get("stop_step") is None:
+        return out
+    took = {r: e for r, evs in events_by_rank.items() for e in evs if e.get("event") == "preempt"}
+    saves = {r: [e for e in evs if e.get("event") == "save" and not e.get("error")]
+             for r, evs in events_by_rank.items()}
+    steps = {e.get("step") for e in took.values()}
+    if len(took) == len(events_by_rank) and len(steps) == 1:
+        step = steps.pop()
+        if all(any(s.get("step") == step for s in saves[r]) for r in took):
+            out["saved_step"] = step
+            return out
+        out["why"] = f"every rank stopped at step {step}, but not every rank recorded its save there"
+        return out
+    out["why"] = (f"{len(took)} of {len(events_by_rank)} rank(s) took the stop request"
+                  + (f" at steps {sorted(steps)}" if steps else "") + "; the job was stopped after the grace period")
+    return out
