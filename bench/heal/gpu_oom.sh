@@ -28,15 +28,16 @@ W=${WORK:-/tmp/zp-heal-gpu}
 rm -rf "$W"; mkdir -p "$W"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$LOG" 2>&1
 python3 -c "import torch, deepspeed, transformers; print(torch.__version__, deepspeed.__version__, transformers.__version__)" >> "$LOG" 2>&1
-ARGS="--deepspeed bench/heal/ds_zero2.json --per_device_train_batch_size 4 --gradient_accumulation_steps 4 --steps 12 --save-steps 4"
+ARGS="--deepspeed bench/heal/ds_zero2.json --per_device_train_batch_size 4 --gradient_accumulation_steps 4"
+ARGS="$ARGS --gradient_checkpointing false --steps 12 --save-steps 4"
 t0=$(date +%s)
-timeout 200 python3 -m zeropilot run --no-check --out "$W/reference" -- \
+timeout 180 python3 -m zeropilot run --no-check --out "$W/reference" -- \
   torchrun --nproc_per_node 1 --master_port "$(port)" bench/heal/gpu_train.py "$W/ref-ckpt" $ARGS >> "$LOG" 2>&1
 echo "reference: exit $? after $(( $(date +%s) - t0 )) s" >> "$LOG"
 CAP=$(python3 bench/heal/gpu_compare.py cap "$W/reference" 2>> "$LOG")
 echo "cap: $CAP bytes" >> "$LOG"
 t1=$(date +%s)
-CAP_BYTES=$CAP timeout 260 python3 -m zeropilot run --no-check --heal --heal-backoff 2 --out "$W/healed" -- \
+CAP_BYTES=$CAP timeout 240 python3 -m zeropilot run --no-check --heal --heal-backoff 2 --out "$W/healed" -- \
   torchrun --nproc_per_node 1 --master_port "$(port)" bench/heal/gpu_train.py "$W/heal-ckpt" $ARGS \
   > "$OUT/report.txt" 2>> "$LOG"
 echo "healed: exit $? after $(( $(date +%s) - t1 )) s" >> "$LOG"

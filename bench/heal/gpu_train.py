@@ -1,7 +1,8 @@
 """An HF Trainer + DeepSpeed script as users write them (knows nothing of zeropilot): the GPU heal run's workload.
 
     torchrun --nproc_per_node 1 gpu_train.py OUT_DIR --deepspeed ds.json --per_device_train_batch_size 4 \
-        --gradient_accumulation_steps 4 [--steps 12 --save-steps 4 --short 1024 --long 1536 --long-from 5]
+        --gradient_accumulation_steps 4 --gradient_checkpointing false [--steps 12 --save-steps 4 --short 1024
+        --long 1536 --long-from 5]
 
 A Qwen2-0.5B-shaped model from its config (bf16, no download), random tokens. The samples are taken in order (a
 sequential sampler): those of optimizer steps before ``--long-from`` are ``--short`` tokens long, the later ones
@@ -36,6 +37,7 @@ def main():
     p.add_argument("--deepspeed", required=True)
     p.add_argument("--per_device_train_batch_size", type=int, default=4)
     p.add_argument("--gradient_accumulation_steps", type=int, default=4)
+    p.add_argument("--gradient_checkpointing", type=lambda v: v.lower() == "true", default=False)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--save-steps", type=int, default=4)
     p.add_argument("--short", type=int, default=1024)
@@ -67,6 +69,7 @@ def main():
     args = TrainingArguments(output_dir=a.out, deepspeed=a.deepspeed, bf16=not a.tiny, use_cpu=a.tiny,
                              per_device_train_batch_size=a.per_device_train_batch_size,
                              gradient_accumulation_steps=a.gradient_accumulation_steps, max_steps=a.steps,
+                             gradient_checkpointing=a.gradient_checkpointing,
                              save_steps=a.save_steps, save_strategy="steps", logging_steps=1, learning_rate=1e-4,
                              lr_scheduler_type="constant", report_to=[], dataloader_num_workers=0,
                              disable_tqdm=True, seed=7, save_total_limit=2)

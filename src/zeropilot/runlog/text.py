@@ -279,7 +279,9 @@ def render(summary: Dict[str, Any]) -> str:
     """The whole terminal report of one run (a heal run's attempts first, when it is one)."""
     from zeropilot.runlog.heal import timeline
 
-    lines: List[str] = timeline(summary["heal"], clean) if summary.get("heal") else []
+    lines: List[str] = []
+    if summary.get("heal"):
+        lines += timeline(summary["heal"], clean) + [f"report of {clean(summary['run_dir'])}:"]
     lines += _verdict(summary) + _steps(summary) + stragglers(summary) + _ranks(summary) + nodes(summary)
     lines += _ops("save", summary["saves"]) + _ops("load", summary["loads"])
     for o in summary["ooms"]:
