@@ -8,8 +8,8 @@ the allocator's peak counter is cumulative) and at its last step. Not reserved m
 frees its cache and retries before it fails, so a capped run needs what it allocates (plus fragmentation), not what
 an uncapped one keeps cached (seen on an H200: a cap halfway between the reserved peaks, 31.66 GiB, never failed;
 the capped run's reserved peak was 29.92 GiB, its allocated peak 27.83 GiB as uncapped). ``compare``: what the heal
-did (from ``heal.json``) and the loss of every step after the resume against the reference's at the same step, from the final checkpoints'
-``trainer_state.json`` (the Trainer logs every step).
+did (from ``heal.json``) and the loss of every step after the resume against the reference's at the same step, from
+the final checkpoints' ``trainer_state.json`` (the Trainer logs every step).
 """
 
 import json
