@@ -20,6 +20,8 @@ Shared by the guard, report and repro tests. Every job is a real multi-process l
 - :func:`hang_data_stall_rank1`, :func:`hang_storage_stall_rank1`, :func:`hang_mismatch`: a dataset that never
   returns, a checkpoint file that never takes the bytes, a collective one rank calls alone.
 - :func:`op_build_stopped_then_next`: a real JIT op build stopped mid-way, then the next launch.
+- :func:`learned_timeouts`: a save slower than ``--hang-timeout`` stopped, then a later run pointed at the first
+  (``--timeouts-from``) lets it finish and stops a hung step at its learned deadline; rank 1 loads its data slowly.
 
 Each returns a :class:`Job` (run directory, exit status, output, checkpoint folder). Jobs get their
 own ``TORCH_EXTENSIONS_DIR``, a free port, a timeout, and their process group is killed on every path.
@@ -382,3 +384,34 @@ def op_build_stopped_then_next() -> tuple:
     # its other flags make ninja compile again whatever the stopped build had finished
     nxt = zeropilot_run("op_build_next", [*cmd, "3000000"], BUILD_FLAGS, env=env)
     return stopped, nxt, left
+
+
+TIMEOUT_FLAGS = ["--no-check", "--hang-timeout", "8", "--on-hang", "stop"]
+
+
+def _timeouts_run(name: str, extra: List[str], flags: List[str]) -> Job:
+    """ds_faults.py with rank 0 loading a batch in 0.5 s and rank 1 in 1.1 s (the straggler), a save at step 7 that
+    rank 0 takes 16 s more to write (twice --hang-timeout 8: the watchdog's stop comes before it ends), DeepSpeed's
+    CSV monitor on (the trackers)."""
+    import json
+
+    base = root() / name
+    base.mkdir(parents=True, exist_ok=True)
+    config = json.loads((JOBS / "ds_config.json").read_text())
+    config["csv_monitor"] = {"enabled": True, "output_path": str(base / "monitor"), "job_name": "csv"}
+    (base / "ds_config.json").write_text(json.dumps(config))
+    cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "ds_faults.py"),
+           "--save-dir", str(base / "ckpt"), "--deepspeed_config", str(base / "ds_config.json"),
+           "--data-sleep", "0:0.5,1:1.1", "--save-every", "7", "--slow-save", "16", *extra]
+    return zeropilot_run(name, cmd, flags)
+
+
+@functools.lru_cache(maxsize=None)
+def learned_timeouts() -> tuple:
+    """(first, second): the first run's save outlasts its fixed 8 s deadline and is stopped; the second, pointed at
+    the first (``--timeouts-from``), lets the same save finish, then stops rank 1's hung step 9 at the step deadline
+    learned from the first run's steps (5 x their median, under the fixed 8 s)."""
+    first = _timeouts_run("timeouts_first", ["--steps", "8"], TIMEOUT_FLAGS)
+    second = _timeouts_run("timeouts_second", ["--steps", "12", "--stall-at", "9"],
+                           [*TIMEOUT_FLAGS, "--timeouts-from", str(first.run_dir)])
+    return first, second

@@ -3,10 +3,13 @@
     python gpu_compare.py cap REFERENCE_RUN_DIR     -> the memory cap in bytes (stdout)
     python gpu_compare.py compare WORK CAP          -> results JSON (stdout)
 
-``cap``: halfway between the reference's peak reserved memory at the end of step 4 (the last step of short samples:
-the allocator's peak counter is cumulative) and at its last step. ``compare``: what the heal did (from ``heal.json``)
-and the loss of every step after the resume against the reference's at the same step, from the final checkpoints'
-``trainer_state.json`` (the Trainer logs every step).
+``cap``: halfway between the reference's peak allocated memory at the end of step 4 (the last step of short samples:
+the allocator's peak counter is cumulative) and at its last step. Not reserved memory: under a cap the allocator
+frees its cache and retries before it fails, so a capped run needs what it allocates (plus fragmentation), not what
+an uncapped one keeps cached (seen on an H200: a cap halfway between the reserved peaks, 31.66 GiB, never failed;
+the capped run's reserved peak was 29.92 GiB, its allocated peak 27.83 GiB as uncapped). ``compare``: what the heal
+did (from ``heal.json``) and the loss of every step after the resume against the reference's at the same step, from
+the final checkpoints' ``trainer_state.json`` (the Trainer logs every step).
 """
 
 import json
@@ -27,8 +30,8 @@ def _steps(run_dir):
 
 def cap(run_dir):
     steps = _steps(run_dir)
-    short = steps[4]["peak_reserved_bytes"]
-    long = steps[max(steps)]["peak_reserved_bytes"]
+    short = steps[4]["peak_allocated_bytes"]
+    long = steps[max(steps)]["peak_allocated_bytes"]
     if short is None or long is None:  # a CPU dry run (--tiny): no GPU memory to cap
         return None, short, long
     return (short + long) // 2, short, long
@@ -55,7 +58,7 @@ def compare(work, cap_bytes):
     worst = max((r["rel_diff"] for r in rows), default=None)
     _, short, long = cap(work / "reference")
     return {"cap_bytes": int(cap_bytes) if str(cap_bytes).isdigit() else None,
-            "reference_peak_reserved_short": short, "reference_peak_reserved_all": long,
+            "reference_peak_allocated_short": short, "reference_peak_allocated_all": long,
             "outcome": heal["outcome"], "attempts": len(heal["attempts"]),
             "first_failure": first.get("failure"), "first_ranked_fix": (oom.get("fixes") or [{}])[0].get("fix"),
             "fixes_applied": [{"key": f.get("key"), "fix": f.get("fix"), "settings": f.get("settings"),

@@ -5,7 +5,7 @@
 #
 # 1. reference: gpu_train.py (HF Trainer, ZeRO-2, Qwen2-0.5B shape, bf16) uncapped, micro batch 4 x accumulation 4,
 #    12 steps, samples of 1024 tokens for steps 1-4 and 1536 from step 5 (in order), saves every 4 steps;
-# 2. the cap: halfway between the reference's peak reserved memory over steps 1-4 and over all steps (gpu_compare.py
+# 2. the cap: halfway between the reference's peak allocated memory over steps 1-4 and over all steps (gpu_compare.py
 #    cap): micro batch 4 fits at 1024 tokens and not at 1536;
 # 3. the same command under `zeropilot run --heal` with CAP_BYTES set: attempt 1 runs out of memory at step 5, the
 #    heal applies the first ranked fix that keeps the training the same and resumes from checkpoint-4;

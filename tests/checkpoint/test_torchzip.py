@@ -186,3 +186,17 @@ def test_parallel_crc32_equals_zlib_for_any_chunking(tmp_path):
         os.close(fd)
     a, b = data[:1000], data[1000:]
     assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(data)
+
+
+def test_an_enum_member_pickled_by_name_reads_as_safe_load_reads_it(tmp_path):
+    """Python 3.11.2 writes ``getattr(ZeroStageEnum, 'optimizer_states')`` into every DeepSpeed optimizer file."""
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    from .test_safe_load import _ByName
+
+    torch.save({"zero_stage": _ByName(ZeroStageEnum, "gradients")}, str(tmp_path / "f.pt"))
+    got = torchzip.load(tmp_path / "f.pt")["zero_stage"]
+    assert int(got) == 2 == int(safe_load.load(tmp_path / "f.pt")["zero_stage"])
+    torch.save({"zero_stage": _ByName(ZeroStageEnum, "__class__")}, str(tmp_path / "g.pt"))
+    with pytest.raises(torchzip.HostileFileError):
+        torchzip.load(tmp_path / "g.pt")

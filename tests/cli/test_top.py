@@ -163,3 +163,22 @@ def test_top_refuses_what_is_not_a_run_directory(tmp_path, capsys):
     assert main(["top", str(tmp_path / "nope")]) == 2
     assert "no such folder" in capsys.readouterr().err
     assert main(["top", str(tmp_path), "--interval", "0"]) == 2
+
+
+def test_top_names_a_straggler_with_its_ratio_in_text_and_json(capsys):
+    """The recorded run of a slow data loader on rank 1 (tests/runlog/fixtures/straggler-z3)."""
+    from tests.cli.test_json_schemas import schema_errors
+
+    fixture = REPO / "tests" / "runlog" / "fixtures" / "straggler-z3"
+    assert main(["top", str(fixture), "--once"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("straggler: "))
+    assert "rank 1 (node 0" in line and "4.0×" in line and "loading its data" in line
+    row = next(ln for ln in out.splitlines() if re.match(r"^\s+1\s+14\s", ln))
+    assert "0.40s" in row  # OWN-T: rank 1's own seconds at its newest step
+    assert main(["top", str(fixture), "--once", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert schema_errors(doc, "top.schema.json") == []
+    [s] = doc["stragglers"]
+    assert s["rank"] == 1 and 3.0 < s["ratio"] < 5.0 and s["place"]["local_rank"] == 1
+    assert 0.35 < doc["ranks"][1]["own_seconds"] < 0.45 and doc["ranks"][0]["own_seconds"] < 0.15

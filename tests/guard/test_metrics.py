@@ -205,3 +205,18 @@ def test_callback_adds_figures_once_per_step_on_rank_0_with_a_tracker(monkeypatc
     assert log(["tensorboard"]) == {"loss": 1.0, "zeropilot/host_rss_gib": 1.5}
     assert log(["tensorboard"]) == {"loss": 1.0}  # step 3 again (the end-of-training summary): once per step
     assert log(["tensorboard"], step=4, logs={"eval_loss": 2.0}) == {"eval_loss": 2.0}  # evaluations untouched
+
+
+def test_a_straggler_reaches_the_figures(tmp_path):
+    """The recorded run of a slow data loader on rank 1 (tests/runlog/fixtures/straggler-z3): rank 0's figures name
+    rank 1 with its ratio, from the run directory only (no collective)."""
+    import shutil
+
+    fixture = Path(__file__).resolve().parents[1] / "runlog" / "fixtures" / "straggler-z3"
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("rank-0.jsonl", "rank-1.jsonl"):
+        shutil.copy(fixture / name, run / name)
+    out = metrics.Figures(run).take(False, "zeropilot/")
+    assert out["zeropilot/stragglers"] == 1.0 and out["zeropilot/straggler_rank"] == 1.0
+    assert 3.0 < out["zeropilot/straggler_ratio"] < 5.0

@@ -140,6 +140,8 @@ def test_every_command_refuses_special_files_without_waiting(tmp_path, specials)
         "calibrate --checkpoint-dir": ["calibrate", "--checkpoint-dir", "X", "--out", str(tmp_path / "p.json")],
         "explain": ["explain", "X"],
         "rules --select": ["rules", "--select", "X"],
+        "run --timeouts-from": ["run", "--out", str(tmp_path / "never"), "--timeouts-from", "X", "--",
+                                sys.executable, "-c", "pass"],
     }
     outs = {
         "report --out": ["report", str(run), "--out", "X"],

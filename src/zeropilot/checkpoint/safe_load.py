@@ -107,9 +107,25 @@ def require_torch():
     return extras.load("torch", "ckpt", "casts, merges or compares these tensors with torch", "ckpt")
 
 
-def allowlist() -> List[Tuple[type, str]]:
+#: ``ZeroStageEnum``'s members by name (``deepspeed/runtime/zero/config.py``, 0.14.4 to 0.19.8)
+ZERO_STAGE_MEMBERS = {"disabled": 0, "optimizer_states": 1, "gradients": 2, "weights": 3, "max_stage": 3}
+
+
+def enum_member(cls: Any, name: Any) -> ZeroStageEnum:
+    """Stand-in for ``builtins.getattr`` in a pickle: only a ``ZeroStageEnum`` member by its name.
+
+    Some Python builds pickle an enum member as ``getattr(ZeroStageEnum, 'optimizer_states')`` instead of
+    ``ZeroStageEnum(1)``: seen with Debian 12's Python 3.11.2, whose DeepSpeed optimizer files all need it (3.11.7
+    writes the call). Any other use of ``getattr`` could reach any attribute of an allowed class: refused.
+    """
+    if cls is ZeroStageEnum and isinstance(name, str) and name in ZERO_STAGE_MEMBERS:
+        return ZeroStageEnum(ZERO_STAGE_MEMBERS[name])
+    raise pickle.UnpicklingError("unrecognized function builtins.getattr: allowed only for a ZeroStageEnum member")
+
+
+def allowlist() -> List[Tuple[Any, str]]:
     """The (stand-in, global name) pairs passed to ``torch.serialization.safe_globals``."""
-    return [(cls, name) for name, (cls, _why) in DEEPSPEED_GLOBALS.items()]
+    return [(cls, name) for name, (cls, _why) in DEEPSPEED_GLOBALS.items()] + [(enum_member, "builtins.getattr")]
 
 
 _GLOBAL_RE = re.compile(r"GLOBAL ([\w.]+)|unrecognized function ([\w.<> ]+)|got <class '([\w.]+)'>")

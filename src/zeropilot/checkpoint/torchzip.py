@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from zeropilot.checkpoint.fsguard import Confinement, open_regular
-from zeropilot.checkpoint.safe_load import DEEPSPEED_GLOBALS, DamagedFileError, DeepSpeedObject
+from zeropilot.checkpoint.safe_load import DEEPSPEED_GLOBALS, DamagedFileError, DeepSpeedObject, enum_member
 
 # Storage class names in the pickle -> (torch dtype name, bytes per element).
 STORAGES: Dict[str, Tuple[str, int]] = {
@@ -532,6 +532,7 @@ for _name in STORAGES:
     _TORCH_GLOBALS[f"torch.{_name}"] = _name
 _CALLABLES = {id(v): v for v in _TORCH_GLOBALS.values() if callable(v) and v is not _TensorType}
 _CALLABLES.update({id(cls): cls for cls, _why in DEEPSPEED_GLOBALS.values()})
+_CALLABLES[id(enum_member)] = enum_member  # getattr(ZeroStageEnum, name): how some Pythons pickle an enum member
 _DS_CLASSES = tuple(cls for cls, _why in DEEPSPEED_GLOBALS.values())
 
 _PU = pickle._Unpickler  # the pure-Python unpickler: its dispatch table can be narrowed
@@ -552,6 +553,8 @@ class _Unpickler(_PU):
             return _TORCH_GLOBALS[full]
         if full in DEEPSPEED_GLOBALS:
             return DEEPSPEED_GLOBALS[full][0]
+        if full in ("builtins.getattr", "__builtin__.getattr"):  # protocol 2 writes the Python 2 name
+            return enum_member
         raise Unsupported(f"global {full}")
 
     def persistent_load(self, pid: Any) -> _Storage:

@@ -24,14 +24,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run", help="run a launch with the guard in every rank: records, OOM forensics, hang watchdog",
         description="Run COMMAND (deepspeed, torchrun, accelerate launch, llamafactory-cli, python) unmodified, "
                     "with zeropilot's guard inside every rank; write the run directory and print its summary.",
-        usage="zeropilot run [--out DIR] [--no-check] [--hang-timeout S] [--on-hang report|stop] "
-              "[--memory-history] [--metrics max|ranks|off] [--format text|json] "
+        usage="zeropilot run [--out DIR] [--no-check] [--hang-timeout S] [--timeouts-from DIR] "
+              "[--on-hang report|stop] [--memory-history] [--metrics max|ranks|off] [--format text|json] "
               "[--preempt-grace S] [--heal [--restarts N] [--heal-allow KIND] [--heal-backoff S]] -- COMMAND ...")
     p.add_argument("--out", type=Path, metavar="DIR", help="run directory (default: zeropilot-runs/<time>)")
     p.add_argument("--no-check", action="store_true", help="start even when `check` finds errors")
     p.add_argument("--hang-timeout", type=float, metavar="S",
-                   help="seconds without progress on any rank before the watchdog reports "
-                        "(default: from the plan's save time, else 300)")
+                   help="seconds without progress on any rank before the watchdog reports, in a section (start-up, "
+                        "first step, step, save, load) not seen yet (default: from the plan's save time, else 300); "
+                        "once seen, the section's own durations set its deadline (docs/run.md)")
+    p.add_argument("--timeouts-from", type=Path, metavar="DIR",
+                   help="start from the section durations an earlier run learned: its run directory (its "
+                        "timeouts.json, else its records) or a timeouts.json")
     p.add_argument("--on-hang", choices=("report", "stop"), default="report",
                    help="after reporting a hang: let the job run on (report) or end it (stop)")
     p.add_argument("--memory-history", action="store_true",
@@ -101,6 +105,15 @@ def hang_timeout(flag: Optional[float], plan: Optional[dict]) -> float:
     return DEFAULT_HANG_TIMEOUT_S
 
 
+def _timeouts_from(source: Optional[Path]):
+    """``--timeouts-from``: the learned timeouts of an earlier run (an input error when unreadable), or None."""
+    if source is None:
+        return None
+    from zeropilot.runlog import timeouts
+
+    return timeouts.load_source(source)
+
+
 @contextlib.contextmanager
 def _stdout_to_stderr(active: bool) -> Iterator[None]:
     """While active, file descriptor 1 (inherited by the launch) is standard error: stdout stays JSON only."""
@@ -153,6 +166,7 @@ def _no_program(program: str) -> InputError:
 
 
 def run(args: argparse.Namespace) -> int:
+    from zeropilot.runlog.layout import RunDir
     from zeropilot.runner import RunOptions, supervise
     from zeropilot.runner import runinfo
 
@@ -164,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
     heal_opts = _heal_options(args)
     if shutil.which(command[0]) is None:  # said before the run directory is made
         raise _no_program(command[0])
+    learned = _timeouts_from(args.timeouts_from)  # a bad one too
     if args.heal:
         from zeropilot.cli import run_heal
 
@@ -196,6 +211,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"zeropilot run: `check` found {len(errors)} error(s); fix them or pass --no-check "
               f"(run directory: {out})", file=sys.stderr)
         return 1
+    if learned is not None:  # copied into this run: the source is never written
+        from zeropilot.runlog import timeouts
+
+        timeouts.write(RunDir(out).timeouts_file, learned)
     if launch is not None:
         plan = runinfo.make_plan(launch)
     world = getattr(getattr(launch, "world_size", None), "value", None)
@@ -204,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
     opts = RunOptions(command=command, out=out, hang_timeout_s=timeout, on_hang=args.on_hang,
                       memory_history=args.memory_history, world_size=world,
                       torch_version=record["versions"].get("torch"), run_file=run_file,
+                      timeouts_file=RunDir(out).timeouts_file,  # named here: copies for later attempts keep it
                       preempt_grace_s=args.preempt_grace)
     if args.metrics:  # the launch inherits this environment; rank 0's guard reads it
         from zeropilot.guard.metrics import MODE_ENV

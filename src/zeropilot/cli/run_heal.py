@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from zeropilot.errors import InputError
+from zeropilot.runlog.layout import RunDir
 
 DONE = ("finished", "healed", "restarted_from_scratch")
 
@@ -70,7 +71,8 @@ def go_on(run: Run, command: List[str], heal_opts: Any, root: Path) -> int:
                          path=root)
     opts = RunOptions(command=command, out=root, hang_timeout_s=run.hang_timeout(run.args.hang_timeout, None),
                       on_hang="stop", memory_history=run.args.memory_history,
-                      preempt_grace_s=run.args.preempt_grace)
+                      preempt_grace_s=run.args.preempt_grace,
+                      timeouts_file=RunDir(root).timeouts_file)  # what the earlier attempts learned
     healer = Healer(root, command, heal_opts, opts, _plan_record(run))
     if doc is None:
         _adopt(healer, command)

@@ -80,12 +80,13 @@ def _peak(state) -> str:
     return text
 
 
-COLUMNS = ("RANK", "STEP", "PHASE", "STEP-T", "ALLOC", "RESERVED", "PEAK/LIMIT", "OUTSIDE", "HOST-RSS", "BEAT")
-WIDTHS = (4, 6, 18, 7, 7, 8, 17, 7, 8, 6)
+#: OWN-T: the newest step's own seconds (loading data; the forward below ZeRO-3), which stragglers inflate
+COLUMNS = ("RANK", "STEP", "PHASE", "STEP-T", "OWN-T", "ALLOC", "RESERVED", "PEAK/LIMIT", "OUTSIDE", "HOST-RSS", "BEAT")
+WIDTHS = (4, 6, 18, 7, 6, 7, 8, 17, 7, 8, 6)
 
 
 def _row(cells: List[str]) -> str:
-    return "  ".join(c.rjust(w) if i not in (2, 6) else c.ljust(w) for i, (c, w) in enumerate(zip(cells, WIDTHS)))
+    return "  ".join(c.rjust(w) if i not in (2, 7) else c.ljust(w) for i, (c, w) in enumerate(zip(cells, WIDTHS)))
 
 
 def rank_row(state, now: float) -> str:
@@ -95,7 +96,8 @@ def rank_row(state, now: float) -> str:
     mem = state.mem
     beat_t = state.heartbeat.get("t") if isinstance(state.heartbeat.get("t"), (int, float)) else None
     return _row([str(state.rank), "-" if state.step is None else str(state.step), _phase(state, now),
-                 _secs(state.step_seconds), _size(mem.get("allocated_bytes")), _size(mem.get("reserved_bytes")),
+                 _secs(state.step_seconds), _secs(state.own_seconds), _size(mem.get("allocated_bytes")),
+                 _size(mem.get("reserved_bytes")),
                  _peak(state), _size(mem.get("outside_torch_bytes")), _size(mem.get("host_rss_bytes")),
                  "-" if state.ended else _secs(seconds_since(beat_t, now))])
 
@@ -107,6 +109,14 @@ def verdict_line(verdict: Dict[str, Any]) -> str:
     return f"verdict so far: {verdict['kind'].upper()}{who}: {clean(verdict['reason'])}"
 
 
+def straggler_lines(found: List[Dict[str, Any]]) -> List[str]:
+    """The ranks straggling over their newest steps (``LiveRun.stragglers``), in words."""
+    from zeropilot.runlog.stragglers import describe
+    from zeropilot.runlog.text import clean
+
+    return [clean(f"straggler: {describe(s)}") for s in found]
+
+
 def screen(live, now: float) -> List[str]:
     """The whole table: a header, the verdict so far, one line per rank."""
     from zeropilot.runlog.text import clean
@@ -116,7 +126,8 @@ def screen(live, now: float) -> List[str]:
     end = ended if isinstance(ended, (int, float)) else now
     elapsed = f"  {_secs(end - started)} elapsed" if isinstance(started, (int, float)) else ""
     lines = [clean(f"zeropilot top  {live.root}  {time.strftime('%H:%M:%S', time.localtime(now))}{elapsed}"),
-             clean(f"  {command}")[:400], verdict_line(live.verdict_so_far()), "", _row(list(COLUMNS))]
+             clean(f"  {command}")[:400], verdict_line(live.verdict_so_far())]
+    lines += straggler_lines(live.stragglers()) + ["", _row(list(COLUMNS))]
     lines += [rank_row(live.ranks[r], now) for r in sorted(live.ranks)]
     lines += [clean(f"note: {p}") for p in live.problems[:3]]
     return lines
@@ -141,7 +152,7 @@ def rank_json(state, now: float) -> Dict[str, Any]:
         else None
     phase = beat.get("phase") if isinstance(beat.get("phase"), str) else None
     return {"rank": state.rank, "step": state.step, "phase": phase, "event": state.event,
-            "step_seconds": state.step_seconds, "steps_seen": state.steps_seen,
+            "step_seconds": state.step_seconds, "own_seconds": state.own_seconds, "steps_seen": state.steps_seen,
             "allocated_bytes": mem.get("allocated_bytes"), "reserved_bytes": mem.get("reserved_bytes"),
             "peak_allocated_bytes": state.peak_allocated, "peak_reserved_bytes": state.peak_reserved,
             "limit_bytes": state.limit, "outside_torch_bytes": mem.get("outside_torch_bytes"),
@@ -159,7 +170,7 @@ def document(live, now: float, final: Optional[Dict[str, Any]] = None) -> Dict[s
         "run_dir": str(live.root), "t": now,
         "command": [str(c) for c in command] if isinstance(command, list) else [],
         "ended": live.ended, "verdict_so_far": live.verdict_so_far(),
-        "ranks": [rank_json(live.ranks[r], now) for r in sorted(live.ranks)],
+        "ranks": [rank_json(live.ranks[r], now) for r in sorted(live.ranks)], "stragglers": live.stragglers(),
         "final": final, "problems": list(live.problems)})
 
 
@@ -203,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     if tty and not args.once:
         out.write("\x1b[2J")
-    last_verdict, since = None, {}
+    last_verdict, last_named, since = None, [], {}
     if not tty and not args.once:
         out.write(f"zeropilot top: {live.root}\n")
     try:
@@ -224,6 +235,11 @@ def run(args: argparse.Namespace) -> int:
                 if verdict != last_verdict:
                     out.write(verdict + "\n")
                     last_verdict = verdict
+                named = [s["rank"] for s in live.stragglers()]
+                if named != last_named:  # a straggler appears or goes: said once, not at every step
+                    out.write("".join(ln + "\n" for ln in straggler_lines(live.stragglers())) if named else
+                              "stragglers: none now\n")
+                    last_named = named
             out.flush()
             if args.once:
                 return 0

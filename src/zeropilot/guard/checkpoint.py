@@ -33,6 +33,7 @@ class CheckpointOp:
     bytes: int = 0
     files: int = 0
     error: Optional[str] = None  # set by a wrapper that saw it fail without an exception
+    universal: Optional[bool] = None  # a load: whether DeepSpeed read a universal checkpoint (load_universal)
 
 
 @contextmanager
@@ -70,6 +71,8 @@ def _finish(guard: RankGuard, op: CheckpointOp, error: Optional[str]) -> None:
                   mem_after=after)
     if error:
         fields["error"] = error
+    if op.universal is not None:
+        fields["universal"] = op.universal
     guard.record(op.kind, **fields)
     if op.kind == "save" and not error:
         # the memory the save held, for an OOM after it (verdicts.save_context): said only with these numbers

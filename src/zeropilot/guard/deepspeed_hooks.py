@@ -11,23 +11,25 @@ import os
 import time
 from typing import Any
 
-from zeropilot.guard import checkpoint, inject, metrics, oom, setup
+from zeropilot.guard import checkpoint, inject, metrics, oom, resume, setup
 from zeropilot.guard.rank import current, peek
 
 setup.listen()
 
 
 
-def _in_phase(phase: str):
-    def make(original):
-        def wrapper(self, *args, **kwargs):
-            guard = peek()
-            if guard is None or guard.op_stack:
-                return original(self, *args, **kwargs)
-            guard.set_phase(phase)
+def _backward(original):
+    """The backward phase; ``idle`` once it returned, so that what the loop does before the next micro batch's
+    forward (loading it) is counted as such in the step record's ``phase_seconds``, not as backward."""
+    def wrapper(self, *args, **kwargs):
+        guard = peek()
+        if guard is None or guard.op_stack:
             return original(self, *args, **kwargs)
-        return wrapper
-    return make
+        guard.set_phase("backward")
+        result = original(self, *args, **kwargs)
+        guard.set_phase("idle")
+        return result
+    return wrapper
 
 
 def _forward(original):
@@ -80,6 +82,7 @@ def _save16(original):
 
 def _load(original):
     def wrapper(self, load_dir, tag=None, *args, **kwargs):
+        load_dir = resume.load_dir(self, load_dir, tag)
         with checkpoint.operation("load", load_dir, tag) as op:
             with _count_files(self, "load", "read"):
                 result = original(self, load_dir, tag, *args, **kwargs)
@@ -101,6 +104,8 @@ def _loaded(op: Any, engine: Any, result: Any) -> None:
     steps = getattr(engine, "global_steps", None)
     if steps is not None:
         op.step = int(steps)
+    universal = getattr(engine, "load_universal_checkpoint", None)
+    op.universal = bool(universal()) if callable(universal) else None
     path = result[0] if isinstance(result, tuple) and result else None
     if op.tag is None and isinstance(path, str):
         op.tag = os.path.basename(os.path.dirname(path)) or None
@@ -159,7 +164,7 @@ class _count_files:
 def patch_engine_class(cls: Any) -> None:
     """Wrap the methods of ``DeepSpeedEngine`` (once)."""
     checkpoint.wrap_method(cls, "forward", _forward)
-    checkpoint.wrap_method(cls, "backward", _in_phase("backward"))
+    checkpoint.wrap_method(cls, "backward", _backward)
     checkpoint.wrap_method(cls, "step", _step)
     checkpoint.wrap_method(cls, "save_checkpoint", _save)
     checkpoint.wrap_method(cls, "load_checkpoint", _load)

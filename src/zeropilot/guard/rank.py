@@ -91,6 +91,8 @@ class RankGuard:
         self.step = 0
         self.phase = "init"
         self.phase_since = time.time()
+        self._phase_seconds: Dict[str, float] = {}  # seconds per phase since the last step ended (step record)
+        self._counted_to = self.phase_since  # when the phase in progress was last counted into _phase_seconds
         self.progress = 0
         self.last_step_end: Optional[float] = None
         self.last_save: Optional[Dict[str, Any]] = None  # {step, t} of the last save that ended
@@ -164,10 +166,18 @@ class RankGuard:
     def set_phase(self, phase: str) -> str:
         """Enter ``phase``; returns the phase left, to restore it."""
         previous = self.phase
+        now = time.time()
+        self._count_phase(now)
         self.phase = phase
-        self.phase_since = time.time()
+        self.phase_since = now
         self.progress += 1
         return previous
+
+    def _count_phase(self, now: float) -> None:
+        """Add the time since the last count to the phase in progress (``save:write`` counts as ``save``)."""
+        name = self.phase.partition(":")[0]
+        self._phase_seconds[name] = self._phase_seconds.get(name, 0.0) + (now - self._counted_to)
+        self._counted_to = now
 
     @contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
@@ -286,13 +296,17 @@ class RankGuard:
         self.steps_since_save += 1
         self.progress += 1
         batch, self._step_batch = self._step_batch, None
-        fields: Dict[str, Any] = {}
+        self._count_phase(now)
+        fields: Dict[str, Any] = {"phase_seconds": {k: round(v, 6) for k, v in self._phase_seconds.items()}}
+        self._phase_seconds = {}
         if batch is not None:
             self.seq_history.append(batch[2])
             self.steps_seen += 1
             fields["batch"] = {"micro_batches": batch[0], "micro_batch_size": batch[1], "seq_len": batch[2],
                                "tokens": batch[3]}
         self.record("step", step=self.step, seconds=seconds, mem=self.memory(), **fields)
+        if self.phase in ("forward", "backward", "step"):
+            self.set_phase("idle")  # between steps (a Trainer's callback leaves its forward phase on otherwise)
         for listener in _step_listeners:
             listener(self)
 

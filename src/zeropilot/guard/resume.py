@@ -8,7 +8,11 @@ the rank writes one ``resume`` record (``path``, ``given_by``: ``zeropilot`` or 
 engine's hooks write says what was really loaded, at which step.
 
 A raw DeepSpeed loop is not resumed here: it resumes when its own code calls ``load_checkpoint`` (the ``load``
-record says it did), and the heal report says when it did not.
+record says it did), and the heal report says when it did not. One exception, a restart on fewer nodes
+(:mod:`zeropilot.heal.shrink`): :data:`RESUME_ENV` then names a universal checkpoint that zeropilot converted into
+the run directory, and the launch's config copy has ``load_universal``; the loop's own ``load_checkpoint(dir)``
+(no tag) is pointed at it (:func:`load_dir`), as a Trainer's ``resume_from_checkpoint`` is, and a ``resume``
+record says so.
 """
 
 from __future__ import annotations
@@ -39,3 +43,23 @@ def train_wrapper(original: Any) -> Any:
                          value=None if isinstance(value, str) else bool(value), ours=ours)
         return original(self, resume_from_checkpoint, *args, **kwargs)
     return wrapper
+
+
+def load_dir(engine: Any, given: Any, tag: Any) -> Any:
+    """The folder ``engine.load_checkpoint(given, tag)`` reads: :data:`RESUME_ENV` when it names a universal
+    checkpoint (its ``latest_universal``), the engine loads universal checkpoints and the call names no tag;
+    else ``given``. DeepSpeed reads ``DIR/latest_universal`` for the tag when ``load_universal`` is on."""
+    from zeropilot.checkpoint.names import LATEST_UNIVERSAL_FILE
+
+    ours = os.environ.get(RESUME_ENV) or None
+    universal = getattr(engine, "load_universal_checkpoint", None)
+    if (ours is None or tag is not None or not callable(universal) or not universal()
+            or not os.path.isfile(os.path.join(ours, LATEST_UNIVERSAL_FILE))):
+        return given
+    from zeropilot.guard.rank import current
+
+    guard = current("deepspeed")
+    if guard is not None:
+        guard.record("resume", path=ours, given_by="zeropilot", value=None, ours=ours,
+                     instead_of=str(given) if given is not None else None)
+    return ours

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from zeropilot.errors import InputError
 from zeropilot.guard.resume import HEAL_ATTEMPT_ENV, RESUME_ENV, STEPS_REDONE_ENV
-from zeropilot.heal import causes, checkpoints, fixes, patch, record
+from zeropilot.heal import causes, checkpoints, fixes, patch, record, shrink
 from zeropilot.runlog.layout import RunDir
 
 
@@ -202,9 +202,15 @@ class Healer:
         # an earlier `zeropilot run` wrote what the last attempt ran: its fixes are made again on this command, never
         # a command read from the directory
         command, env = (self.remake(in_force, number) if asked else (last["command"], dict(last["env"])))
+        last = dict(last, command=command, env=env)
+        extra: Dict[str, Any] = {}
+        if shrink.is_lost(failure):  # a lost node: the survivors restart smaller (--heal-allow shrink), or wait
+            smaller, extra = self.lost_node(last, failure, number, folder, restarts_done)
+            if smaller is not None:
+                return smaller
         fix_entry = None
         if failure.kind == "oom":
-            chosen = self.pick_fix(dict(last, command=command, env=env), number)
+            chosen = self.pick_fix(last, number)
             if chosen.fix is None:
                 self._end("stopped", "out of memory and no fix to apply: " + chosen.stop_reason, last,
                           passed=chosen.passed)
@@ -215,11 +221,38 @@ class Healer:
         world = last.get("world_size")
         choice = checkpoints.choose(saves_so_far(self.root, self.doc), world)
         resume = self.resume_entry(choice)
-        redone = None if failure.step is None else failure.step - ((choice.chosen.step or 0) if choice.chosen else 0)
+        if shrink.shrunk(in_force):  # after a restart on fewer nodes: its universal checkpoint, or a newer save
+            copies = RunDir(RunDir(self.root).attempt_dir(number)).launch_copies
+            command, env, resume = shrink.resume_after(self.doc["attempts"], choice, resume, command, env, copies,
+                                                       lambda: prepare(command, self.root / last["dir"], env)[1])
+        redone = None if failure.step is None else failure.step - ((resume.get("chosen") or {}).get("step") or 0)
         wait = record.backoff(self.opts.backoff_s, restarts_done + 1)
         return record.start_attempt(self.doc, number, folder, command, env, fix=fix_entry, in_force=in_force,
                                     resume=resume, steps_redone=max(redone, 0) if redone is not None else None,
-                                    backoff_s=wait, cause=failure.to_dict())
+                                    backoff_s=wait, cause=failure.to_dict(), **extra)
+
+    def lost_node(self, last: Dict[str, Any], failure: causes.Failure, number: int, folder: str,
+                  restarts_done: int) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
+        """After a lost node: the next attempt on the surviving nodes (:func:`zeropilot.heal.shrink.decide`), or
+        ``(None, {"node_wait": ...})``: the same launch restarts and waits for the node."""
+        summary, events, records = attempt_report(self.root / last["dir"])
+        verdict = {**(summary.get("verdict") or {}), **((records.hang or {}).get("verdict") or {})}  # nodes_lost
+        setups = [e for evs in events.values() for e in evs if e.get("event") == "setup"]
+        plan, resume = shrink.decide(self.opts.allow, verdict, setups, last, RunDir(self.root).attempt_dir(number),
+                                     lambda: prepare(last["command"], self.root / last["dir"], last["env"])[1],
+                                     lambda: saves_so_far(self.root, self.doc), self.run_options.hang_timeout_s)
+        if plan is None:
+            say(f"node lost, not shrinking: {resume['why']}; {resume['what']}")
+            return None, {"node_wait": resume}
+        say(shrink.says(plan))
+        step = resume["chosen"]["step"] or 0
+        in_force = list(last.get("in_force") or []) + [{"key": "shrink", "change": {"nodes_lost": plan.lost.nodes}}]
+        entry = record.start_attempt(self.doc, number, folder, plan.command, plan.env, fix=None, in_force=in_force,
+                                     resume=resume, shrink=plan.to_dict(),
+                                     steps_redone=None if failure.step is None else max(failure.step - step, 0),
+                                     backoff_s=record.backoff(self.opts.backoff_s, restarts_done + 1),
+                                     cause=failure.to_dict())
+        return entry, {}
 
     def remake(self, in_force: List[Dict[str, Any]], number: int) -> Tuple[List[str], Dict[str, str]]:
         """The command and environment of ``self.command`` with the fixes in force made again (copies in the next
@@ -228,6 +261,10 @@ class Healer:
         env: Dict[str, str] = {}
         folder = RunDir(self.root).attempt_dir(number)
         for fix in in_force:
+            if (fix or {}).get("key") == "shrink":
+                raise InputError("an earlier attempt went on with fewer nodes (--heal-allow shrink): going on with "
+                                 "this directory would mix world sizes; start the job again in a new run directory",
+                                 path=RunDir(self.root).heal_file)
             _, launch, _ = prepare(command, folder, env)
             made = patch.apply((fix or {}).get("change") or {}, command, env, launch, RunDir(folder).launch_copies) \
                 if launch is not None else "zeropilot could not read the launch"

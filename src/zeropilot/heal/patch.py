@@ -95,6 +95,8 @@ def settings_for(change: Dict[str, Any], flavour: Optional[str]) -> Tuple[List[_
             sets.append(_Set("ds_config", f"zero_optimization.{name}", {"device": value}))
         elif name == "gather_16bit_on_save":
             sets.append(_Set("ds_config", "zero_optimization.stage3_gather_16bit_weights_on_model_save", bool(value)))
+        elif name == "load_universal":  # a restart on fewer nodes (heal.shrink)
+            sets.append(_Set("ds_config", "checkpoint.load_universal", bool(value)))
         elif name == "expandable_segments":
             env[ALLOC_ENV] = "expandable_segments:True"
         elif name == "seq_len":

@@ -71,6 +71,30 @@ def _resumed(value: Any) -> Optional[Dict[str, Any]]:
             "first_step": nz.integer(value.get("first_step")), "note": nz.text(value.get("note"))}
 
 
+def _pair(value: Any) -> List[Optional[int]]:
+    items = value if isinstance(value, list) else []
+    return [nz.integer(v) for v in items[:2]]
+
+
+def _shrink(value: Any) -> Optional[Dict[str, Any]]:
+    if not isinstance(value, dict):
+        return None
+    ck = _d(value.get("checkpoint"))
+    return {"nodes_lost": nz.ints(value.get("nodes_lost")), "ranks_lost": nz.ints(value.get("ranks_lost")),
+            **{k: _pair(value.get(k)) for k in ("world_size", "micro_batch", "grad_accum", "samples_per_step")},
+            "from": nz.text(ck.get("from")), "tag": nz.text(ck.get("tag")), "to": nz.text(ck.get("to")),
+            "verdict": nz.text(ck.get("verdict")), "settings": nz.texts(value.get("settings"))}
+
+
+def _node_wait(value: Any) -> Optional[Dict[str, Any]]:
+    if not isinstance(value, dict):
+        return None
+    nodes = value.get("nodes")
+    return {"nodes": nz.ints(nodes) if isinstance(nodes, list) else None,
+            "timeout_s": nz.integer(value.get("timeout_s")), "why": nz.text(value.get("why")),
+            "what": nz.text(value.get("what"))}
+
+
 def _attempt(value: Any) -> Dict[str, Any]:
     a = _d(value)
     return {"attempt": nz.integer(a.get("attempt")), "dir": nz.text(a.get("dir")),
@@ -78,7 +102,8 @@ def _attempt(value: Any) -> Dict[str, Any]:
             "ended_at": nz.num(a.get("ended_at")), "exit_code": nz.integer(a.get("exit_code")),
             "failure": _failure(a.get("failure")), "fix": _fix(a.get("fix")), "resume": _resume(a.get("resume")),
             "resumed": _resumed(a.get("resumed")), "steps_redone": nz.integer(a.get("steps_redone")),
-            "backoff_s": nz.num(a.get("backoff_s"))}
+            "backoff_s": nz.num(a.get("backoff_s")), "shrink": _shrink(a.get("shrink")),
+            "node_wait": _node_wait(a.get("node_wait"))}
 
 
 def section(doc: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -121,6 +146,18 @@ def _resume_words(a: Dict[str, Any]) -> List[str]:
     return out
 
 
+def _shrink_words(a: Dict[str, Any]) -> List[str]:
+    s, w = a.get("shrink"), a.get("node_wait")
+    if w:
+        return [f"waits for the lost node: {w.get('what') or ''} ({w.get('why') or ''})"]
+    if not s:
+        return []
+    (m, m2), (g, g2), (r, r2), (n, n2) = [(s[k] + [None, None])[:2] for k in ("micro_batch", "grad_accum",
+                                                                             "world_size", "samples_per_step")]
+    return [f"shrunk: node {', '.join(map(str, s['nodes_lost']))} lost: {r} -> {r2} ranks, micro batch {m} -> {m2}, "
+            f"gradient accumulation {g} -> {g2} ({n} -> {n2} samples per step); {s.get('verdict') or ''}"]
+
+
 def timeline(heal: Dict[str, Any], clean: Any) -> List[str]:
     """The heal section as report lines (``clean``: the terminal-safe text function)."""
     status = clean(heal.get("status") or "running").upper().replace("_", " ")
@@ -134,7 +171,7 @@ def timeline(heal: Dict[str, Any], clean: Any) -> List[str]:
                          + (f" ({clean('; '.join(fix['settings']))})" if fix.get("settings") else ""))
             lines += [f"      on a copy: {clean(f['copy'])} (of {clean(f['original'] or '?')})" for f in fix["files"]
                       if f.get("copy")]
-        lines += [f"    {clean(w)}" for w in _resume_words(a)]
+        lines += [f"    {clean(w)}" for w in _shrink_words(a) + _resume_words(a)]
         f = a.get("failure") or {}
         if f.get("kind") not in (None, "ok") and f.get("why"):
             then = "then" if f.get("kind") == "preempted" else "restart" if f.get("restart") else "no restart"

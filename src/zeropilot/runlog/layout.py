@@ -67,6 +67,12 @@ class RunDir:
         return self.root / "launch"
 
     @property
+    def universal(self) -> Path:
+        """Where a heal run that restarts on fewer nodes writes the universal conversion of the checkpoint it
+        resumes from (``zeropilot ckpt universal``'s layout): never the job's own checkpoint folder."""
+        return self.root / "universal"
+
+    @property
     def preempt_file(self) -> Path:
         """Written by the supervisor on SIGTERM/SIGUSR1: the step at which every rank saves and stops
         (``stop_step``), read by each rank's guard at the end of every optimizer step."""
@@ -75,6 +81,12 @@ class RunDir:
     @property
     def hang_file(self) -> Path:
         return self.root / "hang.json"
+
+    @property
+    def timeouts_file(self) -> Path:
+        """The sections' measured durations, from which the watchdog learns its deadlines (``runlog.timeouts``);
+        kept across attempts in one run directory and read by a later run with ``--timeouts-from``."""
+        return self.root / "timeouts.json"
 
     def events(self, rank: int) -> Path:
         return self.root / f"rank-{rank}.jsonl"

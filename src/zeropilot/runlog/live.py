@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -19,9 +20,11 @@ from typing import Any, Dict, List, Optional
 from zeropilot import safefile
 from zeropilot.errors import InputError
 from zeropilot.runlog.layout import RunDir
-from zeropilot.runlog.read import MAX_LINE, MAX_SIDE_FILE
+from zeropilot.runlog.read import MAX_LINE, MAX_SIDE_FILE, PHASE_COLUMNS
+from zeropilot.runlog import stragglers as strag
 
 TAIL_START = 4 << 20  # a file larger than this when first seen is read from its last 4 MiB on
+RECENT_STEPS = 64  # steps per rank kept for the straggler view: it names a rank that straggles now
 READ_PER_REFRESH = 16 << 20  # bytes of one rank file read per refresh at most (the rest at the next)
 _decode = json.JSONDecoder().decode
 
@@ -45,6 +48,14 @@ class RankLive:
     oom: Optional[str] = None  # the OOM verdict's summary, from oom-rank-N.json
     heartbeat: Dict[str, Any] = field(default_factory=dict)
     skipped_lines: int = 0
+    zero_stage: Optional[int] = None  # from the setup or init record: which phases are the rank's own
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))  # StepTimes of the newest steps
+    place: Dict[str, Any] = field(default_factory=dict)  # host, node rank, local rank, GPU (stragglers.place)
+
+    @property
+    def own_seconds(self) -> Optional[float]:
+        """The newest step's own seconds (loading data; the forward below ZeRO-3), None when not recorded."""
+        return strag.own_seconds(self.recent[-1], strag.own_phases(self.zero_stage)) if self.recent else None
 
 
 class _Tail:
@@ -140,6 +151,12 @@ class LiveRun:
         self.problems = problems
         return new_steps
 
+    def stragglers(self) -> List[Dict[str, Any]]:
+        """The ranks straggling over their newest :data:`RECENT_STEPS` steps (``runlog.stragglers.find``)."""
+        stage = next((s.zero_stage for s in self.ranks.values() if s.zero_stage is not None), None)
+        return strag.find({r: list(s.recent) for r, s in self.ranks.items()}, stage,
+                          {r: s.place for r, s in self.ranks.items()})
+
     def verdict_so_far(self) -> Dict[str, Any]:
         """``kind`` (``running``, ``hang``, ``oom``, ``crash``, ``ended``), ``ranks`` and ``reason``.
 
@@ -218,6 +235,12 @@ def _apply(state: RankLive, rec: Dict[str, Any]) -> bool:
     if kind in ("start", "init"):
         device = rec.get("device") if isinstance(rec.get("device"), dict) else {}
         state.limit = _int(rec.get("allocator_limit_bytes")) or _int(device.get("total_bytes")) or state.limit
+        if kind == "start":  # where it runs; its GPU once init names it
+            state.place = dict(strag.place([rec]), gpu=state.place.get("gpu"))
+        else:
+            state.place = dict(state.place, gpu=strag.place([rec])["gpu"])
+    if kind in ("setup", "init") and state.zero_stage is None:
+        state.zero_stage = strag.zero_stage([rec])
     if mem is not None and kind in ("init", "step"):
         state.mem = {k: _int(v) for k, v in mem.items() if isinstance(k, str)}
     if mem is not None:
@@ -229,12 +252,22 @@ def _apply(state: RankLive, rec: Dict[str, Any]) -> bool:
         state.step = _int(rec.get("step"))
         state.step_seconds = _num(rec.get("seconds"))
         state.steps_seen += 1
+        if state.step is not None:
+            state.recent.append(_step_times(state.step, state.step_seconds, rec.get("phase_seconds")))
         return True
     if kind == "end":
         state.ended = True
     elif kind == "error":
         state.error = f"{rec.get('type') or 'error'}: {rec.get('message') or ''}".strip().rstrip(":")
     return False
+
+
+def _step_times(step: int, seconds: Optional[float], phases: Any) -> "strag.StepTimes":
+    """A step record's times; a phase it did not enter took 0 s, a record without ``phase_seconds`` tells none."""
+    if not isinstance(phases, dict):
+        return strag.StepTimes(step, seconds, None, None)
+    own = {name: _num(phases.get(name, 0.0)) for name, _ in PHASE_COLUMNS if name in ("idle", "forward")}
+    return strag.StepTimes(step, seconds, own["idle"], own["forward"])
 
 
 def seconds_since(value: Optional[float], now: Optional[float] = None) -> Optional[float]:

@@ -273,7 +273,17 @@ def hang(record: Dict[str, Any]) -> Dict[str, Any]:
                     "ranks_detail": texts(v.get("ranks_detail")), "culprits": _culprits(v.get("culprits")),
                     "nodes_lost": ints(v.get("nodes_lost"))},
         "named_by": _named_by(record.get("named_by")),
+        "deadline": _deadline(record.get("deadline")),
     }
+
+
+def _deadline(value: Any) -> Optional[Dict[str, Any]]:
+    """The deadline the watchdog judged by: the section the ranks were in and its learned, planned or fixed
+    seconds (``runlog.timeouts``); None in a ``hang.json`` from before deadlines were learned."""
+    if not isinstance(value, dict):
+        return None
+    return {"section": text(value.get("section")), "seconds": num(value.get("seconds")),
+            "source": text(value.get("source")), "basis": text(value.get("basis"))}
 
 
 def _culprits(value: Any) -> List[Dict[str, Any]]:

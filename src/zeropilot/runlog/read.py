@@ -26,10 +26,16 @@ from zeropilot.runlog.layout import RunDir
 
 MAX_LINE = 1 << 20
 MAX_SIDE_FILE = 64 << 20
-MAX_STEP_ROWS = 4_000_000  # all ranks together: 14 columns of 8 bytes, about 450 MB at most
+MAX_STEP_ROWS = 4_000_000  # all ranks together: 14 columns of 8 bytes and 4 of 4, about 510 MB at most
 MAX_EVENTS = 200_000  # non-step records, all ranks together
 MAX_STACK = 1 << 20
-STEP_COLUMNS = ("t", "step", "seconds") + MEMORY_FIELDS
+#: the phases of a step record's ``phase_seconds`` (``guard.rank``) kept as columns, as ``(phase, column)``: the
+#: time before the forward (loading data) and in it (stragglers, ``runlog.stragglers``), in saves and loads
+#: (learned timeouts, ``runlog.timeouts``); float32 (``array('f')``): seconds need no more
+PHASE_COLUMNS = (("idle", "idle_seconds"), ("forward", "forward_seconds"), ("save", "save_seconds"),
+                 ("load", "load_seconds"))
+STEP_COLUMNS = ("t", "step", "seconds") + MEMORY_FIELDS + tuple(c for _, c in PHASE_COLUMNS)
+_FLOAT32 = frozenset(c for _, c in PHASE_COLUMNS)
 NAN = float("nan")
 _decode = json.JSONDecoder().decode
 _EMPTY: Dict[str, Any] = {}
@@ -40,7 +46,8 @@ class RankRecords:
     """What one rank recorded."""
 
     rank: int
-    steps: Dict[str, array] = field(default_factory=lambda: {c: array("d") for c in STEP_COLUMNS})
+    steps: Dict[str, array] = field(default_factory=lambda: {c: array("f" if c in _FLOAT32 else "d")
+                                                             for c in STEP_COLUMNS})
     events: List[Dict[str, Any]] = field(default_factory=list)  # every record but steps, in file order
 
     @property
@@ -70,6 +77,7 @@ class RunRecords:
     node_runs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     rank_dirs: Dict[int, Path] = field(default_factory=dict)  # rank -> the directory its records came from
     clock: Optional[Dict[str, Any]] = None  # how the nodes' clocks were aligned (``runlog.job.align_clocks``)
+    timeouts: Optional[Dict[str, Any]] = None  # timeouts.json as read (``runlog.timeouts.from_json`` checks it)
     heal: Optional[Dict[str, Any]] = None  # heal.json of a ``zeropilot run --heal`` (its root directory)
 
 
@@ -159,6 +167,7 @@ def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budg
     cols = records.steps
     t_col, step_col, secs_col = cols["t"], cols["step"], cols["seconds"]
     mem_cols = [(name, cols[name]) for name in MEMORY_FIELDS]
+    phase_cols = [(phase, cols[name]) for phase, name in PHASE_COLUMNS]
     for rec in _lines(path, problems):
         if rec.get("event") != "step":
             if budget.events <= 0:
@@ -178,6 +187,9 @@ def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budg
         secs_col.append(_number(rec.get("seconds")))
         for name, col in mem_cols:
             col.append(_number(get(name)))
+        phases = rec.get("phase_seconds")
+        for name, col in phase_cols:  # a phase the step did not enter took 0 s; no phase_seconds: unknown
+            col.append(_number(phases.get(name, 0.0)) if isinstance(phases, dict) else NAN)
     return records
 
 
@@ -252,10 +264,11 @@ def read_run(root: Path, budget: Optional[_Budget] = None) -> RunRecords:
     ooms = _by_rank(d.ranks("oom-rank"), lambda r: read_side_json(d.oom(r), problems))
     beats = _by_rank(d.ranks("heartbeat-rank"), lambda r: read_side_json(d.heartbeat(r), problems))
     stacks = _by_rank(d.ranks("stacks-rank"), lambda r: read_stack(d.stacks(r), problems))
+    timeouts = read_side_json(d.timeouts_file, problems) if os.path.lexists(d.timeouts_file) else None
     heal = read_side_json(d.heal_file, problems) if os.path.lexists(d.heal_file) else None
     return RunRecords(root=root, run=run, ranks=ranks, ooms=ooms, hang=read_side_json(d.hang_file, problems),
                       heartbeats=beats, problems=problems, stacks=stacks, node_runs=node_runs,
-                      rank_dirs={r: root for r in ranks}, heal=heal)
+                      rank_dirs={r: root for r in ranks}, timeouts=timeouts, heal=heal)
 
 
 def merge_runs(runs: Dict[str, Dict[str, Any]], problems: List[str]) -> Dict[str, Any]:

@@ -15,7 +15,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional
 
-from zeropilot.runlog import job, normalize as nz
+from zeropilot.runlog import job, normalize as nz, stragglers, timeouts
 from zeropilot.runlog.events import MEMORY_FIELDS
 from zeropilot.runlog.frames import display
 from zeropilot.runlog.heal import section as heal_section
@@ -398,6 +398,8 @@ def summarize(records: RunRecords) -> Dict[str, Any]:
         "on_hang": nz.text(run.get("on_hang")),
         "locks_removed": nz.locks(run.get("locks_removed")),
         "builds": nz.builds(run.get("builds")),
+        "stragglers": stragglers.from_records(records),
+        "timeouts": timeouts.report(records),
         "problems": records.problems,
         "nodes": nodes,
         "heal": heal_section(records.heal),

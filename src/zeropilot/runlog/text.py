@@ -209,7 +209,10 @@ def _oom(o: Dict[str, Any]) -> List[str]:
 def _hang(summary: Dict[str, Any]) -> List[str]:
     h = summary["hang"]
     v = h["verdict"]
-    lines = [f"HANG: {clean(v['reason'] or 'no progress')} (timeout {secs(h['timeout_s'])}, action {clean(h['action'])})"]
+    d = h.get("deadline")
+    judged = f"the {clean(d['section'])} deadline {secs(d['seconds'])}: {clean(d['basis'])}" if d and d.get("section") \
+        else f"timeout {secs(h['timeout_s'])}"
+    lines = [f"HANG: {clean(v['reason'] or 'no progress')} ({judged}, action {clean(h['action'])})"]
     if v.get("cause"):
         lines.append(f"  cause" + (f" ({clean(v['class'])})" if v.get("class") else "") + f": {clean(v['cause'])}")
     for r in h["ranks"]:
@@ -249,7 +252,27 @@ def _environment(summary: Dict[str, Any]) -> List[str]:
     lines = [f"  {clean(k)}={clean(env[k])}" for k in keep]
     if summary.get("hang_timeout_s") is not None:
         lines.append(f"  hang timeout: {secs(summary['hang_timeout_s'])}, on hang: {clean(summary.get('on_hang'))}")
+    lines += _deadlines(summary)
     return ["environment:"] + lines if lines else []
+
+
+def _deadlines(summary: Dict[str, Any]) -> List[str]:
+    """The watchdog's deadline per section, those set by the same figure on one line (``runlog.timeouts``)."""
+    deadlines = (summary.get("timeouts") or {}).get("deadlines") or {}
+    by_basis: Dict[tuple, List[str]] = {}
+    for name, d in deadlines.items():
+        by_basis.setdefault((d["seconds"], d["basis"]), []).append(name.replace("_", " "))
+    if not any(d["source"] != "fixed" for d in deadlines.values()):
+        return []
+    return ["  hang deadlines: " + "; ".join(f"{', '.join(names)} {secs(seconds)} ({clean(basis)})"
+                                             for (seconds, basis), names in by_basis.items())]
+
+
+def stragglers(summary: Dict[str, Any]) -> List[str]:
+    """One line per straggler (``runlog.stragglers``)."""
+    from zeropilot.runlog.stragglers import describe
+
+    return [f"straggler: {clean(describe(s))}" for s in summary.get("stragglers") or []]
 
 
 def render(summary: Dict[str, Any]) -> str:
@@ -259,7 +282,7 @@ def render(summary: Dict[str, Any]) -> str:
     lines: List[str] = []
     if summary.get("heal"):
         lines += timeline(summary["heal"], clean) + [f"report of {clean(summary['run_dir'])}:"]
-    lines += _verdict(summary) + _steps(summary) + _ranks(summary) + nodes(summary)
+    lines += _verdict(summary) + _steps(summary) + stragglers(summary) + _ranks(summary) + nodes(summary)
     lines += _ops("save", summary["saves"]) + _ops("load", summary["loads"])
     for o in summary["ooms"]:
         lines += _oom(o)

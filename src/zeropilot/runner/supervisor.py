@@ -42,6 +42,8 @@ class RunOptions:
     world_size: Optional[int] = None
     torch_version: Optional[str] = None  # of the environment the launch runs in (run.json versions)
     run_file: Optional[Path] = None  # run.json's path, when not DIR/run.json (one node's file: run-node-K.json)
+    timeouts_file: Optional[Path] = None  # learned timeouts read at start and kept (DIR/timeouts.json when None;
+    # `run` names its own: a heal run's later attempts, copies of these options, share the first one's file)
     env: Dict[str, Optional[str]] = field(default_factory=dict)  # set for the launch (None: unset): --heal's
     preempt_grace_s: float = preempt.DEFAULT_GRACE_S  # after a preemption signal, the job's time to save and stop
 
@@ -239,7 +241,8 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
         previous[sig] = signal.signal(sig, forward)
     for sig in preempt.SIGNALS:
         previous[sig] = signal.signal(sig, preemption)
-    dog = Watchdog(d.root, opts.hang_timeout_s, opts.on_hang, opts.world_size, env, session=proc.pid)
+    dog = Watchdog(d.root, opts.hang_timeout_s, opts.on_hang, opts.world_size, env, session=proc.pid,
+                   plan=run_record.get("plan"), timeouts_file=opts.timeouts_file)
     told: set = set()
     hang = None
     try:
@@ -267,6 +270,7 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
         if dog.peers is not None:
             dog.settle()  # one verdict on every node, also when this node's could not be published
             dog.peers.close()
+        dog.close()
     _kill_job(proc.pid)  # nothing of the job outlives zeropilot run
     _remove_pipes(env.get(PIPE_ENV, ""), d.root)
     removed = _remove_left_locks(d, env)

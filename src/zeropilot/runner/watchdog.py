@@ -1,12 +1,15 @@
-"""The hang watchdog: no rank progressed for the timeout -> stacks, flight recorder, ``hang.json``.
+"""The hang watchdog: no rank progressed for its section's deadline -> stacks, flight recorder, ``hang.json``.
 
 It reads heartbeats (``heartbeat-rank-N.json``) and the size of every ``rank-N.jsonl``; progress is any change of
-either. An op build is progress too: when the deadline comes while a compiler of this job (``/proc``: the job's
-session and the descendants of its first process, :mod:`zeropilot.runner.procs`) is alive and using CPU, or the
-build folder changed, the deadline moves on by another timeout and the build is recorded (``builds`` in run.json)
-instead of a hang. On a hang it asks every live rank for its stacks (faulthandler's signal, see
-:mod:`zeropilot.guard.rank`) and its flight recorder (NCCL: its dump pipe; gloo: the guard's heartbeat thread, on
-``.fr-request``), waits a moment for them, and writes the verdict of :mod:`zeropilot.guard.hangs`.
+either. How long no progress is a hang depends on the section the ranks are in (start-up, first step, step, save,
+load): :mod:`zeropilot.runlog.sections` follows them and learns each section's durations into ``timeouts.json``,
+:mod:`zeropilot.runlog.timeouts` turns those into deadlines (``--hang-timeout`` before a section was seen). An op
+build is progress too: when the deadline comes while a compiler of this job (``/proc``: the job's session and the
+descendants of its first process, :mod:`zeropilot.runner.procs`) is alive and using CPU, or the build folder
+changed, the deadline moves on by another timeout and the build is recorded (``builds`` in run.json) instead of a
+hang. On a hang it asks every live rank for its stacks (faulthandler's signal, see :mod:`zeropilot.guard.rank`) and
+its flight recorder (NCCL: its dump pipe; gloo: the guard's heartbeat thread, on ``.fr-request``), waits a moment
+for them, and writes the verdict of :mod:`zeropilot.guard.hangs`.
 
 Across nodes (the ranks publish their heartbeats in the job's c10d store, :mod:`zeropilot.guard.storebeat`) it
 reads every rank's from there too (:mod:`zeropilot.runner.peers`): progress anywhere in the job is progress; a
@@ -31,6 +34,7 @@ from zeropilot.guard.locks import find_locks
 from zeropilot.launch.machine import extensions_roots
 from zeropilot.runlog.layout import STACKS_MARKER, RunDir, write_json_atomic
 from zeropilot.runlog.read import read_side_json
+from zeropilot.runlog.sections import SectionWatch
 from zeropilot.runner import peers as peers_mod, procs
 
 STACK_SIGNAL = signal.SIGUSR2
@@ -62,9 +66,12 @@ class Watchdog:
     """Polled by the supervisor; :meth:`poll` returns the hang record once, when it fires."""
 
     def __init__(self, run_dir: Path, timeout_s: float, action: str, world_size: Optional[int],
-                 env: Dict[str, str], session: Optional[int] = None) -> None:
+                 env: Dict[str, str], session: Optional[int] = None, plan: Optional[Dict] = None,
+                 timeouts_file: Optional[Path] = None) -> None:
         self.dir = RunDir(run_dir)
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # --hang-timeout: the deadline of a section not seen yet
+        self.sections = SectionWatch(run_dir, timeout_s, plan, timeouts_file)
+        self.deadline = self.sections.deadline()
         self.action = action
         self.world_size = world_size
         self.env = env
@@ -112,11 +119,13 @@ class Watchdog:
             if record is not None:
                 self.fired = True
                 return record
+        self.sections.poll(self._beats(), now)
+        self.deadline = self.sections.deadline()
         key = self._key()
         if key != self.last_key:
             self.last_key, self.last_change = key, now
             return None
-        limit = self.timeout_s if key else max(self.timeout_s, STARTUP_GRACE_S)
+        limit = self.deadline.seconds if key else max(self.deadline.seconds, STARTUP_GRACE_S)
         if now - self.last_change < limit:
             return None
         if self.building(now) or self.finished():
@@ -347,7 +356,8 @@ class Watchdog:
         return self._write(record)
 
     def _record(self, verdict: Dict, states: List[RankState], locks: List[Dict]) -> Dict:
-        return {"t": time.time(), "timeout_s": self.timeout_s, "action": self.action,
+        return {"t": time.time(), "timeout_s": self.deadline.seconds, "deadline": self.deadline.to_json(),
+                "action": self.action,
                 "ranks": [{"rank": s.rank, "phase": s.phase, "phase_since": s.phase_since, "step": s.step,
                            "alive": s.alive, "where": where(s.frames, limit=10),
                            "stack_file": self.dir.stacks(s.rank).name if s.frames and self.dir.stacks(s.rank).exists()
@@ -370,6 +380,7 @@ class Watchdog:
         return record
 
     def fire(self, silent: Optional[List[int]] = None) -> Dict:
+        judged_at = time.time()  # before the dumps: how long the section had run when it was judged
         beats = self._beats()
         self.request_dumps(beats)
         if self.peers is not None and silent is None:
@@ -380,7 +391,9 @@ class Watchdog:
         locks = find_locks(self.env, self.dir.root, self.live_dirs(), _alive) if early or waits_on_lock else []
         fr = self._flight_recorder()
         world = self.peers.world_size if self.peers is not None else self.world_size
-        verdict = hang_verdict(states, world, self.timeout_s, locks, fr)
+        d = self.deadline
+        verdict = hang_verdict(states, world, d.seconds, locks, fr)
+        verdict["reason"] += f" (the {d.section.replace('_', ' ')} deadline: {d.basis})"
         if fr is not None and fr["text"]:
             verdict["reason"] += "; " + "; ".join(fr["text"])
         if self.peers is not None:
@@ -392,7 +405,13 @@ class Watchdog:
                                               record["named_by"]["node_rank"])
             if isinstance(held.get("verdict"), dict):
                 record["verdict"], record["named_by"] = held["verdict"], held.get("named_by")
+        self.sections.cut(d, record["verdict"].get("class"), judged_at)  # a slow one-off section: longer next time
         return self._write(record)
+
+    def close(self) -> None:
+        """The job ended: what the sections took is written once more (``timeouts.json``)."""
+        self.sections.poll(self._beats())
+        self.sections.flush()
 
 
 def _str(value) -> Optional[str]:

@@ -112,6 +112,7 @@ def render(records: RunRecords, summary: Dict[str, Any]) -> str:
         section("nodes", "Nodes", sections.nodes(summary)),
         section("oom", "Out of memory", sections.oom(summary) if summary["ooms"] else None),
         section("hang", "Hang", sections.hang(summary) if summary["hang"] else None),
+        section("stragglers", "Stragglers", sections.stragglers(summary)),
         section("builds", "Op builds and locks", sections.machine(summary)),
         section("memory", "Memory, all ranks", overview),
         section("ranks", "Peaks per rank against the plan", sections.ranks(summary)),
@@ -120,6 +121,7 @@ def render(records: RunRecords, summary: Dict[str, Any]) -> str:
         section("saves", "Saves", sections.ops(summary, "saves")),
         section("loads", "Loads", sections.ops(summary, "loads") if summary["loads"] else None),
         section("log", "Event log", sections.event_log(records, t0)),
+        section("deadlines", "Hang deadlines per section", sections.deadlines(summary)),
         section("environment", "Environment", sections.environment(summary)),
         section("problems", "Notes on the run directory", sections.problems(summary)),
     ])

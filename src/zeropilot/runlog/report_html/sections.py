@@ -202,8 +202,11 @@ def hang(summary: Dict[str, Any]) -> str:
                      f'<summary>rank {s["rank"]}: {esc(s["main_frames"][0] if s["main_frames"] else "no frames")}'
                      f'</summary><pre>{esc(s["text"])}</pre></details>'
                      for s in summary["hang_stacks"])
+    d = h.get("deadline")
+    judged = f"the {esc(d['section'])} deadline {secs(d['seconds'])} ({esc(d['basis'])})" if d and d.get("section") \
+        else f"timeout {secs(h['timeout_s'])}"
     return (f'<p>{_e(v["reason"])}</p>' + (f"<p>cause: {esc(v['cause'])}</p>" if v["cause"] else "")
-            + f"<p>timeout {secs(h['timeout_s'])}, action {_e(h['action'])}</p>"
+            + f"<p>{judged}, action {_e(h['action'])}</p>"
             + table(["rank", "alive", "phase", "step", "in phase for", "waiting in"], rows, "hangranks")
             + _fixes(v["fixes"]) + _hang_extras(h) + stacks)
 
@@ -322,3 +325,42 @@ def nodes(summary: Dict[str, Any]) -> Optional[str]:
                 f"<p>saved by {_e(ck.get('world_size'))} ranks; resume on: "
                 f"{_e(ck.get('resume_on') or ck.get('resumable'))}</p>" + (f"<ul>{probs}</ul>" if probs else ""))
     return out
+
+
+def stragglers(summary: Dict[str, Any]) -> Optional[str]:
+    """Ranks whose own share of the step stayed above their peers' (``runlog.stragglers``)."""
+    from zeropilot.runlog.stragglers import describe
+
+    rows = []
+    for x in summary.get("stragglers") or []:
+        place = x.get("place") or {}
+        rows.append([str(x["rank"]), "-" if x["ratio"] is None else f"{x['ratio']:.2f}×",
+                     f"{x['steps']} ({x['first_step']}-{x['last_step']})",
+                     "loading data" if x["phase"] == "idle" else "forward",
+                     secs(x["own_seconds"]), secs(x["peers_seconds"]), secs(x["excess_seconds"]),
+                     _e(place.get("host")), _e(place.get("node_rank")), _e(place.get("local_rank")),
+                     _e(place.get("gpu"))])
+    if not rows:
+        return None
+    words = "".join(f"<li>{esc(describe(x))}</li>" for x in summary["stragglers"])
+    return f"<ul>{words}</ul>" + table(["rank", "ratio", "steps in a row", "where", "own", "peers' median",
+                                         "others wait", "host", "node", "local rank", "GPU"], rows, "stragglers")
+
+
+def deadlines(summary: Dict[str, Any]) -> Optional[str]:
+    """Each section's durations and the watchdog's deadline for it (``runlog.timeouts``)."""
+    t = summary.get("timeouts") or {}
+    secs_seen = t.get("sections") or {}
+    dl = t.get("deadlines") or {}
+    names = [n for n in ("startup", "first_step", "step", "idle", "save", "load") if n in secs_seen or n in dl]
+    if not names:
+        return None
+    rows = []
+    for n in names:
+        seen, d = secs_seen.get(n) or {}, dl.get(n) or {}
+        rows.append([esc(n.replace("_", " ")), _e(seen.get("count")), secs(seen.get("median_s")),
+                     secs(seen.get("longest_s")), secs(seen.get("cut_s")), secs(d.get("seconds")), _e(d.get("source")),
+                     _e(d.get("basis"))])
+    runs = f", runs: {esc(', '.join(t['runs']))}" if t.get("runs") else ""
+    head = ["section", "seen", "median", "longest", "stopped at", "deadline", "source", "set by"]
+    return f"<p>durations from {esc(t.get('source'))}{runs}</p>" + table(head, rows, "deadlines")
