@@ -83,7 +83,8 @@ def hf_z2(tmp_path_factory):
 
     def command(out, *extra):
         return ["torchrun", "--nproc_per_node", "2", "--master_port", str(runjobs.free_port()),
-                str(JOBS / "hf_train.py"), str(out), "--stage", "2", "--steps", "6", "--save-steps", "2", "--logging-steps", "1",
+                str(JOBS / "hf_train.py"), str(out), "--stage", "2", "--steps", "6", "--save-steps", "2",
+                "--logging-steps", "1",
                 "--deepspeed", str(base / "z2.json"), "--per_device_train_batch_size", "4",
                 "--gradient_accumulation_steps", "1", *extra]
 
@@ -230,7 +231,8 @@ def hf_z3(tmp_path_factory):
 
     def command(out, *extra):
         return ["torchrun", "--nproc_per_node", "2", "--master_port", str(runjobs.free_port()),
-                str(JOBS / "hf_train.py"), str(out), "--stage", "3", "--steps", "8", "--save-steps", "2", "--logging-steps", "1",
+                str(JOBS / "hf_train.py"), str(out), "--stage", "3", "--steps", "8", "--save-steps", "2",
+                "--logging-steps", "1",
                 "--deepspeed", str(base / "z3.json"), "--per_device_train_batch_size", "1", "--seq", "256",
                 "--max_length", "256", *extra]
 
