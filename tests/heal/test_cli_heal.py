@@ -41,8 +41,14 @@ def _heal_dir(tmp_path, doc):
     (dict(GOOD, command=CMD), ["torchrun", "other.py"], "this run directory heals another command"),
     (None, ["torchrun", "other.py"], "this run directory holds a run of another command"),
     ({"schema": "zeropilot.heal/9"}, CMD, "not a heal record (schema zeropilot.heal/1 with attempts expected)"),
+    (dict(GOOD, command=CMD, attempts=[dict(GOOD["attempts"][0], dir="/etc")], outcome={"status": "stopped"}), CMD,
+     "not a heal record: attempt 1 is not attempt 1 of this directory"),
+    (dict(GOOD, command=CMD, attempts=[GOOD["attempts"][0], dict(GOOD["attempts"][1], dir="../elsewhere")]), CMD,
+     "not a heal record: attempt 2 is not attempt 2 of this directory"),
 ])
 def test_going_on_with_a_run_directory_that_is_not_this_launch_s(tmp_path, doc, cmd, words):
+    """A heal record is never followed outside its directory, and the command run is the one given (the fixes in
+    force are made again on it), never one read from the directory."""
     d = _heal_dir(tmp_path, doc)
     r = run_zeropilot(["run", "--heal", "--out", str(d), "--", *cmd])
     assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -82,8 +82,9 @@ def hf_z2(tmp_path_factory):
     (base / "z2.json").write_text(json.dumps(Z2))
 
     def command(out, *extra):
-        return ["torchrun", "--nproc_per_node", "2", "--master_port", str(runjobs.free_port()), str(JOBS / "hf_train.py"),
-                str(out), "--stage", "2", "--steps", "6", "--save-steps", "2", "--logging-steps", "1",
+        return ["torchrun", "--nproc_per_node", "2", "--master_port", str(runjobs.free_port()),
+                str(JOBS / "hf_train.py"), str(out), "--stage", "2", "--steps", "6", "--save-steps", "2",
+                "--logging-steps", "1",
                 "--deepspeed", str(base / "z2.json"), "--per_device_train_batch_size", "4",
                 "--gradient_accumulation_steps", "1", *extra]
 
@@ -229,8 +230,9 @@ def hf_z3(tmp_path_factory):
     (base / "z3.json").write_text(json.dumps(dict(Z2, zero_optimization={"stage": 3})))
 
     def command(out, *extra):
-        return ["torchrun", "--nproc_per_node", "2", "--master_port", str(runjobs.free_port()), str(JOBS / "hf_train.py"),
-                str(out), "--stage", "3", "--steps", "8", "--save-steps", "2", "--logging-steps", "1",
+        return ["torchrun", "--nproc_per_node", "2", "--master_port", str(runjobs.free_port()),
+                str(JOBS / "hf_train.py"), str(out), "--stage", "3", "--steps", "8", "--save-steps", "2",
+                "--logging-steps", "1",
                 "--deepspeed", str(base / "z3.json"), "--per_device_train_batch_size", "1", "--seq", "256",
                 "--max_length", "256", *extra]
 
@@ -285,3 +287,32 @@ def test_an_oom_whose_only_fix_cuts_the_data_stops_then_heals_when_allowed(hf_z3
     assert third["fix"]["allowed_by"] == ["seq_len"] and third["fix"]["settings"] == ["max_length: 256 -> 128 (flag)"]
     assert third["resume"]["chosen"]["step"] == 6 and third["steps_redone"] == 0
     assert (base / "healed" / "checkpoint-8" / "trainer_state.json").is_file()
+
+
+def test_without_heal_a_preempted_trainer_saves_stops_and_says_how_to_resume(tmp_path):
+    """A plain Trainer (no DeepSpeed, one process) under ``zeropilot run``: SIGTERM at step 2."""
+    import subprocess
+
+    env = runjobs.job_env("preempt_plain")
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, str(JOBS / "hf_train.py"), str(tmp_path / "out"), "--stage", "0", "--steps", "12",
+           "--save-steps", "100", "--step-sleep", "1.0"]
+    argv = [sys.executable, "-m", "zeropilot", "run", "--no-check", "--out", str(run_dir), "--", *cmd]
+    proc = subprocess.Popen(argv, cwd=str(runjobs.REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.time() + runjobs.JOB_TIMEOUT_S
+        while time.time() < deadline and proc.poll() is None and not any(
+                r["step"] >= 2 for r in (_events(run_dir, "step") if run_dir.is_dir() else [])):
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=runjobs.JOB_TIMEOUT_S)
+    finally:
+        try:
+            runjobs.os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    pre = json.loads((run_dir / "run.json").read_text())["preempted"]
+    assert proc.returncode == 128 + signal.SIGTERM and pre["saved_step"] == pre["stop_step"] < 12, err[-2000:]
+    assert (tmp_path / "out" / f"checkpoint-{pre['stop_step']}" / "trainer_state.json").is_file()
+    assert f"every rank saved at step {pre['stop_step']}; resume with `zeropilot run --heal --out {run_dir}" in err

@@ -50,6 +50,7 @@ def prepare(command: List[str], folder: Path, env: Dict[str, str]) -> Tuple[Dict
     """``run.json``'s first version for an attempt (check and plan of its command), the launch as read, the world."""
     from zeropilot.runner import runinfo
 
+    folder.mkdir(parents=True, exist_ok=True)
     script = runinfo.write_launch_script(command, folder / "launch.sh", env=dict(os.environ, **env))
     try:
         summary, launch, _ = runinfo.run_check(command, script)
@@ -195,16 +196,19 @@ class Healer:
         if stop is not None:
             self._end("stopped", stop, last)
             return None
-        command, env = last["command"], dict(last["env"])
-        fix_entry = None
-        in_force = list(last.get("in_force") or [])
         number = last["attempt"] + 1
         folder = os.path.relpath(RunDir(self.root).attempt_dir(number), self.root)
+        in_force = list(last.get("in_force") or [])
+        # an earlier `zeropilot run` wrote what the last attempt ran: its fixes are made again on this command, never
+        # a command read from the directory
+        command, env = (self.remake(in_force, number) if asked else (last["command"], dict(last["env"])))
+        last = dict(last, command=command, env=env)
         extra: Dict[str, Any] = {}
         if shrink.is_lost(failure):  # a lost node: the survivors restart smaller (--heal-allow shrink), or wait
             smaller, extra = self.lost_node(last, failure, number, folder, restarts_done)
             if smaller is not None:
                 return smaller
+        fix_entry = None
         if failure.kind == "oom":
             chosen = self.pick_fix(last, number)
             if chosen.fix is None:
@@ -250,6 +254,27 @@ class Healer:
                                      cause=failure.to_dict())
         return entry, {}
 
+    def remake(self, in_force: List[Dict[str, Any]], number: int) -> Tuple[List[str], Dict[str, str]]:
+        """The command and environment of ``self.command`` with the fixes in force made again (copies in the next
+        attempt's ``launch/``)."""
+        command: List[str] = list(self.command)
+        env: Dict[str, str] = {}
+        folder = RunDir(self.root).attempt_dir(number)
+        for fix in in_force:
+            if (fix or {}).get("key") == "shrink":
+                raise InputError("an earlier attempt went on with fewer nodes (--heal-allow shrink): going on with "
+                                 "this directory would mix world sizes; start the job again in a new run directory",
+                                 path=RunDir(self.root).heal_file)
+            _, launch, _ = prepare(command, folder, env)
+            made = patch.apply((fix or {}).get("change") or {}, command, env, launch, RunDir(folder).launch_copies) \
+                if launch is not None else "zeropilot could not read the launch"
+            if isinstance(made, str):
+                raise InputError(f"the fix {fix.get('key')!r} an earlier attempt applied cannot be made again: {made}",
+                                 path=RunDir(self.root).heal_file)
+            made.write()
+            command, env = made.command, made.env
+        return command, env
+
     def pick_fix(self, last: Dict[str, Any], number: int) -> fixes.Pick:
         """The fix for an OOM of the last attempt: from its first OOM record's ranked fixes."""
         from zeropilot.runlog import read_run
@@ -258,8 +283,9 @@ class Healer:
         first = min(records.ooms.values(), key=lambda o: (o.get("t") or 0, o.get("rank") or 0)) if records.ooms \
             else {}
         ranked = [f for f in (first.get("fixes") or []) if isinstance(f, dict)]
-        _, launch, _ = prepare(last["command"], self.root / last["dir"], last["env"])
-        copies = RunDir(RunDir(self.root).attempt_dir(number)).launch_copies
+        folder = RunDir(self.root).attempt_dir(number)  # the next attempt's: its launch.sh, its copies
+        _, launch, _ = prepare(last["command"], folder, last["env"])
+        copies = RunDir(folder).launch_copies
 
         def apply(fix: Dict[str, Any]) -> Any:
             if launch is None:

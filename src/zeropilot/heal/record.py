@@ -49,6 +49,15 @@ def load(root: Path) -> Optional[Dict[str, Any]]:
         raise InputError(f"not a heal record ({exc.__class__.__name__})", path=path) from None
     if not isinstance(data, dict) or data.get("schema") != HEAL_SCHEMA or not isinstance(data.get("attempts"), list):
         raise InputError(f"not a heal record (schema {HEAL_SCHEMA} with attempts expected)", path=path)
+    for n, a in enumerate(data["attempts"], 1):
+        # attempt K lives in attempt-K/ of this directory: a record naming another folder is not followed
+        if not isinstance(a, dict) or a.get("attempt") != n or a.get("dir") != (
+                "." if n == 1 else RunDir(root).attempt_dir(n).name):
+            raise InputError(f"not a heal record: attempt {n} is not attempt {n} of this directory", path=path)
+        if not isinstance(a.get("in_force") or [], list):
+            raise InputError(f"not a heal record: attempt {n}'s in_force is not a list", path=path)
+    if not isinstance(data.get("command"), list) or not all(isinstance(w, str) for w in data["command"]):
+        raise InputError("not a heal record: command is not a list of words", path=path)
     return data
 
 
