@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
+from zeropilot.guard.whatif import TIERS  # the cost order, used when no fix's fit is known
+
 #: fix keys (guard.whatif, guard.verdicts) that leave the training mathematically the same
 NEUTRAL = frozenset({"micro_batch", "gradient_checkpointing", "offload_optimizer", "offload_param",
                      "expandable_segments", "stage", "gather_16bit_on_save", "reduce_bucket_size",
@@ -34,9 +36,6 @@ NOT_APPLICABLE = {"world_size": "needs more GPUs: a restart runs on the same mac
                   "outside_torch": "memory outside PyTorch is another process's or the driver's: free the GPU"}
 #: what ``--heal-allow`` accepts: the data-changing kinds, and ``shrink`` (restart with fewer nodes)
 ALLOW_WORDS = ("seq_len", "packing", "shrink")
-#: cost order used when no fix's fit is known (guard.whatif.TIERS)
-_TIER = {"expandable_segments": 0, "gather_16bit_on_save": 0, "packing": 0, "seq_len_outlier": 0, "micro_batch": 1,
-         "gradient_checkpointing": 2, "stage": 2, "seq_len": 3, "offload_optimizer": 3, "offload_param": 4}
 
 
 def parts(key: str) -> List[str]:
@@ -91,7 +90,7 @@ def _candidates(fixes: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         return fitting
     if any(f.get("fits") is False for f in fixes):
         return []
-    return sorted(fixes, key=lambda f: max((_TIER.get(k, 5) for k in parts(f.get("key"))), default=5))
+    return sorted(fixes, key=lambda f: max((TIERS.get(k, 5) for k in parts(f.get("key"))), default=5))
 
 
 def pick(fixes: List[Dict[str, Any]], allow: List[str], apply: Callable[[Dict[str, Any]], Any],
