@@ -23,7 +23,7 @@ print(json.dumps(out))
 PY
 cat "$OUT/versions.json"
 CALL=${CALL:-call2}
-specs="$here/data/$CALL/specs.jsonl"
+specs=${SPECS:-$here/data/$CALL/specs.jsonl}  # SPECS: another file of rows (device_call4.sh)
 # the quant rows load a random checkpoint of the (first) quantized spec's model; rows that name a trace write their
 # allocator history into $TRACE_DIR ($OUT/traces, packed into $OUT/traces.tar.gz at the end)
 model=$(python3 -c 'import json,sys; q=[json.loads(x) for x in open(sys.argv[1]) if x.strip() and json.loads(x).get("quant")]; print(json.dumps(q[0]["model"]) if q else "")' "$specs")

@@ -6,7 +6,8 @@ Classes, tested in this order (the first that holds is the verdict; the others' 
 - ``fragmentation``: the request is no larger than what PyTorch holds reserved but unallocated
   (free space inside segments it could not release even after flushing its cache: ``alloc_retries``).
 - ``outside_torch``: memory outside PyTorch (CUDA context, NCCL, other processes) grew since the
-  guard's baseline by more than the shortfall, so the same working set fitted before.
+  guard's baseline by more than the shortfall, so the same working set fitted before: never when the allocator's
+  own cap (``set_per_process_memory_fraction``) is below the working set, which no outside memory changes.
 - ``capacity``: the working set (allocated + request) does not fit under the allocator's limit.
 
 Fixes are what-ifs of the plan (:mod:`zeropilot.guard.whatif`): this run's plan at the failing batch with the
@@ -67,6 +68,7 @@ def _facts(record: Dict[str, Any]) -> Dict[str, Optional[int]]:
     return {"request": _num(record.get("request_bytes")), "allocated": allocated, "reserved": reserved,
             "unallocated": unalloc, "retries": _num(mem.get("alloc_retries")), "total": total,
             "outside": outside, "outside_base": _num(base.get("outside_torch_bytes")), "limit": limit,
+            "cap": _num(record.get("allocator_limit_bytes")),
             "free": _num(mem.get("device_free_bytes"))}
 
 
@@ -94,7 +96,10 @@ def _kind(f: Dict[str, Optional[int]], record: Dict[str, Any]) -> Tuple[str, str
                                  "reserved but unallocated: free memory is split into pieces too small")
     grown = None if f["outside"] is None or f["outside_base"] is None else f["outside"] - f["outside_base"]
     if grown is not None and grown > OUTSIDE_NOISE and alloc is not None and req is not None and f["total"]:
-        would_fit = alloc + req <= f["total"] - f["outside_base"]
+        room_then = f["total"] - f["outside_base"]
+        if f["cap"] is not None:  # set_per_process_memory_fraction bounds PyTorch alone, whatever else the card holds
+            room_then = min(room_then, f["cap"])
+        would_fit = alloc + req <= room_then
         if would_fit:
             return "outside_torch", (f"memory outside PyTorch grew by {_g(grown)} since start (CUDA context, NCCL "
                                      "or another process): the same working set fitted then")
