@@ -108,3 +108,16 @@ def test_report_on_the_two_rank_run_names_the_class_and_the_ranks(name):
     verdict = summarize(read_run(X2 / name))["verdict"]
     assert (verdict["kind"], verdict["class"], verdict["ranks"]) == ("oom", kind, ranks)
     assert verdict["first_rank"] in ranks
+
+
+def test_under_the_allocators_own_cap_grown_outside_memory_is_not_the_cause():
+    """The H200 heal run (bench/heal/gpu_oom.sh, 2026-12-03): a cap from ``set_per_process_memory_fraction``,
+    memory outside PyTorch grown by 0.53 GiB since start (NCCL, cuBLAS), a 3.48 GiB request on 21.43 GiB
+    allocated against a 24.76 GiB cap: the working set exceeds the cap whatever lies outside PyTorch."""
+    rec = _record("capacity-under-cap-outside-grew")
+    grown = rec["mem"]["outside_torch_bytes"] - rec["baseline"]["outside_torch_bytes"]
+    assert grown > 256 << 20
+    assert classify_oom(rec)[0]["kind"] == "capacity"
+    uncapped = copy.deepcopy(rec)  # the same record on a card with no cap: the outside growth is what changed
+    uncapped["allocator_limit_bytes"] = None
+    assert classify_oom(uncapped)[0]["kind"] == "outside_torch"

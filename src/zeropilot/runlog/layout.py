@@ -140,13 +140,27 @@ class RunDir:
         return sorted(found)
 
 
+def _file_mode() -> int:
+    """0o666 less this process's umask, read from ``/proc`` (``os.umask`` can only be read by setting it, a race
+    in the ranks' threads); 0o644 where ``/proc`` does not say."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o644
+
+
 def write_text_atomic(path: Path, text: str, mode: Optional[int] = None) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a rename: never half a file.
 
     Args:
         path: the file; its folder is created when missing.
         text: written as UTF-8.
-        mode: permission bits for the file (``None``: ``mkstemp``'s 0o600).
+        mode: permission bits for the file (``None``: what ``open`` would give, 0o666 less the umask; ``mkstemp``
+            alone would make every run file private (0o600) beside the 0o644 of the files appended in place).
 
     Raises:
         OSError: the folder, the temporary file or the rename failed; no temporary file is left behind.
@@ -156,8 +170,7 @@ def write_text_atomic(path: Path, text: str, mode: Optional[int] = None) -> None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, _file_mode() if mode is None else mode)
         os.replace(tmp, path)
     except BaseException:
         try:
