@@ -96,6 +96,7 @@ def spec_inputs(spec: dict, total_gb: float) -> PlanInputs:
         torch_adam=not spec.get("cpu_adam"),  # the probe's optimizer: torch's AdamW unless the spec asks for CPUAdam
         reduce_bucket_size=int(spec.get("rbs", 5e8)), prefetch_bucket_size=int(spec.get("pbs", 5e8)),
         param_persistence_threshold=int(spec.get("ppt", 1e6)), attn=spec.get("attn", "sdpa"),
+        kv_cache=True,  # the probe calls the engine without use_cache=False: the config's use_cache (on) holds
         expandable_segments="expandable_segments:true" in str(spec.get("alloc_conf", "")).lower(),
         # the probe builds the model on the GPU unless the spec asks for zero.Init (older rows never did)
         zero_init=bool(spec.get("zero_init")), sub_group_size=int(spec.get("sgs", 1e9)),

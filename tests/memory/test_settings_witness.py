@@ -70,6 +70,35 @@ def test_frozen_layers_before_the_first_trainable_one_save_nothing():
     assert not unmodelled(PlanInputs(arch4, freeze=Freeze(1), gradient_checkpointing=True))
 
 
+def test_without_checkpointing_the_output_holds_each_layers_key_value_copies():
+    """``PlanInputs.kv_cache`` (``memory.gpu._with_cache``): a causal LM called as a script calls it (no
+    ``use_cache=False``) returns a ``DynamicCache`` with each layer's key and value, kv-sized; the attention saved the
+    trained layer's for its backward, while the frozen layers' are held by the output alone. Gradient checkpointing
+    turns the cache off, and transformers 5's ``TrainingArguments`` leave it off by default."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    arch, model = _freeze(3, 1)
+    model.train()
+    saved = set()
+
+    def pack(t):
+        saved.add(t.untyped_storage().data_ptr())
+        return t
+
+    x = torch.randint(0, CFG["vocab_size"], (MB, SEQ))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(input_ids=x, labels=x)
+    pairs = [(layer.keys, layer.values) for layer in out["cache"].layers]
+    kv = MB * SEQ * arch.kv_heads * arch.head_dim * 2
+    assert len(pairs) == 3 and all(t.untyped_storage().nbytes() == kv for pair in pairs for t in pair)
+    assert [all(t.untyped_storage().data_ptr() in saved for t in pair) for pair in pairs] == [False, False, True]
+    assert not PlanInputs(arch).kv_cache
+    assert {f.name: f.default for f in dataclasses.fields(TrainingArguments)}["use_cache"] is False
+    model.gradient_checkpointing_enable()
+    assert "cache" not in model(input_ids=x, labels=x)
+
 @pytest.mark.parametrize("targets", [("q_proj", "v_proj"), ("o_proj", "down_proj"), ("gate_proj", "up_proj")])
 def test_lora_fp32_input_copies_only_where_adapters_sit(targets):
     """PEFT keeps adapters in fp32 on a bf16 model and saves each wrapped layer's fp32 input copy: the plan counts it

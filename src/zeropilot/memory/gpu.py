@@ -444,11 +444,13 @@ _LINEARS = {"llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_p
             "fused": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
 
 
-def layer_tensors(inputs: PlanInputs, no_grad: bool = False) -> Optional[Tuple[Tuple[float, Optional[int]], ...]]:
+def layer_tensors(inputs: PlanInputs, no_grad: bool = False,
+                  cache: bool = False) -> Optional[Tuple[Tuple[float, Optional[int]], ...]]:
     """One decoder layer's forward for the allocator replay: (bytes, the index of the tensor before which it is
     released, or None when the backward keeps it), from :data:`LAYER_TEMPLATES`; eager attention adds its fp32
     softmax and bf16 copy (kept). ``no_grad``: the checkpointed first forward (:data:`NO_GRAD_TEMPLATES`), whose
-    last tensor is the layer's output; None without checkpointing, and with eager attention (not traced).
+    last tensor is the layer's output; None without checkpointing, and with eager attention (not traced); ``cache``:
+    that layer with the key/value cache on (:func:`_with_cache`).
 
     With LoRA each linear layer's output ``O`` is followed by PEFT's ``result + lora_B(lora_A(x)) * scaling``
     (``peft/tuners/lora/layer.py`` ``Linear.forward``): lora_A's output (rank wide, kept for lora_B's gradient),
@@ -468,6 +470,8 @@ def layer_tensors(inputs: PlanInputs, no_grad: bool = False) -> Optional[Tuple[T
         if not inputs.gradient_checkpointing or inputs.attn == "eager":
             return None
         ops = NO_GRAD_TEMPLATES[_template(a)].split()
+        if cache:
+            ops = _with_cache(ops)
     else:
         ops = LAYER_TEMPLATES[_template(a)].split()
     fp32_inputs = no_grad and bool(_lora_fp32_copies(inputs))  # zero.Init LoRA: the input cast to fp32 first
@@ -511,6 +515,44 @@ def layer_tensors(inputs: PlanInputs, no_grad: bool = False) -> Optional[Tuple[T
         out += [(4.0 * t * a.heads * inputs.seq_len, None), (2.0 * t * a.heads * inputs.seq_len, None)]
     out += [(float(t * per), None) for per in _lora_fp32_copies(inputs)]  # kept for the adapters' backward
     return tuple(out)
+
+
+def _with_cache(ops: List[str]) -> List[str]:
+    """A :data:`NO_GRAD_TEMPLATES` layer run with transformers' key/value cache on. A causal LM called without
+    ``use_cache=False`` takes it from its config (``use_cache``, true by default) and builds a ``DynamicCache``
+    (:class:`~zeropilot.memory.inputs.PlanInputs`' ``kv_cache`` says who turns it off); ``merge_with_config_defaults``
+    turns it off under gradient checkpointing, so the checkpointed traces the templates were read from have none.
+    ``DynamicLayer.update`` concatenates the key and the value onto empty tensors (``torch.cat``: a copy of each) and
+    the attention reads the copies, so the key after its rotary embedding and the value are released once copied, and
+    the copies stay in the cache, which the model's output holds, until the output is released after the logits. A
+    trained layer keeps them for the backward anyway (``kv2K kv2K`` in :data:`LAYER_TEMPLATES`); a layer run without
+    autograd keeps nothing else. Call 3's traces of freeze tuning without checkpointing show it on every frozen front
+    layer: two kv-sized tensors after the key's rotary embedding, released after the logits, in layer order reversed;
+    the rest of the layer as the template (``tests/memory/test_accuracy_bench.py``)."""
+    parsed = []
+    for op in ops:
+        unit, _, until = op.strip("*K").partition(">")
+        parsed.append((op.startswith("*"), unit, int(until) if until else None))
+    kinds = [unit.rstrip("0123456789") for _, unit, _ in parsed]
+    at = 1 + max(i for i, kind in enumerate(kinds) if kind == "kv")  # right after the key's last tensor
+    out = []
+    for i, (star, unit, until) in enumerate(parsed):
+        if i == at:
+            out += ["kv2K", "kv2K"]  # the cache's copies of the key and the value
+        if until is not None and until > at:  # a key or value the attention would have read goes once copied (Phi-3:
+            # the fused projection, whose view the value is); the rest as before, two tensors later
+            until = at + 2 if i < at and kinds[i] in ("kv", "qkv") else until + 2
+        out.append(("*" if star else "") + unit + ("K" if until is None else f">{until}"))
+    return out
+
+
+def front_layer(inputs: PlanInputs) -> Optional[Tuple[Tuple[float, Optional[int]], ...]]:
+    """Freeze tuning's frozen layers before the first trainable one: nothing needs their gradient, so they run as
+    gradient checkpointing's first forward runs a layer (:data:`NO_GRAD_TEMPLATES`), with the key/value cache where
+    the run keeps one (``inputs.kv_cache`` without checkpointing; :func:`_with_cache`: its copies are the tensors kept
+    before the layer's output)."""
+    return layer_tensors(replace(inputs, gradient_checkpointing=True), no_grad=True,
+                         cache=inputs.kv_cache and not inputs.gradient_checkpointing)
 
 
 def final_norm(inputs: PlanInputs) -> Tuple[Tuple[float, Optional[int]], ...]:
@@ -584,8 +626,9 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
 
     Freeze tuning and LoRA's ``modules_to_save`` train a subset: only those tensors are built, flattened and
     released, the rest stay where they were built; the output layer's and the embedding's gradients exist only when
-    they train; the frozen layers before the first trainable one run without autograd and keep nothing, each one's
-    input released once its output exists (the checkpointed first forward's tensors, ``NO_GRAD_TEMPLATES``)."""
+    they train; the frozen layers before the first trainable one run without autograd and keep nothing for the
+    backward, each one's input released once its output exists (:func:`front_layer`: the checkpointed first forward's
+    tensors, and the key/value cache's copies where the run keeps one, until the logits go)."""
     if inputs.stage not in (1, 2) or inputs.expandable_segments or not tuning.replayed(inputs, zero12=True):
         return None  # tuning.replayed: quantization, fused losses ... were never traced
     a = inputs.arch
@@ -628,8 +671,7 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
                 embedding_grad=2.0 * a.vocab * a.hidden if embedding else 0.0, tied=a.tied,
                 softcap=a.logit_softcap, norm_pieces=owned, grad_partition=2.0 * whole, first_reduction=first,
                 eight_bit=inputs.optimizer == "adamw_8bit", frozen_layers=front,
-                front_layer=layer_tensors(replace(inputs, gradient_checkpointing=True), no_grad=True)
-                if front else None)
+                front_layer=front_layer(inputs) if front else None)
 
 
 def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[int]:
@@ -724,8 +766,7 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
                 flat=2.0 * part if on_gpu else 0.0,
                 side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0,
                 init_order=order if inputs.zero_init else [], frozen_layers=front,
-                front_layer=layer_tensors(replace(inputs, gradient_checkpointing=True), no_grad=True)
-                if front else None)
+                front_layer=front_layer(inputs) if front else None)
 
 
 def zero3_segments(inputs: PlanInputs, steps: int = 2) -> Optional[int]:

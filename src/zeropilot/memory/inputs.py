@@ -112,6 +112,11 @@ class PlanInputs:
             parameters partitioned within a node.
         host_mem_bytes: host RAM of one node (``--host-mem`` or detected), None when unknown.
         attn: attention implementation (``sdpa``, ``eager``, ``flash``).
+        kv_cache: the training forward keeps transformers' key/value cache: the model is called without
+            ``use_cache=False`` and its config's ``use_cache`` is on (a script calling the model itself, or the HF
+            Trainer before transformers 5). LLaMA-Factory turns it off for training (``model_utils/kv_cache.py``),
+            and so does transformers 5's Trainer (``TrainingArguments.use_cache``, default False); gradient
+            checkpointing turns it off in any case. It changes what freeze tuning's frozen front layers keep.
         expandable_segments: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (LLaMA-Factory sets it).
         disk_write_bytes_per_s: checkpoint write speed of the disk the run saves to.
         save_total_limit: checkpoints kept (None: all are kept).
@@ -158,6 +163,7 @@ class PlanInputs:
     hpz_partition_size: int = 1
     host_mem_bytes: Optional[int] = None
     attn: str = "sdpa"
+    kv_cache: bool = False
     expandable_segments: bool = False
     disk_write_bytes_per_s: float = 1.0 * GB
     save_total_limit: Optional[int] = None

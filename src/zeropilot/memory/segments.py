@@ -21,7 +21,8 @@ What is checked: fed each committed H200 trace's own requests, :class:`Allocator
 real allocator had, within 0.2 GiB, on every committed trace but the overlap and side-stream ones (53; ZeRO-1/2/3,
 LoRA, offload; two known exceptions named in ``tests/memory/test_segments.py``), so the policy is right. The synthetic request sequence follows the traces (``bench/plan/
 analyze_trace.py``): each decoder layer's tensors with their lifetimes, and under checkpointing the first forward
-run without autograd (each tensor released after its last use; call 52) and the recompute;
+run without autograd (each tensor released after its last use; call 52) and the recompute; freeze tuning's frozen
+front layers run the same way, and without checkpointing keep the key/value cache's copies until the logits go;
 the two cuBLAS workspaces every trace keeps (one for the forward's thread, one for autograd's); DeepSpeed's
 ``temp_grad_buffer_for_gpu_offload``; Gemma 2's soft-capped logits; the embedding's gradient at the end of
 backward; the fp64 copies DeepSpeed takes for gradient norms. It ends within 2% of 23 of the 29 world-size-1
@@ -217,8 +218,11 @@ def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]
                   gathered: Sequence[Sequence[float]] = (),
                   window: Optional[_Window] = None,
                   no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None, frozen: int = 0,
-                  front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> List[Optional[_Block]]:
-    """The decoder's forward (arguments as :func:`zero12_reserved`'s); the tensors kept for the backward.
+                  front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None
+                  ) -> Tuple[List[Optional[_Block]], List[Optional[_Block]]]:
+    """The decoder's forward (arguments as :func:`zero12_reserved`'s): the tensors kept for the backward, and the
+    frozen front layers' key/value cache (``front_layer``'s kept tensors before its output), which the model's output
+    holds until the loss releases it with the logits.
     ``gathered``: per layer, the 16-bit parameters ZeRO-3 gathers before it and releases after it (or, with
     ``window``, leaves to the window). Under checkpointing each layer runs as ``no_grad_layer`` (the same layer without
     autograd: each tensor released after its last use, the output kept as the next layer's input; or, where that is
@@ -226,10 +230,12 @@ def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]
     is the embedding's output, and the last layer's output is released after the final norm, which keeps its own fp32
     copy (call 41's trace)."""
     first = pool.alloc(edges[0])  # the embedding's output
+    cache: List[Optional[_Block]] = []
     for _ in range(frozen):  # freeze tuning's frozen layers before the first trainable one: nothing saved
         out = _forward(pool, front_layer or ())
         pool.free(first)
-        first = out[-1] if out else pool.alloc(edges[0])
+        first = out.pop() if out else pool.alloc(edges[0])
+        cache += out  # without checkpointing, the key/value cache's copies
     # layer ``frozen``'s input: kept for the backward (as layer 0's, the embedding's output, when nothing is frozen)
     acts: List[Optional[_Block]] = [None, first] if checkpointed else [first]
     for index in range(frozen, layers):
@@ -247,13 +253,16 @@ def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]
     norm = _forward(pool, edges[1])  # the final norm's
     if checkpointed:
         pool.free(acts.pop())  # the last layer's output: the norm keeps its own fp32 copy
-    return acts + norm
+    return acts + norm, cache
 
 
 def _causal_lm_loss(pool: "Allocator", logits_bf16: float, logits_fp32: float, softcap: bool,
-                    released: Sequence[Optional[_Block]] = ()) -> Optional[_Block]:
+                    released: Sequence[Optional[_Block]] = (),
+                    output: Sequence[Optional[_Block]] = ()) -> Optional[_Block]:
     """transformers' causal-LM loss, as call 7's traces show it: bf16 logits, fp32 upcast, log-softmax, then in
-    backward two fp32 gradients and the bf16 one, which is returned (held until the output layer's gradient)."""
+    backward two fp32 gradients and the bf16 one, which is returned (held until the output layer's gradient).
+    ``output``: the rest of the model's output (the key/value cache), released with the logits once the loss is
+    taken from it."""
     lb = pool.alloc(logits_bf16)
     for b in released:  # ZeRO-3: the output layer's gathered weight, released after its forward
         pool.free(b)
@@ -267,6 +276,8 @@ def _causal_lm_loss(pool: "Allocator", logits_bf16: float, logits_fp32: float, s
     f1, f2 = pool.alloc(logits_fp32), pool.alloc(logits_fp32)
     pool.free(f1)
     pool.free(lb)
+    for b in output:  # the model's output held the logits and the key/value cache (call 3's traces)
+        pool.free(b)
     f3, f4 = pool.alloc(logits_fp32), pool.alloc(logits_fp32)
     pool.free(f3)
     pool.free(f2)
@@ -341,7 +352,9 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         frozen_layers: freeze tuning: the decoder layers before the first trainable one, which run without autograd
             as ``front_layer`` (each tensor released after its last use, the output kept as the next layer's input,
             the input released once the output exists); the first trainable layer's input is kept, as the
-            embedding's output is when nothing is frozen.
+            embedding's output is when nothing is frozen. Tensors ``front_layer`` keeps before its output are the
+            key/value cache's copies (without checkpointing, ``memory.gpu.front_layer``): the model's output holds
+            them, so they are released with the logits.
         eight_bit: the optimizer is bitsandbytes' 8-bit AdamW (a client optimizer): its first step makes two one-byte
             states and their fp32 absmax per 256 elements (``Optimizer2State.init_state``), and its fused kernel
             updates in place (no temporary); otherwise AdamW's two fp32 states and one foreach temporary.
@@ -376,9 +389,9 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
             if not gpu_optimizer:  # temp_grad_buffer_for_gpu_offload: 16-bit, the largest parameter's size, kept
                 pool.alloc(max(list(build) + list(frozen), default=0))
             pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
-        acts = _forward_pass(pool, layer, layers, checkpointed, edges, no_grad_layer=no_grad_layer,
-                             frozen=frozen_layers, front_layer=front_layer)
-        gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap)
+        acts, cache = _forward_pass(pool, layer, layers, checkpointed, edges, no_grad_layer=no_grad_layer,
+                                    frozen=frozen_layers, front_layer=front_layer)
+        gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap, output=cache)
         og = pool.alloc(output_grad)  # the output layer's weight gradient
         if step == 0:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
             pool.alloc(_CUBLAS_WORKSPACE)
@@ -558,12 +571,12 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
             pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
         window = _Window(pool, live) if live and step else None
         emb = _gather(pool, window, "embedding", [embedding])
-        acts = _forward_pass(pool, layer, layers, checkpointed, edges, gathered, window, no_grad_layer,
-                             frozen=frozen_layers, front_layer=front_layer)
+        acts, cache = _forward_pass(pool, layer, layers, checkpointed, edges, gathered, window, no_grad_layer,
+                                    frozen=frozen_layers, front_layer=front_layer)
         for b in emb:
             pool.free(b)
         head = _gather(pool, window, "head", [embedding])  # the output layer's weight (tied or not, one size)
-        gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap, head)
+        gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap, head, cache)
         head = _gather(pool, window, "head", [embedding])  # gathered again for its backward
         # LinearFunctionForZeroStage3.backward: the input's gradient first, then the weight's. Under checkpointing it
         # takes the hole the last layer's output left after the final norm, so the autograd thread's workspace goes
