@@ -152,3 +152,42 @@ def test_llamafactory_settings_change_the_figure_or_are_named(capsys, tmp_path):
     text = capsys.readouterr().out
     assert "approximate" in text and "Not modelled" in text and "label_smoothing_factor: 0.1" in text
     assert "approximate: label_smoothing_factor: 0.1 not modelled (see" in text
+
+
+
+def test_use_cache_is_read_as_the_kv_cache_input_with_its_line(tmp_path):
+    """``use_cache: true`` (transformers 5's TrainingArguments.use_cache, default False; the Trainer sets the model's
+    config from it) becomes the plan's ``kv_cache`` with the line it came from; unset, the plan keeps the default
+    (off), which is what LLaMA-Factory and transformers 5's Trainer train with."""
+    from zeropilot.cli.plan import _launch_values
+
+    base = "finetuning_type: freeze\nfreeze_trainable_layers: 2\ndisable_gradient_checkpointing: true\n"
+    on = _launch_values(_llamafactory(tmp_path, "on", base + "use_cache: true\n"))
+    assert on.values["kv_cache"] is True and on.sources["kv_cache"].key == "use_cache"
+    assert on.sources["kv_cache"].line == 11
+    assert "kv_cache" not in _launch_values(_llamafactory(tmp_path, "off", base)).values
+
+
+def test_the_kv_cache_changes_the_replayed_peak_of_a_call3_row():
+    """What the input changes, on the row that showed it (call 3's l8_f2: Llama-3.1-8B shape, ZeRO-2, freeze 2, no
+    checkpointing, micro batch 2 x 2048): the frozen front layers' cache copies move the allocator's placements."""
+    import json
+    import sys
+    from dataclasses import replace
+    from pathlib import Path
+
+    from zeropilot.memory.gpu import estimate_gpu
+
+    here = Path(__file__).resolve().parents[2] / "bench" / "plan" / "settings"
+    saved = list(sys.path)
+    sys.path[:0] = [str(here), str(here.parent)]
+    try:
+        from specs import inputs_of
+    finally:
+        sys.path[:] = saved
+    spec = next(s for s in map(json.loads, (here / "data/call3/specs.jsonl").read_text().splitlines())
+                if s["row"] == "l8_f2")
+    with_cache = inputs_of(spec)
+    assert with_cache.kv_cache is True and with_cache.freeze is not None
+    without = replace(with_cache, kv_cache=False)
+    assert estimate_gpu(with_cache).reserved_peak_bytes != estimate_gpu(without).reserved_peak_bytes

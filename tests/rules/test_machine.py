@@ -1,6 +1,7 @@
 """MC001 (stale op-build lock): the finder on fixture folders, and a witness that really leaves a lock behind."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from tests.zp import NO_SHM_OP
 from zeropilot.check import check
 from zeropilot.launch.machine import STALE_AFTER_S, extensions_roots, find_build_locks, inspect_machine
 
-RUN = ("import os\nos.environ.update(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', LOCAL_WORLD_SIZE='1', "
+RUN = ("import faulthandler, os, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=False)\n"
+       "os.environ.update(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', LOCAL_WORLD_SIZE='1', "
        "MASTER_ADDR='127.0.0.1')\nimport deepspeed\nprint('IMPORTED', flush=True)\n"
        "deepspeed.init_distributed(dist_backend='gloo')\nprint('READY', flush=True)\n")
 
@@ -69,6 +71,20 @@ def _kill(proc) -> None:
     proc.wait()
 
 
+def _waits_on_the_baton(proc, log: Path) -> bool:
+    """Whether ``proc``'s main thread, asked for its stack (faulthandler on SIGUSR1), is in torch's
+    ``FileBaton.wait``: the op build's lock wait, seen directly instead of inferred from a long sleep."""
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if "IMPORTED" in log.read_text():
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(0.3)
+            if re.search(r'file_baton\.py", line \d+ in wait', log.read_text()):
+                return True
+        time.sleep(0.2)
+    return False
+
+
 @pytest.mark.witness
 @pytest.mark.slow
 def test_mc001_witness(tmp_path):
@@ -87,14 +103,15 @@ def test_mc001_witness(tmp_path):
     [lock] = list(ext.glob("*/lock"))
     second = _start(env, tmp_path / "second.txt")
     try:
-        time.sleep(20)
+        waiting = _waits_on_the_baton(second, tmp_path / "second.txt")
+        time.sleep(1.0)  # several of FileBaton's 0.1 s polls later: still there, still not built
         alive = second.poll() is None
         group = subprocess.run(["ps", "-o", "pid=", "-g", str(second.pid)], capture_output=True, text=True,
                                timeout=10).stdout.split()
     finally:
         _kill(second)
     log = (tmp_path / "second.txt").read_text()
-    assert alive and "IMPORTED" in log and "READY" not in log, log[-2000:]
+    assert waiting and alive and "IMPORTED" in log and "READY" not in log, log[-2000:]
     assert group == [str(second.pid)], group  # waiting on the lock, not compiling
     assert lock.exists()
     [finding] = _mc001(tmp_path, ext)

@@ -111,6 +111,7 @@ READ_AS_INPUT: Dict[str, str] = {
     **{k: "gradient_checkpointing" for k in ("gradient_checkpointing", "activation_checkpointing",
                                              "disable_gradient_checkpointing")},
     **{k: "attn" for k in ("attn_implementation", "flash_attn")},
+    "use_cache": "kv_cache (without checkpointing, frozen layers keep the key/value cache's copies)",
     "save_total_limit": "save_total_limit", "save_steps": "save_steps", "save_only_model": "save_only_model",
     "output_dir": "where checkpoints go (free space)",
     "deepspeed": "the DeepSpeed config (stage, offload, buckets)",

@@ -133,6 +133,9 @@ def _train_args(r: _Reader, doc: Document) -> None:
     _first_int(r, "micro_batch", doc, _MICRO_KEYS)
     r.key("grad_accum", positive_int(doc.value("gradient_accumulation_steps")), doc, "gradient_accumulation_steps")
     _checkpointing(r, doc)
+    # transformers 5's Trainer sets the model's use_cache from TrainingArguments.use_cache (default False), after
+    # LLaMA-Factory turned it off: only a launch that turns it on trains with the key/value cache
+    r.key("kv_cache", truthy(doc.value("use_cache")), doc, "use_cache")
     r.key("save_total_limit", positive_int(doc.value("save_total_limit")), doc, "save_total_limit")
     r.key("save_steps", positive_int(doc.value("save_steps")), doc, "save_steps")
     r.key("save_only_model", truthy(doc.value("save_only_model")), doc, "save_only_model")
