@@ -27,4 +27,7 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
         || echo "ci/test.sh: could not install chromium; the report's browser test will fail" >&2
 fi
 export DS_ACCELERATOR=cpu
-"$PYTHON" -m pytest -q -p no:cacheprovider --durations=25 "$@"  # the slowest: where the suite's time goes
+# Two workers, whole files to each (a module's jobs run once; jobs several files share run once in the whole run:
+# tests/once.py): most of the suite's time is multi-rank jobs that wait (watchdog deadlines, sleeps, rendezvous) on
+# a 2-core machine. `-n 0` after it runs everything in one process. --durations: where the suite's time goes.
+"$PYTHON" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 "$@"

@@ -13,6 +13,7 @@ from typing import Dict, Optional, Union
 
 import pytest
 
+from tests.once import make_shared_dir
 from tests.zp import NO_SHM_OP, pythonpath
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -31,6 +32,9 @@ if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
 _EXTENSIONS = tempfile.mkdtemp(prefix="zeropilot-tests-extensions-")
 atexit.register(shutil.rmtree, _EXTENSIONS, True)
 os.environ["TORCH_EXTENSIONS_DIR"] = _EXTENSIONS
+# One folder for the whole run, the pytest-xdist workers' too: the jobs several test files share run once in it
+# (tests/once.py)
+make_shared_dir()
 
 # The suite is the gate a change must pass: its property tests draw the same examples on every run, so a red run
 # means the change broke something, not that a search got lucky (CI once failed on a fuzz example no earlier run had

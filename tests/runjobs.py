@@ -31,18 +31,15 @@ The CPU shm all-reduce build is skipped by the suite's ``tests/site/sitecustomiz
 
 from __future__ import annotations
 
-import atexit
-import functools
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
+from tests.once import once, shared_dir
 from tests.zp import NO_SHM_OP, pythonpath
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,11 +60,9 @@ class Job:
     command: List[str]
 
 
-@functools.lru_cache(maxsize=None)
 def root() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="zeropilot-runjobs-"))
-    atexit.register(shutil.rmtree, path, True)
-    return path
+    """The jobs' folder, one for the whole test run (all pytest-xdist workers: tests/once.py)."""
+    return shared_dir("runjobs")
 
 
 def free_port() -> int:
@@ -121,7 +116,7 @@ def hf_trainer() -> Job:
     return hf_trainer_watched().job
 
 
-@functools.lru_cache(maxsize=None)
+@once
 def accelerate_trainer() -> Job:
     """HF Trainer + DeepSpeed ZeRO-2 under ``accelerate launch`` (its DeepSpeed launcher: torchrun), 2 ranks.
 
@@ -140,7 +135,7 @@ def accelerate_trainer() -> Job:
     return zeropilot_run("accelerate_trainer", cmd)
 
 
-@functools.lru_cache(maxsize=None)
+@once
 def accelerate_loop() -> Job:
     """accelerate's own loop, no Trainer, no DeepSpeed: steps from ``AcceleratedOptimizer.step``."""
     ckpt = root() / "accelerate_loop" / "ckpt"
@@ -148,7 +143,7 @@ def accelerate_loop() -> Job:
     return zeropilot_run("accelerate_loop", cmd)
 
 
-@functools.lru_cache(maxsize=None)
+@once
 def hf_trainer_plain() -> Job:
     """A plain HF Trainer (no DeepSpeed) as ``python script.py``: steps come from the guard's TrainerCallback."""
     ckpt = root() / "hf_trainer_plain" / "ckpt"
@@ -156,7 +151,7 @@ def hf_trainer_plain() -> Job:
     return zeropilot_run("hf_trainer_plain", cmd)
 
 
-@functools.lru_cache(maxsize=None)
+@once
 def raw_deepspeed() -> Job:
     """(b) The raw DeepSpeed example, ZeRO-3, ``deepspeed`` launcher, 2 ranks, saves at steps 3 and 6; its config is
     the example's with the job's own monitors on: TensorBoard in ``ckpt/../monitor/tb`` and DeepSpeed's CSV monitor
@@ -182,7 +177,7 @@ def _faults(name: str, fault: str, flags: List[str]) -> Job:
     return zeropilot_run(name, cmd, ["--no-check", *flags])
 
 
-@functools.lru_cache(maxsize=None)
+@once
 def killed_in_save() -> Job:
     """(c) Rank 1 SIGKILLed in the middle of its model-states write at step 2."""
     return _faults("killed_in_save", "kill-in-save", [])
@@ -204,7 +199,7 @@ def _stale_lock_job() -> Job:
     return zeropilot_run("hang_stale_lock", cmd, ["--no-check", *HANG_FLAGS], env=env)
 
 
-@functools.lru_cache(maxsize=None)
+@once
 def _hangs() -> dict:
     """The hang jobs at once: each spends most of its time waiting for the watchdog."""
     from concurrent.futures import ThreadPoolExecutor
@@ -259,7 +254,7 @@ def has_mlflow() -> bool:
     return importlib.util.find_spec("mlflow") is not None
 
 
-@functools.lru_cache(maxsize=None)
+@once
 def hf_trainer_watched() -> Watched:
     """HF Trainer + ZeRO-2 under torchrun, 2 ranks, 8 steps, saves at steps 4 and 8 with an evaluation at each, the
     best checkpoint loaded back at the end (``--load-best``), ``report_to=["tensorboard", "mlflow"]`` (MLflow where
@@ -343,7 +338,7 @@ def hang_mismatch() -> Job:
 BUILD_FLAGS = ["--no-check", "--hang-timeout", "3", "--on-hang", "stop"]
 
 
-@functools.lru_cache(maxsize=None)
+@once
 def op_build_stopped_then_next() -> tuple:
     """A real JIT op build (``jobs/build_op.py``, 2 ranks) stopped by SIGTERM to ``zeropilot run`` while it
     holds its lock, then the next launch on the same ``TORCH_EXTENSIONS_DIR``, whose build outlasts its 3 s hang
@@ -406,7 +401,7 @@ def _timeouts_run(name: str, extra: List[str], flags: List[str]) -> Job:
     return zeropilot_run(name, cmd, flags)
 
 
-@functools.lru_cache(maxsize=None)
+@once
 def learned_timeouts() -> tuple:
     """(first, second): the first run's save outlasts its fixed 8 s deadline and is stopped; the second, pointed at
     the first (``--timeouts-from``), lets the same save finish, then stops rank 1's hung step 9 at the step deadline

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.once import locked, shared_dir
 from tests.zp import extensions_dir
 
 HERE = Path(__file__).resolve().parent
@@ -81,22 +82,24 @@ _CACHE = {}  # module-level so that tests/cli, which imports this fixture, share
 
 
 @pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory):
-    """``checkpoints(name)`` builds the named checkpoint on first use and returns its :class:`Built`."""
+def checkpoints():
+    """``checkpoints(name)`` builds the named checkpoint on first use in the test run (whichever pytest-xdist worker
+    asks first, under a run-wide lock: tests/once.py) and returns its :class:`Built`."""
     keep = os.environ.get("ZEROPILOT_TEST_CKPT_CACHE")  # a folder kept across sessions (local runs only)
-    base = Path(keep) if keep else tmp_path_factory.getbasetemp() / "ckpts"
+    base = Path(keep) if keep else shared_dir("ckpts")
     base.mkdir(parents=True, exist_ok=True)
 
     def get(name: str) -> Built:
         if name not in _CACHE:
-            root = base / name
-            done = root / ".built.json"
-            if keep and done.is_file() and json.loads(done.read_text()) == SPECS[name]:
-                _CACHE[name] = Built(name, root)
-            else:
-                shutil.rmtree(root, ignore_errors=True)
-                _CACHE[name] = _build(name, root)
-                done.write_text(json.dumps(SPECS[name]))
+            with locked(f"ckpt-{name}"):
+                root = base / name
+                done = root / ".built.json"
+                if done.is_file() and json.loads(done.read_text()) == SPECS[name]:
+                    _CACHE[name] = Built(name, root)
+                else:
+                    shutil.rmtree(root, ignore_errors=True)
+                    _CACHE[name] = _build(name, root)
+                    done.write_text(json.dumps(SPECS[name]))
         return _CACHE[name]
 
     return get

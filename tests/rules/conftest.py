@@ -8,17 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.once import once, shared_dir
 from tests.zp import extensions_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def engine_probe():
-    """One real ZeRO-2 engine (gloo, one process) built in a fresh process, once per session; what it reported.
-
-    See ``tests.rules.test_deepspeed_config.engine_probe_main`` for what is probed.
-    """
+@once
+def _engine_probe() -> dict:
     code = ("import json; from tests.rules.test_deepspeed_config import engine_probe_main as m; "
             "print('PROBE ' + json.dumps(m(2)))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
@@ -26,6 +23,15 @@ def engine_probe():
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")]
     assert lines, proc.stderr[-3000:]
     return json.loads(lines[-1][len("PROBE "):])
+
+
+@pytest.fixture(scope="session")
+def engine_probe():
+    """One real ZeRO-2 engine (gloo, one process) built in a fresh process, once per test run; what it reported.
+
+    See ``tests.rules.test_deepspeed_config.engine_probe_main`` for what is probed.
+    """
+    return _engine_probe()
 
 
 def _free_port() -> int:
@@ -51,19 +57,23 @@ def run_probe(module: str, args, out: Path, timeout: float = 300) -> str:
     return log
 
 
+@once
+def _probe(module: str, name: str) -> dict:
+    """What ``python -m module OUT/probe.json`` wrote, run once per test run in the run's shared folder."""
+    out = shared_dir(name)
+    args = [out] if name == "accelerate_probe" else [out / "probe.json"]
+    log = run_probe(module, args, out)
+    assert (out / "probe.json").exists(), log[-3000:]
+    return json.loads((out / "probe.json").read_text())
+
+
 @pytest.fixture(scope="session")
-def accelerate_probe(tmp_path_factory):
+def accelerate_probe():
     """What accelerate did with each case of ``tests/rules/accelerate_probe.py`` (one process, one rank)."""
-    out = tmp_path_factory.mktemp("accelerate_probe")
-    log = run_probe("tests.rules.accelerate_probe", [out], out)
-    assert (out / "probe.json").exists(), log[-3000:]
-    return json.loads((out / "probe.json").read_text())
+    return _probe("tests.rules.accelerate_probe", "accelerate_probe")
 
 
 @pytest.fixture(scope="session")
-def init_probe(tmp_path_factory):
+def init_probe():
     """What ``deepspeed.initialize`` did with each case of ``tests/rules/init_probe.py`` (one process, one rank)."""
-    out = tmp_path_factory.mktemp("init_probe")
-    log = run_probe("tests.rules.init_probe", [out / "probe.json"], out)
-    assert (out / "probe.json").exists(), log[-3000:]
-    return json.loads((out / "probe.json").read_text())
+    return _probe("tests.rules.init_probe", "init_probe")

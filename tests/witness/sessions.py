@@ -6,22 +6,17 @@ Every function returns the JSON results of real HF Trainer / DeepSpeed runs on C
 
 from __future__ import annotations
 
-import atexit
-import functools
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Dict
 
+from tests.once import once, shared_dir
 from tests.witness.engine_runs import run_engine
 from tests.witness.trainer_runs import run_trainer_cases
 
 
-@functools.lru_cache(maxsize=None)
 def root() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="zeropilot-witness-"))
-    atexit.register(shutil.rmtree, path, True)
-    return path
+    """The runs' folder, one for the whole test run (all pytest-xdist workers: tests/once.py)."""
+    return shared_dir("witness")
 
 
 # One 2-rank Trainer session: every save case the checkpoint rules make a claim about.
@@ -38,13 +33,13 @@ SAVE_CASES = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@once
 def trainer_saves() -> Dict[str, Any]:
     """Results of SAVE_CASES on 2 ranks; folders under ``root()/saves/<name>``."""
     return run_trainer_cases([dict(c) for c in SAVE_CASES], root() / "saves", world=2)
 
 
-@functools.lru_cache(maxsize=None)
+@once
 def trainer_resume_other_world() -> Dict[str, Any]:
     """Resume the 2-rank ZeRO-2 and ZeRO-3 checkpoints with 1 rank."""
     trainer_saves()
@@ -54,7 +49,7 @@ def trainer_resume_other_world() -> Dict[str, Any]:
     return run_trainer_cases(cases, root() / "resume", world=1)
 
 
-@functools.lru_cache(maxsize=None)
+@once
 def trainer_timeouts() -> Dict[str, Any]:
     """2 ranks, ZeRO-2, ddp_timeout 5000 s, DEEPSPEED_TIMEOUT=1 (minute). The world group is initialised with
     the ddp_timeout as accelerate does on GPUs (see trainer_runs: on CPU it passes none)."""
@@ -62,7 +57,7 @@ def trainer_timeouts() -> Dict[str, Any]:
                              pg_timeout=5000, env={"DEEPSPEED_TIMEOUT": "1"})
 
 
-@functools.lru_cache(maxsize=None)
+@once
 def engine(scenario: str, world: int, **kw) -> Dict[str, Any]:
     name = "-".join([scenario, str(world)] + [f"{k}{v}" for k, v in sorted(kw.items())])
     return run_engine(dict(scenario=scenario, world=world, **kw), root() / "engine" / name)
