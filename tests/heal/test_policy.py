@@ -1,7 +1,8 @@
 """The heal policy as pure functions: which failure a restart helps, which fix is applied, the no-loop rule.
 
 Inputs are the records a run directory holds (report verdicts, ``error`` records, OOM fixes as ``guard.whatif``
-ranks them); the multi-process runs that produce them for real are in ``test_heal_runs.py``.
+ranks them); the multi-process runs that produce them for real are in ``test_heal_runs.py`` and
+``test_heal_preempt.py``.
 """
 
 from __future__ import annotations

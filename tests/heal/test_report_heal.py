@@ -1,7 +1,7 @@
 """``heal.json`` in the report: a heal run's timeline first, and a hostile heal record keeps the report's shape.
 
 The run directories are the report tests' synthetic ones (``tests/report/synth.py``); the real heal runs' reports
-are checked in ``test_heal_runs.py``.
+are checked in ``test_heal_runs.py`` and ``test_heal_preempt.py``.
 """
 
 from __future__ import annotations
