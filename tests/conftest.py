@@ -53,14 +53,6 @@ else:
 CORPUS = Path(__file__).resolve().parent / "data" / "corpus"
 
 
-def pytest_collection_modifyitems(session, config, items):
-    """Files with slow tests first, each file's tests in their order: ci/test.sh hands whole files to two workers in
-    collection order, and the long multi-rank files started last would leave one worker alone at the end (the
-    longest-first rule of scheduling)."""
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each group is kept
-
-
 def corpus_files() -> list:
     """The corpus's files, as MANIFEST.tsv lists them (its README and licence texts are not configs)."""
     rows = (CORPUS / "MANIFEST.tsv").read_text(encoding="utf-8").splitlines()[1:]
