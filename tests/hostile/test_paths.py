@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile.conftest import RSS_LIMIT, SECRET, assert_no_secret_written, assert_promise, resave, run_cli
+from tests.hostile.conftest import (RSS_LIMIT, SECRET, Z2, Case, assert_no_secret_written, assert_promise, resave,
+                                    run_cli)
 
 pytestmark = pytest.mark.slow
 
@@ -207,10 +208,21 @@ def test_escape_sequences_from_the_checkpoint_are_not_printed_raw(case):
 # ---- verify on a crafted export -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def exported(case):
-    c = case()
+@pytest.fixture(scope="module")
+def _export(tmp_path_factory, checkpoints):
+    """One real export of the ZeRO-2 checkpoint for the module (an export is a process that imports torch)."""
+    base = tmp_path_factory.mktemp("exported")
+    c = Case(root=checkpoints(Z2).copy(base / "ckpt"), tmp=base, secret=base / "secret.txt", marker=base / "pwned",
+             out=base / "out")
     assert c.export().rc == 0
+    return c.out
+
+
+@pytest.fixture
+def exported(case, _export):
+    """A private copy of the checkpoint and of its export, for a test to damage."""
+    c = case()
+    shutil.copytree(_export, c.out)
     return c
 
 

@@ -82,9 +82,9 @@ def verify(out, against, tag: Optional[str] = None, load: bool = False, trust_pi
     out = Path(out)
     files = _out_files(out)
     adapter = files[0].name == "adapter_model.safetensors"
+    for f in files:  # a garbage or crafted file is one line, before safetensors sees it and before torch's import
+        stw.read_header(f)
     torch, safe_open = _need_torch(load, adapter)
-    for f in files:
-        stw.read_header(f)  # a garbage or crafted file is one line, before safetensors sees it
     layout = read_layout(against, tag, follow_symlinks=follow_symlinks)
     if layout.problems:
         raise DamagedCheckpoint("the checkpoint is damaged or incomplete", layout.problems)
