@@ -21,14 +21,12 @@ pytestmark = [pytest.mark.slow]
 
 # -- HF Trainer, ZeRO-3: preempted (SIGTERM), resumed by the next `--heal`; then an OOM whose only fix cuts the data --
 
-def _preempted_run(name: str, command: list, env: dict, at_step: int) -> runjobs.Job:
-    """``zeropilot run --heal`` sent SIGTERM once rank 0 recorded optimizer step ``at_step``."""
+def _sigterm_at(run_dir, flags: list, command: list, env: dict, at_step: int):
+    """``zeropilot run FLAGS -- COMMAND`` sent SIGTERM once rank 0 recorded optimizer step ``at_step``: (exit status,
+    stdout, stderr, argv)."""
     import subprocess
 
-    base = runjobs.root() / name
-    base.mkdir(parents=True, exist_ok=True)
-    run_dir = base / "run"
-    argv = [sys.executable, "-m", "zeropilot", "run", "--out", str(run_dir), "--no-check", *HEAL, "--", *command]
+    argv = [sys.executable, "-m", "zeropilot", "run", "--out", str(run_dir), *flags, "--", *command]
     proc = subprocess.Popen(argv, cwd=str(runjobs.REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
@@ -45,7 +43,15 @@ def _preempted_run(name: str, command: list, env: dict, at_step: int) -> runjobs
             runjobs.os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    return runjobs.Job(run_dir, proc.returncode, out, err, base / "ckpt", argv)
+    return proc.returncode, out, err, argv
+
+
+def _preempted_run(name: str, command: list, env: dict, at_step: int) -> runjobs.Job:
+    """``zeropilot run --heal`` sent SIGTERM once rank 0 recorded optimizer step ``at_step``."""
+    base = runjobs.root() / name
+    base.mkdir(parents=True, exist_ok=True)
+    rc, out, err, argv = _sigterm_at(base / "run", ["--no-check", *HEAL], command, env, at_step)
+    return runjobs.Job(base / "run", rc, out, err, base / "ckpt", argv)
 
 
 @pytest.fixture(scope="module")
@@ -115,28 +121,12 @@ def test_an_oom_whose_only_fix_cuts_the_data_stops_then_heals_when_allowed(hf_z3
 
 def test_without_heal_a_preempted_trainer_saves_stops_and_says_how_to_resume(tmp_path):
     """A plain Trainer (no DeepSpeed, one process) under ``zeropilot run``: SIGTERM at step 2."""
-    import subprocess
-
     env = runjobs.job_env("preempt_plain")
     run_dir = tmp_path / "run"
     cmd = [sys.executable, str(JOBS / "hf_train.py"), str(tmp_path / "out"), "--stage", "0", "--steps", "12",
            "--save-steps", "100", "--step-sleep", "1.0"]
-    argv = [sys.executable, "-m", "zeropilot", "run", "--no-check", "--out", str(run_dir), "--", *cmd]
-    proc = subprocess.Popen(argv, cwd=str(runjobs.REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        deadline = time.time() + runjobs.JOB_TIMEOUT_S
-        while time.time() < deadline and proc.poll() is None and not any(
-                r["step"] >= 2 for r in (events(run_dir, "step") if run_dir.is_dir() else [])):
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=runjobs.JOB_TIMEOUT_S)
-    finally:
-        try:
-            runjobs.os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    rc, _, err, _ = _sigterm_at(run_dir, ["--no-check"], cmd, env, at_step=2)
     pre = json.loads((run_dir / "run.json").read_text())["preempted"]
-    assert proc.returncode == 128 + signal.SIGTERM and pre["saved_step"] == pre["stop_step"] < 12, err[-2000:]
+    assert rc == 128 + signal.SIGTERM and pre["saved_step"] == pre["stop_step"] < 12, err[-2000:]
     assert (tmp_path / "out" / f"checkpoint-{pre['stop_step']}" / "trainer_state.json").is_file()
     assert f"every rank saved at step {pre['stop_step']}; resume with `zeropilot run --heal --out {run_dir}" in err
