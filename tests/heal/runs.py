@@ -3,6 +3,7 @@ settings and the ways to compare a healed run with the run that never failed."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -12,38 +13,22 @@ JOBS = runjobs.JOBS
 Z2 = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
       "gradient_clipping": "auto", "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
 HEAL = ["--heal", "--heal-backoff", "0.2"]
+MATRIX = runjobs.REPO / "bench" / "heal" / "matrix.py"
 
 
-def _tensors(folder: Path) -> dict:
-    """Every tensor of a DeepSpeed tag folder's files, by file and key path."""
-    import torch
-
-    out = {}
-
-    def walk(obj, key):
-        if isinstance(obj, torch.Tensor):
-            out[key] = obj
-        elif isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(v, f"{key}.{k}")
-        elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(obj):
-                walk(v, f"{key}[{i}]")
-
-    for f in sorted(folder.glob("*.pt")):
-        walk(torch.load(f, map_location="cpu", weights_only=False), f.name)
-    return out
+def _matrix():
+    """bench/heal/matrix.py, the instrument whose comparison these tests share (no second copy of it here)."""
+    spec = importlib.util.spec_from_file_location("zeropilot_bench_heal_matrix", MATRIX)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def bitwise_equal(a: Path, b: Path) -> int:
     """The number of tensors compared; fails on the first that differs in shape, dtype or any bit."""
-    import torch
-
-    ta, tb = _tensors(a), _tensors(b)
-    assert ta and sorted(ta) == sorted(tb)
-    for k in ta:
-        assert ta[k].dtype == tb[k].dtype and torch.equal(ta[k], tb[k]), k
-    return len(ta)
+    result = _matrix().compare(a, b)
+    assert result["tensors"] and result["bitwise_equal"], result
+    return result["tensors"]
 
 
 def heal_record(job) -> dict:
