@@ -85,7 +85,8 @@ def _log(event: str, **fields) -> None:
         import json
 
         with open(path, "a") as f:
-            f.write(json.dumps(dict(event=event, pid=os.getpid(), argv=sys.argv[:4], **fields)) + "\n")
+            f.write(json.dumps(dict(event=event, pid=os.getpid(), argv=sys.argv[:4],
+                                    test=os.environ.get("PYTEST_CURRENT_TEST"), **fields)) + "\n")
 
 
 def _log_at_exit() -> None:
