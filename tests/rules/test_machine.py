@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_files
-from tests.zp import NO_SHM_OP
+from tests.zp import NO_SHM_OP, kill_session
 from zeropilot.check import check
 from zeropilot.launch.machine import STALE_AFTER_S, extensions_roots, find_build_locks, inspect_machine
+from zeropilot.runner.procs import scan
 
 RUN = ("import faulthandler, os, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=False)\n"
        "os.environ.update(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', LOCAL_WORLD_SIZE='1', "
@@ -66,8 +67,7 @@ def _start(env, out: Path):
 
 
 def _kill(proc) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+    kill_session(proc.pid)  # the shm build's compilers too: they run in process groups of their own
     proc.wait()
 
 
@@ -100,6 +100,7 @@ def test_mc001_witness(tmp_path):
             time.sleep(0.2)
     finally:
         _kill(first)
+    assert [p.comm for p in scan(session=first.pid)] == []  # nothing of it left running, its compilers included
     [lock] = list(ext.glob("*/lock"))
     second = _start(env, tmp_path / "second.txt")
     try:
