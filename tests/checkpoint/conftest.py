@@ -1,7 +1,7 @@
 """Real DeepSpeed checkpoints, built once per test session on CPU (gloo, N processes).
 
-Each checkpoint is built by ``ds_build.py`` in its own subprocess the first time a test asks for it
-and reused after that. The matrix covers ZeRO-1/2/3, 1/2/3 ranks, bf16/fp32, tied and untied
+The checkpoints of one world size are built together by ``ds_build.py --many`` (one launch of that many
+processes) the first time a test asks for any of them, and reused after that. The matrix covers ZeRO-1/2/3, 1/2/3 ranks, bf16/fp32, tied and untied
 embeddings, full and LoRA training, with and without ``exclude_frozen_parameters``, the raw engine
 and the HF Trainer (ZeRO-3 + LoRA + ``stage3_gather_16bit_weights_on_model_save: false``, the seed
 user's layout).
@@ -68,14 +68,16 @@ class Built:
         return dest / "run"
 
 
-def _build(name: str, root: Path) -> Built:
+def _build(names, base: Path) -> None:
+    """Build ``names`` (one world size) under ``base/NAME`` in one launch of that many processes."""
+    world = SPECS[names[0]]["world"]
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               TORCH_EXTENSIONS_DIR=extensions_dir(root.parent / f"{root.name}-torch-extensions"))
-    proc = subprocess.run([sys.executable, str(HERE / "ds_build.py"), json.dumps(SPECS[name]), str(root)],
+               TORCH_EXTENSIONS_DIR=extensions_dir(base / f"w{world}-torch-extensions"))
+    pairs = [(SPECS[name], str(base / name)) for name in names]
+    proc = subprocess.run([sys.executable, str(HERE / "ds_build.py"), "--many", json.dumps(pairs)],
                           env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        raise RuntimeError(f"building {name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    return Built(name, root)
+        raise RuntimeError(f"building {', '.join(names)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
 
 
 _CACHE = {}  # module-level so that tests/cli, which imports this fixture, shares the builds
@@ -83,23 +85,30 @@ _CACHE = {}  # module-level so that tests/cli, which imports this fixture, share
 
 @pytest.fixture(scope="session")
 def checkpoints():
-    """``checkpoints(name)`` builds the named checkpoint on first use in the test run (whichever pytest-xdist worker
-    asks first, under a run-wide lock: tests/once.py) and returns its :class:`Built`."""
+    """``checkpoints(name)`` returns the named checkpoint's :class:`Built`. The first time any test of the run asks for
+    one (whichever pytest-xdist worker asks first, under a run-wide lock: tests/once.py), every checkpoint of the same
+    world size is built, in one launch: a rank process's imports cost more than the tiny builds it runs."""
     keep = os.environ.get("ZEROPILOT_TEST_CKPT_CACHE")  # a folder kept across sessions (local runs only)
     base = Path(keep) if keep else shared_dir("ckpts")
     base.mkdir(parents=True, exist_ok=True)
 
+    def built(name: str) -> bool:
+        done = base / name / ".built.json"
+        return done.is_file() and json.loads(done.read_text()) == SPECS[name]
+
     def get(name: str) -> Built:
         if name not in _CACHE:
-            with locked(f"ckpt-{name}"):
-                root = base / name
-                done = root / ".built.json"
-                if done.is_file() and json.loads(done.read_text()) == SPECS[name]:
-                    _CACHE[name] = Built(name, root)
-                else:
-                    shutil.rmtree(root, ignore_errors=True)
-                    _CACHE[name] = _build(name, root)
-                    done.write_text(json.dumps(SPECS[name]))
+            world = SPECS[name]["world"]
+            with locked(f"ckpt-w{world}"):
+                group = [n for n, spec in SPECS.items() if spec["world"] == world]
+                missing = [n for n in group if not built(n)]
+                for n in missing:
+                    shutil.rmtree(base / n, ignore_errors=True)
+                if missing:
+                    _build(missing, base)
+                for n in missing:
+                    (base / n / ".built.json").write_text(json.dumps(SPECS[n]))
+                _CACHE.update({n: Built(n, base / n) for n in group})
         return _CACHE[name]
 
     return get

@@ -1,6 +1,9 @@
 """Build a real DeepSpeed checkpoint on CPU (gloo, N processes) for tests and benchmarks.
 
-Run as a script: ``python ds_build.py SPEC_JSON OUT_DIR``. SPEC_JSON is a JSON object:
+Run as a script: ``python ds_build.py SPEC_JSON OUT_DIR``, or ``python ds_build.py --many PAIRS_JSON`` for several
+checkpoints of one world size built one after the other by the same processes (PAIRS_JSON: a list of
+``[SPEC, OUT_DIR]``; the raw engines first, then the Trainers): each rank process pays its imports of torch,
+DeepSpeed and transformers (~4.5 s of CPU) once, not once per checkpoint. SPEC_JSON is a JSON object:
 
     stage        ZeRO stage (1, 2, 3)
     world        number of processes
@@ -146,19 +149,11 @@ def _input_ids(spec):
     return torch.randint(0, vocab, (2, 16), generator=gen)
 
 
-def _engine_worker(rank, spec, out, port):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(spec["world"]),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import time
-
-    t0 = time.perf_counter()
+def _engine_worker(rank, spec, out, t0):
     import deepspeed
     import torch
 
     torch.set_num_threads(1 if spec.get("size", "tiny") == "tiny" else max(1, os.cpu_count() // spec["world"]))
-    _no_shm_op()
-    deepspeed.init_distributed(dist_backend="gloo")
-    _log(rank, t0, "process group up")
     model = _model(spec)
     _log(rank, t0, f"model created ({sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters)")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -187,7 +182,6 @@ def _engine_worker(rank, spec, out, port):
             config.save_pretrained(str(save_dir))
         if spec.get("lora"):
             engine.module.peft_config["default"].save_pretrained(str(save_dir))
-    torch.distributed.barrier()
 
 
 def _gathered_state(spec, module):
@@ -214,17 +208,16 @@ def _write_reference(spec, engine, out, rank):
         torch.save({"input_ids": ids, "logits": logits, "state": state}, str(Path(out) / "reference.pt"))
 
 
-def _trainer_worker(rank, spec, out, port):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(spec["world"]),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import deepspeed
+def _trainer_worker(rank, spec, out, t0):
     import torch
+    from accelerate.state import AcceleratorState, PartialState
     from transformers import Trainer, TrainingArguments
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     torch.set_num_threads(1)
-    _no_shm_op()
-    # Initialised before TrainingArguments so that zero.Init (ZeRO-3) sees the whole world.
-    deepspeed.init_distributed(dist_backend="gloo")
+    # a Trainer built after another in this process gets accelerate's state afresh (tests/witness/trainer_runs.py)
+    AcceleratorState._reset_state(True)
+    PartialState._reset_state()
     ds = {
         "train_micro_batch_size_per_gpu": "auto",
         "gradient_accumulation_steps": "auto",
@@ -247,19 +240,49 @@ def _trainer_worker(rank, spec, out, port):
     trainer.train()
     if spec.get("reference", True):
         _write_reference(spec, trainer.model_wrapped, out, rank)
+    unset_hf_deepspeed_config()  # the next model is built outside this Trainer's ZeRO-3 zero.Init
+    _log(rank, t0, "trainer checkpoint saved")
 
 
 def build(spec: dict, out: str) -> None:
     """Build the checkpoint `spec` describes under `out` with `spec['world']` processes."""
+    build_many([(spec, out)])
+
+
+def build_many(pairs) -> None:
+    """Build each ``(spec, out)`` in turn with the same ``world`` processes (one world size for all): the raw
+    engines first, then the Trainers."""
     import torch.multiprocessing as mp
 
-    os.makedirs(out, exist_ok=True)
-    mp.spawn(_worker, args=(spec, out, _free_port()), nprocs=int(spec["world"]), join=True)
+    pairs = sorted(((dict(spec), str(out)) for spec, out in pairs), key=lambda p: bool(p[0].get("trainer")))
+    worlds = {int(spec["world"]) for spec, _ in pairs}
+    if len(worlds) != 1:
+        raise SystemExit(f"one world size per build, not {sorted(worlds)}")
+    for _, out in pairs:
+        os.makedirs(out, exist_ok=True)
+    mp.spawn(_worker, args=(pairs, _free_port()), nprocs=worlds.pop(), join=True)
 
 
-def _worker(rank, spec, out, port):
-    """Build one rank, then exit without interpreter teardown (see tests/witness/common.py: exit_rank)."""
-    (_trainer_worker if spec.get("trainer") else _engine_worker)(rank, spec, out, port)
+def _worker(rank, pairs, port):
+    """Build every checkpoint on this rank, then exit without interpreter teardown (see tests/witness/common.py:
+    exit_rank)."""
+    import gc
+    import time
+
+    t0 = time.perf_counter()
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(pairs[0][0]["world"]),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import deepspeed
+    import torch
+
+    _no_shm_op()
+    # Initialised before TrainingArguments so that zero.Init (ZeRO-3) sees the whole world.
+    deepspeed.init_distributed(dist_backend="gloo")
+    _log(rank, t0, "process group up")
+    for spec, out in pairs:
+        (_trainer_worker if spec.get("trainer") else _engine_worker)(rank, spec, out, t0)
+        gc.collect()
+        torch.distributed.barrier()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
@@ -267,4 +290,7 @@ def _worker(rank, spec, out, port):
 
 if __name__ == "__main__":
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    build(json.loads(sys.argv[1]), sys.argv[2])
+    if sys.argv[1] == "--many":
+        build_many(json.loads(sys.argv[2]))
+    else:
+        build(json.loads(sys.argv[1]), sys.argv[2])
