@@ -142,8 +142,9 @@ def test_ck004_witness():
     flag, and through the 5.24 Trainer at ZeRO-2/3 with gather on or off, no file holds any of it."""
     from tests.witness.sessions import engine, trainer_saves
 
+    both = engine("frozen", 2)
     for stage in (2, 3):
-        run = engine("frozen", 2, stage=stage)
+        run = both[f"z{stage}"]
         written = {n: k for n, k in run["all"].items() if k > 0}
         assert written and all("model_states" in n for n in written)
         assert sum(written.values()) >= 100_000  # the tiny model's ~107 k frozen elements

@@ -3,8 +3,9 @@
 Run as ``python -m tests.witness.engine_runs SPEC_JSON OUT_DIR`` (see :func:`run_engine`). SPEC:
 ``{"scenario": NAME, "world": N, ...}``. Scenarios:
 
-    frozen        LoRA model, ZeRO ``stage``; save_checkpoint with and without exclude_frozen_parameters;
-                  result: file -> frozen parameter elements stored in it, per variant
+    frozen        LoRA model, ZeRO stages 2 and 3 one after the other (one launch); save_checkpoint with and
+                  without exclude_frozen_parameters; result per stage (``z2``, ``z3``): file -> frozen parameter
+                  elements stored in it, per variant
     rank0_save    every rank trains; only rank 0 calls save_checkpoint (pg timeout ``pg_timeout`` s);
                   result per rank: what happened (exception type/message or "returned"), seconds taken
     ga_skip       gradient_accumulation_steps ``ga``; 2*ga micro-batches; engine.step() every micro-batch
@@ -62,17 +63,19 @@ def _train_step(engine, rank: int, i: int) -> None:
 def _frozen(rank: int, spec: Dict[str, Any], out: Path) -> Dict[str, Any]:
     from tests.witness.trainer_runs import frozen_elements
 
-    engine = _engine(spec["stage"], lora=True)
-    frozen = {n for n, p in engine.module.named_parameters() if not p.requires_grad}
-    _train_step(engine, rank, 0)
-    result = {}
-    for variant, exclude in (("all", False), ("exclude_frozen", True)):
-        engine.save_checkpoint(str(out / variant), tag="t", exclude_frozen_parameters=exclude)
+    result: Dict[str, Any] = {}
+    for stage in (2, 3):
+        engine = _engine(stage, lora=True)
+        frozen = {n for n, p in engine.module.named_parameters() if not p.requires_grad}
+        _train_step(engine, rank, 0)
+        here = result[f"z{stage}"] = {}
+        for variant, exclude in (("all", False), ("exclude_frozen", True)):
+            engine.save_checkpoint(str(out / f"z{stage}" / variant), tag="t", exclude_frozen_parameters=exclude)
+            if rank == 0:
+                folder = out / f"z{stage}" / variant / "t"
+                here[variant] = {p.name: frozen_elements(p, frozen) for p in sorted(folder.iterdir())}
         if rank == 0:
-            folder = out / variant / "t"
-            result[variant] = {p.name: frozen_elements(p, frozen) for p in sorted(folder.iterdir())}
-    if rank == 0:
-        result["frozen_params"] = len(frozen)
+            here["frozen_params"] = len(frozen)
     return result
 
 
