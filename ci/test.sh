@@ -29,5 +29,6 @@ fi
 export DS_ACCELERATOR=cpu
 # Two workers, whole files to each (a module's jobs run once; jobs several files share run once in the whole run:
 # tests/once.py): most of the suite's time is multi-rank jobs that wait (watchdog deadlines, sleeps, rendezvous) on
-# a 2-core machine. `-n 0` after it runs everything in one process. --durations: where the suite's time goes.
-"$PYTHON" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 "$@"
+# a 2-core machine. Files are handed out in the order tests/conftest.py sorts them (those with slow tests first), the
+# next to whichever worker is free. `-n 0` after it runs everything in one process. --durations: where the time goes.
+"$PYTHON" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@"

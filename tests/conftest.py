@@ -87,3 +87,12 @@ def launch_dir(tmp_path):
     def make(files: Dict[str, Union[str, dict]]) -> Path:
         return write_files(tmp_path / "launch", files)
     return make
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with slow tests (multi-rank jobs, real builds) first, each file's tests in their order: ci/test.sh hands
+    whole files to two workers in this order (``--no-loadscope-reorder``; pytest-xdist's default puts files with the
+    most tests first, and the one-test files holding the longest jobs came last), whichever worker is free taking the
+    next, so the run ends on short files instead of one worker finishing a long job alone."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
