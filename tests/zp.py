@@ -28,23 +28,6 @@ def pythonpath(*first: Path) -> str:
     return os.pathsep.join([str(p) for p in first if str(p) != str(SITE)] + [str(SITE)])
 
 
-def kill_session(pid: int) -> None:
-    """SIGKILL process ``pid``'s group and every other process of its session (it was started with
-    ``start_new_session``): ninja starts each compiler in a process group of its own, so a group kill alone leaves a
-    stopped build's compilers running, minutes of CPU on a 2-core machine."""
-    from zeropilot.runner.procs import scan
-
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for p in scan(session=pid):
-        try:
-            os.kill(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def run_group(cmd: Sequence[str], timeout: float = 120, env: Optional[Dict[str, str]] = None,
               cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
     """``cmd`` in its own session (text stdout/stderr); a timeout kills its whole process group and raises."""

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_files
-from tests.zp import NO_SHM_OP, kill_session
+from tests.zp import NO_SHM_OP
 from zeropilot.check import check
 from zeropilot.launch.machine import STALE_AFTER_S, extensions_roots, find_build_locks, inspect_machine
-from zeropilot.runner.procs import scan
+from zeropilot.runner.procs import kill_session, scan
 
 RUN = ("import faulthandler, os, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=False)\n"
        "os.environ.update(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', LOCAL_WORLD_SIZE='1', "

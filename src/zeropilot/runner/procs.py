@@ -10,6 +10,7 @@ only (when the watchdog is about to fire), bounded by :data:`MAX_PROCS`; elsewhe
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -90,6 +91,22 @@ def compilers(root: int) -> List[Dict[str, object]]:
     """The job's compiler processes now (:func:`job`): pid, name, CPU ticks, working folder."""
     return [{"pid": p.pid, "comm": p.comm, "ticks": p.ticks, "cwd": cwd(p.pid)}
             for p in job(root) if p.comm in COMPILERS]
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL process group ``sid`` and every other process of session ``sid``: ninja starts each compiler in a
+    process group of its own, so a group kill alone leaves a stopped build's compiler running (it then writes its
+    object file after the stop, into a folder whose lock the stop has removed)."""
+    _kill(os.killpg, sid)
+    for p in scan(session=sid):
+        _kill(os.kill, p.pid)
+
+
+def _kill(kill, target: int) -> None:
+    try:
+        kill(target, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def children(pid: int) -> List[int]:

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 
 from zeropilot.runlog.layout import RunDir, write_json_atomic
 from zeropilot.runner import preempt
+from zeropilot.runner.procs import kill_session
 from zeropilot.runner.watchdog import PIPE_ENV, Watchdog
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "guard" / "bootstrap"
@@ -122,20 +123,6 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _kill_job(sid: int) -> None:
-    """SIGKILL the job's process group and every other process of its session: ninja starts each compiler in a
-    process group of its own, so a group kill alone leaves a stopped build's compiler running (it then writes its
-    object file after the stop, into a folder whose lock the stop has removed)."""
-    from zeropilot.runner.procs import scan
-
-    _signal_group(sid, signal.SIGKILL)
-    for p in scan(session=sid):
-        try:
-            os.kill(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def _stop(proc: subprocess.Popen) -> None:
     """End the job cleanly: SIGTERM to the group (ranks dump stacks, launchers forward), then SIGKILL."""
     _signal_group(proc.pid, signal.SIGTERM)
@@ -145,7 +132,7 @@ def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         _signal_group(proc.pid, signal.SIGKILL)
     proc.wait()
-    _kill_job(proc.pid)  # stragglers that left the launcher behind, and compilers in groups of their own
+    kill_session(proc.pid)  # stragglers that left the launcher behind, and compilers in groups of their own
 
 
 def _remove_pipes(prefix: str, root: Path) -> None:
@@ -271,7 +258,7 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
             dog.settle()  # one verdict on every node, also when this node's could not be published
             dog.peers.close()
         dog.close()
-    _kill_job(proc.pid)  # nothing of the job outlives zeropilot run
+    kill_session(proc.pid)  # nothing of the job outlives zeropilot run
     _remove_pipes(env.get(PIPE_ENV, ""), d.root)
     removed = _remove_left_locks(d, env)
     record = dict(run_record)
