@@ -1,10 +1,10 @@
 """Real DeepSpeed checkpoints, built once per test session on CPU (gloo, N processes).
 
 The checkpoints of one world size are built together by ``ds_build.py --many`` (one launch of that many
-processes) the first time a test asks for any of them, and reused after that. The matrix covers ZeRO-1/2/3, 1/2/3 ranks, bf16/fp32, tied and untied
-embeddings, full and LoRA training, with and without ``exclude_frozen_parameters``, the raw engine
-and the HF Trainer (ZeRO-3 + LoRA + ``stage3_gather_16bit_weights_on_model_save: false``, the seed
-user's layout).
+processes) the first time a test asks for any of them, and reused after that. The matrix covers ZeRO-1/2/3,
+1/2/3 ranks, bf16/fp32, tied and untied embeddings, full and LoRA training, with and without
+``exclude_frozen_parameters``, the raw engine and the HF Trainer (ZeRO-3 + LoRA +
+``stage3_gather_16bit_weights_on_model_save: false``, the seed user's layout).
 """
 
 from __future__ import annotations
