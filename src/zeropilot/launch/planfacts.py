@@ -114,6 +114,23 @@ def _checkpointing(r: _Reader, doc: Document) -> None:
         r.set("gradient_checkpointing", True, implied(doc.path, "LLaMA-Factory enables it by default"))
 
 
+def _length(r: _Reader, doc: Document) -> None:
+    """How long the run is: ``max_steps`` (positive: it wins over epochs, as in the Trainer), ``num_train_epochs`` (the
+    Trainer's default 3.0 when unsaid) and LLaMA-Factory's ``max_samples``."""
+    r.key("max_steps", positive_int(doc.value("max_steps")), doc, "max_steps")
+    epochs = doc.value("num_train_epochs")
+    if isinstance(epochs, str) and len(epochs) < 30:  # a flag's value: "2" or "2.0"
+        try:
+            epochs = float(epochs)
+        except ValueError:
+            epochs = "not a number"
+    if isinstance(epochs, (int, float)) and not isinstance(epochs, bool) and 0 < epochs < 1e6:
+        r.key("epochs", float(epochs), doc, "num_train_epochs")
+    elif epochs is None:
+        r.set("epochs", 3.0, implied(doc.path, "the Trainer's default num_train_epochs"))
+    r.key("max_samples", positive_int(doc.value("max_samples")), doc, "max_samples")
+
+
 def _attention(r: _Reader, doc: Document) -> None:
     attn = doc.value("attn_implementation") or doc.value("flash_attn")
     key = "attn_implementation" if doc.has("attn_implementation") else "flash_attn"
@@ -137,6 +154,7 @@ def _train_args(r: _Reader, doc: Document) -> None:
     # LLaMA-Factory turned it off: only a launch that turns it on trains with the key/value cache
     r.key("kv_cache", truthy(doc.value("use_cache")), doc, "use_cache")
     r.key("save_total_limit", positive_int(doc.value("save_total_limit")), doc, "save_total_limit")
+    _length(r, doc)
     r.key("save_steps", positive_int(doc.value("save_steps")), doc, "save_steps")
     r.key("save_only_model", truthy(doc.value("save_only_model")), doc, "save_only_model")
     _attention(r, doc)

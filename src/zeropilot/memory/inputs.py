@@ -127,6 +127,11 @@ class PlanInputs:
         collective_timeout_s: the timeout a save must finish within (NCCL groups DeepSpeed clones keep
             torch's 10 min, FACTS B).
         disk_free_bytes: free space where checkpoints go, None when unknown.
+        max_steps: optimizer steps the launch trains (``max_steps``), None when it does not say.
+        epochs: passes over the data (``num_train_epochs``; the Trainer's 3.0 when training arguments leave it out),
+            None without training arguments.
+        max_samples: LLaMA-Factory's ``max_samples``: each dataset cut to at most this many samples.
+        samples: training samples of the dataset, as the user gives them (``--samples``), None when unknown.
         world: processes when no hardware is given (from the launch), else ignored.
         flavour: the training-arguments dialect (``llamafactory``, ``hf``), for naming suggested changes.
         sources: field name -> where its value came from (flag, file:line, default).
@@ -173,6 +178,10 @@ class PlanInputs:
     save_only_model: bool = False
     collective_timeout_s: float = 600.0
     disk_free_bytes: Optional[int] = None
+    max_steps: Optional[int] = None
+    epochs: Optional[float] = None
+    max_samples: Optional[int] = None
+    samples: Optional[int] = None
     world: int = 1
     flavour: Optional[str] = None
     not_modelled: Tuple[Tuple[str, str], ...] = ()
@@ -228,6 +237,10 @@ class PlanInputs:
             bad.append("sub_group_size must be positive; live-parameter limits not negative")
         if self.hpz_partition_size < 1 or (self.hardware and self.hardware.gpus_per_node % self.hpz_partition_size):
             bad.append(f"zero_hpz_partition_size {self.hpz_partition_size} (must divide the GPUs per node)")
+        if self.samples is not None and self.samples < 1:
+            bad.append(f"samples {self.samples} (at least 1)")
+        if self.epochs is not None and not self.epochs > 0:
+            bad.append(f"epochs {self.epochs} (more than 0)")
         if self.disk_write_bytes_per_s <= 0:
             bad.append("disk write speed must be positive")
         if bad:

@@ -10,6 +10,7 @@ from zeropilot.memory.disk import Checkpoint, estimate_checkpoint
 from zeropilot.memory.gpu import GpuMemory, estimate_gpu
 from zeropilot.memory.host import HostMemory, estimate_host
 from zeropilot.memory.inputs import PlanInputs
+from zeropilot.memory.steptime import TIME_DEFAULT, RunTime, StepTime, TimeConstants, estimate_time, run_time
 
 SAFE_MARGIN = 0.10  # headroom --search keeps: above the median hold-out error (4%), under the largest (17%)
 
@@ -90,6 +91,9 @@ class Plan:
     notes: Tuple[str, ...]
     host_verdict: Verdict = Verdict("unknown", None, "host RAM unknown")
     not_modelled: Tuple[Tuple[str, str], ...] = ()
+    time: Optional[StepTime] = None
+    time_reason: str = "no speed figures: give the card (--gpus 4xH100) or a hardware profile (--hardware)"
+    run: Optional[RunTime] = None
 
     @property
     def gpu_peak_bytes(self) -> int:
@@ -222,8 +226,10 @@ def approximate(verdict: Verdict, inputs: PlanInputs) -> Verdict:
                    approximate=True)
 
 
-def make_plan(inputs: PlanInputs, c: Constants = DEFAULT) -> Plan:
-    """The plan for ``inputs``.
+def make_plan(inputs: PlanInputs, c: Constants = DEFAULT, speed=None, tc: TimeConstants = TIME_DEFAULT,
+              gpu_hour_cost: Optional[float] = None) -> Plan:
+    """The plan for ``inputs``; with ``speed`` (:class:`~zeropilot.memory.speed.Speed`) also its step time
+    and, where the launch says how long it is, the run's.
 
     Raises:
         InputError: values out of range (:meth:`PlanInputs.validate`).
@@ -241,5 +247,7 @@ def make_plan(inputs: PlanInputs, c: Constants = DEFAULT) -> Plan:
         notes.insert(0, f"the init phase sets the peak ({gpu.init_peak_bytes / GIB:.1f} GiB against training's "
                         f"{gpu.train_peak_bytes / GIB:.1f} GiB): the model is built whole on every GPU before "
                         "deepspeed.initialize partitions it — build it inside deepspeed.zero.Init")
+    step = estimate_time(inputs, speed, tc) if speed is not None else None
     return Plan(inputs, gpu, host, ckpt, verdict, extra, tuple(notes),
-                host_verdict_of(host, inputs.host_mem_bytes), unmodelled(inputs))
+                host_verdict_of(host, inputs.host_mem_bytes), unmodelled(inputs), step,
+                run=run_time(step, inputs, gpu_hour_cost) if step is not None else None)

@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Tuple
 from zeropilot.memory.inputs import GB, GIB, PlanInputs
 from zeropilot.memory.plan import Plan
 from zeropilot.memory.search import Candidate, deepspeed_config, training_changes
+from zeropilot.memory.steptime import to_dict as steptime_dict
 
 _LABELS = {"weights_trainable": "weights (trainable)", "weights_frozen": "weights (frozen)",
            "gradients": "gradients", "optimizer_master": "fp32 master weights", "optimizer_states": "AdamW states",
@@ -112,6 +113,7 @@ def render_text(plan: Plan, candidates: Optional[Tuple[List[Candidate], Optional
                f"{p.disk_write_bytes_per_s / GB:.2f} GB/s; {keep}. {k.reason}")
     out.append(f"Steady step peak {plan.gpu_peak_bytes / GIB:.2f} GiB; first step after a save: "
                f"+{plan.after_save_extra_bytes / GIB:.2f} GiB.")
+    out += [""] + time_lines(plan)
     for note in plan.notes:
         out.append(f"Note: {note}")
     if plan.not_modelled:
@@ -125,6 +127,15 @@ def render_text(plan: Plan, candidates: Optional[Tuple[List[Candidate], Optional
     return "\n".join(out) + "\n"
 
 
+def time_lines(plan: Plan) -> List[str]:
+    """The plan's time section, or one line saying why there is none."""
+    from zeropilot.memory.steptime import render_lines
+
+    if plan.time is None:
+        return [f"Time: unknown: {plan.time_reason}"]
+    return render_lines(plan.time, plan.run)
+
+
 def _search_text(p: PlanInputs, ranked: List[Candidate], closest: Optional[Candidate]) -> List[str]:
     import json
 
@@ -134,9 +145,17 @@ def _search_text(p: PlanInputs, ranked: List[Candidate], closest: Optional[Candi
             msg.append(f"  closest: {closest.reason}. More GPUs (ZeRO-3 shards by world size), a shorter "
                        "sequence or a smaller model are left.")
         return msg
-    out = ["Search (fastest first; each leaves at least 10% of the GPU free):"]
+    timed = ranked[0].ratio is not None
+    if timed:
+        out = [f"Search (fastest first by predicted step time on {ranked[0].plan.time.card}, the same "
+               f"{p.micro_batch * p.grad_accum} samples per GPU per step; each leaves at least 10% of the GPU free):"]
+    else:
+        from zeropilot.memory.search import FIXED_ORDER
+
+        out = ["Search (each leaves at least 10% of the GPU free), in a fixed order, not by time: no speed figures "
+               f"for this card (give --gpus COUNTxCARD such as 4xH100, or --hardware PROFILE); the order: {FIXED_ORDER}:"]
     for i, c in enumerate(ranked, 1):
-        out.append(f"  {i}. {c.reason}")
+        out.append(f"  {i}. {c.reason}" + (f" ({c.ratio:.2f}x the first)" if timed and i > 1 else ""))
     best = ranked[0].plan.inputs
     out += ["", "DeepSpeed config for #1:", json.dumps(deepspeed_config(best), indent=2)]
     changes = training_changes(p, best)
@@ -183,6 +202,8 @@ def to_dict(plan: Plan, candidates: Optional[Tuple[List[Candidate], Optional[Can
                        "save_seconds": round(k.save_seconds, 1), "disk_peak_bytes": k.disk_peak_bytes,
                        "reason": k.reason},
         "after_save_extra_bytes": plan.after_save_extra_bytes,
+        "time": None if plan.time is None else steptime_dict(plan.time, plan.run),
+        "time_reason": None if plan.time is not None else plan.time_reason,
         "notes": list(plan.notes),
         "not_modelled": [{"setting": setting, "assumes": assumes} for setting, assumes in plan.not_modelled],
         "inputs": {name: _plain(getattr(p, name)) for name in _FIELDS},
@@ -191,6 +212,7 @@ def to_dict(plan: Plan, candidates: Optional[Tuple[List[Candidate], Optional[Can
     if candidates is not None:
         ranked, closest = candidates
         data["search"] = [{"rank": i, "reason": c.reason, "gpu_peak_bytes": c.plan.gpu_peak_bytes,
+                           "step_s": c.step_s, "ratio": c.ratio,
                            "deepspeed_config": deepspeed_config(c.plan.inputs),
                            "training_changes": training_changes(p, c.plan.inputs)}
                           for i, c in enumerate(ranked, 1)]

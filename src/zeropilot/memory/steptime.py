@@ -2,18 +2,105 @@
 
 Pure functions of the plan's inputs (:class:`~zeropilot.memory.inputs.PlanInputs`) and the card's speed figures
 (:class:`~zeropilot.memory.speed.Speed`); no torch. Formulas and their evidence: ``docs/plan.md`` (Time).
+
+One micro batch is a forward and a backward pass (with gradient checkpointing, each decoder layer's forward runs
+again inside the backward). The GPU's work in a pass is
+
+- the matrix products of every linear layer (forward; the input's gradient wherever the input needs one, the weight's
+  for trainable weights), each at the rate ``calibrate`` measured at that shape, or at the memory bandwidth where the
+  product is too thin to be bound by arithmetic (LoRA's rank-r products);
+- attention (``scaled_dot_product_attention``, causal: ``2 b H s^2 d`` FLOPs forward, 2.5 times that backward) at the
+  measured attention rate; eager attention as two batched products and a softmax over the whole ``s x s`` scores;
+- every other kernel (norms, rotary embedding, activations, residual adds, dtype casts, the loss) at the memory
+  bandwidth: bytes per token and decoder layer counted by running a real transformers layer under torch's
+  dispatcher (``bench/plan/time/op_census.py``, :data:`ELEMENTWISE`), plus a floor per kernel;
+
+and the host's work is one eager launch per kernel (PyTorch's dispatch, autograd), plus DeepSpeed's Python hooks:
+ZeRO-1/2's per gradient tensor, ZeRO-3's per module on every pass. The GPU runs behind the host, so a pass takes the
+longer of the two. Then the optimizer step (memory-bound over the trainable partition on the GPU; DeepSpeed's CPUAdam
+or torch's AdamW on the host with optimizer offload, with the gradient and parameter copies over PCIe), ZeRO-3's
+parameter gathers (copies, collectives at world size > 1, host-to-device copies with parameter offload), and the
+collectives of ZeRO-1/2 at the bus bandwidth, overlapped with the backward where ``overlap_comm`` is on.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from zeropilot.memory import tuning
 from zeropilot.memory.inputs import PlanInputs
 from zeropilot.memory.speed import Speed
+from zeropilot.models.params import attention_linears, count_params, dense_mlp_linears
+from zeropilot.models.trainable import named_parameters
 
 #: the guard's phases (``runlog`` step records' ``phase_seconds``) a term's time falls in
 PHASES = ("forward", "backward", "step")
+
+#: Bytes of the kernels that are not matrix products or attention, per token and decoder layer, as
+#: ``(a, b, c)`` for ``a*hidden + b*intermediate + c*kv_width``, by what trains and the pass: counted on transformers
+#: 5.24's Llama/Qwen2 layers with PEFT 0.21.2 (``bench/plan/time/op_census.py``: every aten kernel's tensor inputs and
+#: outputs; ``tests/memory/test_steptime.py`` counts them again). ``lora`` is LoRA with 16-bit adapters (DeepSpeed
+#: casts them, :func:`~zeropilot.memory.gpu.lora_fp32_inputs`), ``lora_fp32`` with PEFT's fp32 adapters (ZeRO-3 in
+#: zero.Init): each wrapped layer casts its input to fp32. A recomputed forward costs what the forward costs.
+ELEMENTWISE = {
+    ("full", "forward"): (106.0, 10.0, 20.0), ("full", "backward"): (256.0, 18.0, 33.0),
+    ("lora", "forward"): (136.0, 30.0, 40.0), ("lora", "backward"): (288.0, 32.0, 41.0),
+    ("lora_fp32", "forward"): (214.0, 64.0, 68.0), ("lora_fp32", "backward"): (372.0, 70.0, 73.0),
+}
+#: kernels per decoder layer that are not matrix products or attention, by what trains and the pass (same census)
+KERNELS = {("full", "forward"): 30, ("full", "backward"): 56, ("lora", "forward"): 44, ("lora", "backward"): 66,
+           ("lora_fp32", "forward"): 58, ("lora_fp32", "backward"): 87}
+#: the loss's kernels: bytes per token per vocabulary entry (bf16 logits, their fp32 copy, log-softmax, NLL; and
+#: backward), and the rest of the head per token and unit of hidden size (final norm, embedding, rotary tables)
+LOSS_BYTES_PER_VOCAB = {"forward": 21.6, "backward": 29.2}
+HEAD_BYTES_PER_HIDDEN = {"forward": 53.0, "backward": 106.0}
+HEAD_KERNELS = {"forward": 31, "backward": 21}
+#: What Liger's kernels (LLaMA-Factory's ``enable_liger_kernel``: RMSNorm, SwiGLU, RoPE, with its fused linear
+#: cross-entropy) save against transformers' per token and layer, as (bytes per hidden unit (two norms), per
+#: intermediate unit, per query+kv unit; kernels): transformers' modules counted by the census, Liger's Triton kernels
+#: read off their source (0.8.5 ``ops/rms_norm.py``: X and Y once, rstd per row; ``ops/swiglu.py``: a, b, c once,
+#: recomputing silu in the backward; ``ops/rope.py``: q and k in place)
+LIGER_SAVES = {"forward": (64.0, 4.0, 17.0, 27), "backward": (172.0, 6.0, 22.0, 44)}
+#: nn.Modules per wrapped linear layer that PEFT adds (the LoRA layer, its dropout, A, B and their dicts)
+LORA_MODULES_PER_WRAPPED = 10
+
+
+@dataclass(frozen=True)
+class TimeConstants:
+    """The time model's constants, each with where it came from.
+
+    Attributes:
+        host_op: host time of one kernel of a training step (dispatch, autograd, the module's Python), in units of the
+            card's measured eager launch (``Speed.launch_s``) (fitted).
+        gpu_kernel_s: the least time one kernel takes on the GPU (launch latency and tail) (fitted).
+        zero12_tensor_s: host time of DeepSpeed's ZeRO-1/2 gradient hook and step bookkeeping per trainable tensor
+            per micro batch (fitted).
+        zero3_module_s: host time of ZeRO-3's hooks per module per pass (fetch, release, trace) (fitted).
+        attention_backward: backward FLOPs of flash attention per forward FLOP (FlashAttention-2: five products
+            against two).
+        adam_bytes: bytes read and written per trainable element by one optimizer step on the GPU, by implementation:
+            ``fused`` (one kernel: parameter, gradient, two states read, three written), ``torch`` (torch's foreach
+            AdamW: nine passes), each plus DeepSpeed's gradient cast to fp32 and the 16-bit copy of the result.
+        grad_bytes: ZeRO-1/2's bytes per trainable element per micro batch beyond autograd's own (ZeRO-2: the copy
+            into the reduce bucket, the average, the copy into the partition; ZeRO-1: accumulation in place).
+        source: where the fitted values come from.
+    """
+
+    host_op: float = 1.6
+    gpu_kernel_s: float = 2.5e-6
+    zero12_tensor_s: float = 40e-6
+    zero3_module_s: float = 120e-6
+    attention_backward: float = 2.5
+    adam_bytes_fused: float = 28.0 + 12.0
+    adam_bytes_torch: float = 84.0 + 12.0
+    grad_bytes_zero2: float = 12.0
+    grad_bytes_zero1: float = 6.0
+    source: str = "not yet fitted: first-principles defaults (bench/plan/time)"
+
+
+TIME_DEFAULT = TimeConstants()
 
 
 @dataclass(frozen=True)
@@ -42,11 +129,15 @@ class StepTime:
         step_s: seconds per optimizer step.
         terms: what makes it up (their seconds add up to ``step_s``).
         tokens_per_step: tokens one GPU trains on per optimizer step (micro batch x sequence x accumulation).
-        model_flops: the model's FLOPs per step on one GPU (6 x trainable-path parameters x tokens and attention,
-            without recomputation: what MFU counts).
+        model_flops: the model's FLOPs per step on one GPU (matrix products and attention of the forward and the
+            backward the training needs, without recomputation: what MFU counts).
         peak_flops_per_s: the card's datasheet peak (MFU's denominator).
         world_size: GPUs of the job.
+        card: the card the figures are of.
         estimated: the speed figures this used that were not measured on the card (:meth:`Speed.estimated`).
+        notes: what the model leaves out for this launch.
+        figures: every speed figure of the card as (name, value, source, measured).
+        constants: where the model's fitted constants come from.
     """
 
     step_s: float
@@ -58,6 +149,8 @@ class StepTime:
     card: str = ""
     estimated: Tuple[str, ...] = ()
     notes: Tuple[str, ...] = field(default=())
+    figures: Tuple[Tuple[str, float, str, bool], ...] = ()
+    constants: str = ""
 
     @property
     def tokens_per_s(self) -> float:
@@ -92,6 +185,7 @@ class RunTime:
         gpu_hours: ``seconds`` x GPUs / 3600.
         cost: ``gpu_hours`` x the cost of a GPU-hour, None without one.
         reason: where ``steps`` came from, or why it is unknown.
+        gpu_hour_cost: the cost of one GPU-hour it was priced at (``--gpu-hour-cost``), None without one.
     """
 
     steps: Optional[int]
@@ -99,13 +193,470 @@ class RunTime:
     gpu_hours: Optional[float]
     cost: Optional[float]
     reason: str
+    gpu_hour_cost: Optional[float] = None
 
 
-def estimate_time(inputs: PlanInputs, speed: Speed) -> StepTime:
+# -- what one micro batch computes ---------------------------------------------------------------------------------
+
+@dataclass
+class _Pass:
+    """The GPU's and the host's work of one pass (forward, backward or recomputation) of one micro batch."""
+
+    matmul_s: float = 0.0
+    attention_s: float = 0.0
+    elementwise_s: float = 0.0
+    kernels: int = 0
+    flops: float = 0.0
+    bytes: float = 0.0
+
+    def gpu_s(self, c: TimeConstants) -> float:
+        return self.matmul_s + self.attention_s + self.elementwise_s + self.kernels * c.gpu_kernel_s
+
+
+def _rate(speed: Speed, m: int, k: int, n: int) -> float:
+    """The matmul rate at ``(m x k) @ (k x n)``: the measured point nearest in shape (log distance), else the card's
+    large-shape rate."""
+    pts = [p for p in speed.matmul_points if p.flops_per_s > 0]
+    if not pts:
+        return speed.matmul_flops_per_s.value
+
+    def dist(p) -> float:
+        return (math.log(p.m / m) ** 2 + math.log(p.k / k) ** 2 + math.log(p.n / n) ** 2)
+
+    return min(pts, key=dist).flops_per_s
+
+
+def _matmul_s(speed: Speed, m: int, k: int, n: int, count: int = 1) -> Tuple[float, float]:
+    """(seconds, FLOPs) of ``count`` products ``(m x k) @ (k x n)`` in bf16: arithmetic at the measured rate or memory
+    traffic (both operands and the result, 2 B each) at the memory bandwidth, whichever is longer."""
+    flops = 2.0 * m * k * n
+    traffic = 2.0 * (m * k + k * n + m * n)
+    return count * max(flops / _rate(speed, m, k, n), traffic / speed.mem_bytes_per_s.value), count * flops
+
+
+def _method(inputs: PlanInputs) -> str:
+    if not inputs.lora_rank:
+        return "full"
+    fp32 = inputs.stage == 3 and inputs.zero_init and inputs.quant_bits is None
+    return "lora_fp32" if fp32 else "lora"
+
+
+def _layer_linears(inputs: PlanInputs) -> List[Tuple[int, int]]:
+    a = inputs.arch
+    inter = a.intermediate if a.moe is None else a.moe.active * a.moe.expert_intermediate + a.moe.shared_intermediate
+    return attention_linears(a) + dense_mlp_linears(a, inter)
+
+
+def _frozen_front(inputs: PlanInputs) -> int:
+    """Decoder layers before the first trainable one (freeze tuning): their inputs need no gradient, so their
+    backward does nothing."""
+    return tuning.first_saving_layer(inputs)
+
+
+def _layer_pass(inputs: PlanInputs, speed: Speed, c: TimeConstants, which: str, weight_grads: bool,
+                input_grads: bool = True) -> _Pass:
+    """One decoder layer's pass on one micro batch: ``which`` is ``forward`` or ``backward``."""
+    a = inputs.arch
+    t = inputs.micro_batch * inputs.seq_len
+    out = _Pass()
+    lins = _layer_linears(inputs)
+    r = inputs.lora_rank or 0
+    for k_in, n_out in lins:
+        if which == "forward":
+            s, f = _matmul_s(speed, t, k_in, n_out)
+        else:
+            s, f = (_matmul_s(speed, t, n_out, k_in) if input_grads else (0.0, 0.0))
+            if weight_grads:
+                s2, f2 = _matmul_s(speed, k_in, t, n_out)
+                s, f = s + s2, f + f2
+        out.matmul_s += s
+        out.flops += f
+        if r:  # LoRA: x A (t x in -> r), then B (r -> out); backward: both gradients and the input's
+            n = 2 if which == "forward" else 4
+            s, f = _matmul_s(speed, t, k_in, r)
+            s2, f2 = _matmul_s(speed, t, r, n_out)
+            out.matmul_s += (s + s2) * n / 2
+            out.flops += (f + f2) * n / 2
+    out.kernels += len(lins) * (1 if which == "forward" else 2) + (len(lins) * (2 if which == "forward" else 4)
+                                                                    if r else 0)
+    # attention
+    d, heads, s_len, b = a.head_dim, a.heads, inputs.seq_len, inputs.micro_batch
+    if inputs.attn == "eager":
+        sc, fl = _matmul_s(speed, s_len, d, s_len, count=b * heads)  # q k^T
+        sv, fv = _matmul_s(speed, s_len, s_len, d, count=b * heads)  # p v
+        n = 1 if which == "forward" else 2
+        soft = b * heads * s_len * s_len * (12.0 if which == "forward" else 16.0) / speed.mem_bytes_per_s.value
+        out.attention_s += (sc + sv) * n + soft
+        out.flops += (fl + fv) * n
+        out.kernels += 6 if which == "forward" else 10
+    else:
+        fwd = 2.0 * b * heads * s_len * s_len * d  # causal: half of 4 b H s^2 d
+        fl = fwd * (1.0 if which == "forward" else c.attention_backward)
+        out.attention_s += fl / speed.attention_flops_per_s.value
+        out.flops += fl
+        out.kernels += 1
+    coef = ELEMENTWISE[(_method(inputs), which)]
+    kv = a.kv_heads * a.head_dim
+    per_token = coef[0] * a.hidden + coef[1] * a.intermediate + coef[2] * kv
+    kernels = KERNELS[(_method(inputs), which)]
+    if a.norms_per_layer > 2:  # Gemma 2/3's two more norms, each as an RMSNorm costs (the census's per-norm share)
+        per_token += (a.norms_per_layer - 2) * (36.0 if which == "forward" else 92.0) * a.hidden
+        kernels += (a.norms_per_layer - 2) * (8 if which == "forward" else 16)
+    if inputs.fused_loss == "liger":
+        sh, si, sq, sk = LIGER_SAVES[which]
+        per_token -= sh * a.hidden + si * a.intermediate + sq * (a.heads * a.head_dim + kv)
+        kernels -= sk
+    out.bytes += per_token * t
+    out.elementwise_s += per_token * t / speed.mem_bytes_per_s.value
+    out.kernels += kernels
+    return out
+
+
+def _head_pass(inputs: PlanInputs, speed: Speed, c: TimeConstants, which: str) -> _Pass:
+    """The output layer and the loss on one micro batch (and the embedding and final norm)."""
+    a = inputs.arch
+    t = inputs.micro_batch * inputs.seq_len
+    out = _Pass()
+    head_trains = tuning.output_trains(inputs)
+    fused = inputs.fused_loss is not None
+    s, f = 0.0, 0.0
+    if which == "forward" or fused:  # a fused loss makes the logits' gradients in the forward, chunk by chunk
+        s, f = _matmul_s(speed, t, a.hidden, a.vocab)
+    if which == "backward" or fused:
+        s1, f1 = _matmul_s(speed, t, a.vocab, a.hidden)
+        s, f = s + s1, f + f1
+        if head_trains:
+            s2, f2 = _matmul_s(speed, a.hidden, t, a.vocab)
+            s, f = s + s2, f + f2
+    if fused and which == "backward":
+        s, f = 0.0, 0.0
+    out.matmul_s, out.flops = s, f
+    if fused:
+        # Liger / cut cross-entropy: 16-bit logits written, read and overwritten by their gradient, read again
+        per_vocab = 8.0 if which == "forward" else 0.0
+    else:
+        per_vocab = LOSS_BYTES_PER_VOCAB[which] + (8.0 if a.logit_softcap else 0.0)
+    by = t * (per_vocab * a.vocab + HEAD_BYTES_PER_HIDDEN[which] * a.hidden)
+    out.bytes = by
+    out.elementwise_s = by / speed.mem_bytes_per_s.value
+    out.kernels = HEAD_KERNELS[which] + (1 if which == "forward" else 1 + int(head_trains))
+    return out
+
+
+@dataclass
+class _MicroBatch:
+    forward: _Pass
+    backward: _Pass
+    recompute: _Pass
+    kernels: Dict[str, int]
+
+
+def _micro_batch(inputs: PlanInputs, speed: Speed, c: TimeConstants) -> _MicroBatch:
+    a = inputs.arch
+    front = _frozen_front(inputs)
+    trained_layers = a.layers - front
+    full_weights = not inputs.lora_rank and inputs.freeze is None
+    fwd = _layer_pass(inputs, speed, c, "forward", False)
+    if inputs.freeze is not None:
+        # freeze tuning: the trainable layers' weights get gradients, the frozen ones after them pass gradients on
+        share = _freeze_weight_share(inputs)
+        bwd_w = _layer_pass(inputs, speed, c, "backward", True)
+        bwd_n = _layer_pass(inputs, speed, c, "backward", False)
+        bwd = _scale(bwd_w, share * trained_layers)
+        bwd = _add(bwd, _scale(bwd_n, (1 - share) * trained_layers))
+    else:
+        bwd = _scale(_layer_pass(inputs, speed, c, "backward", full_weights), trained_layers)
+    layers_f = _scale(fwd, a.layers)
+    head_f, head_b = _head_pass(inputs, speed, c, "forward"), _head_pass(inputs, speed, c, "backward")
+    rec = _scale(fwd, trained_layers) if inputs.gradient_checkpointing else _Pass()
+    forward = _add(layers_f, head_f)
+    backward = _add(bwd, head_b)
+    return _MicroBatch(forward, backward, rec, {"forward": forward.kernels, "backward": backward.kernels + rec.kernels})
+
+
+def _freeze_weight_share(inputs: PlanInputs) -> float:
+    """Freeze tuning: the share of the trained decoder layers' linear weights that train."""
+    listed = tuning.trainable_list(inputs) or []
+    front = _frozen_front(inputs)
+    lin_total = sum(p.numel for p in named_parameters(inputs.arch)
+                    if p.linear is not None and p.layer is not None and p.layer >= front)
+    lin_train = sum(p.numel for p in listed if p.linear is not None and p.layer is not None)
+    return lin_train / lin_total if lin_total else 0.0
+
+
+def _scale(p: _Pass, k: float) -> _Pass:
+    return _Pass(p.matmul_s * k, p.attention_s * k, p.elementwise_s * k, int(round(p.kernels * k)), p.flops * k,
+                 p.bytes * k)
+
+
+def _add(p: _Pass, q: _Pass) -> _Pass:
+    return _Pass(p.matmul_s + q.matmul_s, p.attention_s + q.attention_s, p.elementwise_s + q.elementwise_s,
+                 p.kernels + q.kernels, p.flops + q.flops, p.bytes + q.bytes)
+
+
+# -- DeepSpeed's part ------------------------------------------------------------------------------------------------
+
+def _modules(inputs: PlanInputs) -> int:
+    """nn.Modules DeepSpeed's ZeRO-3 hooks run on in one pass: each decoder layer's (the layer, attention, its
+    linears, MLP, its linears, the activation, the norms), LoRA's wrappers, and the model's few outer ones."""
+    a = inputs.arch
+    per_layer = 2 + len(attention_linears(a)) + 1 + len(dense_mlp_linears(a, a.intermediate)) + 1 + a.norms_per_layer
+    if a.qk_norm:
+        per_layer += 2
+    if inputs.lora_rank:
+        per_layer += LORA_MODULES_PER_WRAPPED * (len(attention_linears(a)) + len(dense_mlp_linears(a, a.intermediate)))
+    return per_layer * a.layers + 7
+
+
+def _trainable_tensors(inputs: PlanInputs) -> int:
+    if inputs.freeze is not None or (inputs.lora_rank and inputs.modules_to_save):
+        listed = len(tuning.trainable_list(inputs) or [])
+        if inputs.freeze is not None:
+            return listed
+        return listed + 2 * len(_layer_linears(inputs)) * inputs.arch.layers
+    if inputs.lora_rank:
+        return 2 * len(_layer_linears(inputs)) * inputs.arch.layers
+    return len(named_parameters(inputs.arch))
+
+
+def _comm_s(speed: Speed, inputs: PlanInputs, nbytes: float) -> Optional[float]:
+    """Seconds to all-gather or reduce-scatter ``nbytes`` (the whole tensors) over the job's ranks, None without a
+    bus bandwidth."""
+    n = inputs.world_size
+    if n < 2:
+        return 0.0
+    nodes = inputs.hardware.nodes if inputs.hardware else 1
+    fig = speed.inter_busbw_bytes_per_s if nodes > 1 else speed.intra_busbw_bytes_per_s
+    if fig is None:
+        return None
+    return nbytes * (n - 1) / n / fig.value
+
+
+def estimate_time(inputs: PlanInputs, speed: Speed, c: TimeConstants = TIME_DEFAULT) -> StepTime:
     """The time of one optimizer step of ``inputs`` on the card of ``speed``."""
-    raise NotImplementedError  # filled in by the time model (this commit defines the interface)
+    a = inputs.arch
+    counts = count_params(a)
+    trainable = tuning.trainable_params(inputs, counts)
+    ws, ga = inputs.world_size, inputs.grad_accum
+    mb = _micro_batch(inputs, speed, c)
+    host_op = c.host_op * speed.launch_s.value
+    terms: List[Term] = []
+    notes: List[str] = []
+    bw = speed.mem_bytes_per_s.value
+
+    def add(name: str, seconds: float, phase: str, reason: str) -> None:
+        terms.append(Term(name, seconds, phase, reason))
+
+    # ZeRO-3's hooks and gathers ride on every pass; ZeRO-1/2's gradient hooks on the backward
+    modules = _modules(inputs)
+    passes = 3 if inputs.gradient_checkpointing else 2
+    z3_host = {"forward": 0.0, "backward": 0.0}
+    z3_gpu = {"forward": 0.0, "backward": 0.0}
+    gathered = 2.0 * counts.total  # 16-bit weights
+    if inputs.lora_rank or inputs.freeze is not None:
+        gathered = 2.0 * counts.total
+    if inputs.stage == 3:
+        z3_host["forward"] = modules * c.zero3_module_s
+        z3_host["backward"] = modules * c.zero3_module_s * (passes - 1)
+        copy = 2.0 * gathered / bw  # the gathered tensor written, its partition read (world size 1: a copy)
+        z3_gpu["forward"], z3_gpu["backward"] = copy, copy * (passes - 1)
+    grad_tensors = _trainable_tensors(inputs)
+    z12_host = grad_tensors * c.zero12_tensor_s if inputs.stage in (1, 2) else 0.0
+    z12_gpu = 0.0
+    if inputs.stage == 2:
+        z12_gpu = trainable * c.grad_bytes_zero2 / bw
+    elif inputs.stage == 1:
+        z12_gpu = trainable * c.grad_bytes_zero1 / bw
+
+    gpu_f = mb.forward.gpu_s(c) + z3_gpu["forward"]
+    gpu_b = mb.backward.gpu_s(c) + mb.recompute.gpu_s(c) + z3_gpu["backward"] + z12_gpu
+    host_f = mb.kernels["forward"] * host_op + z3_host["forward"]
+    host_b = mb.kernels["backward"] * host_op + z3_host["backward"] + z12_host
+
+    # parameter offload: every pass copies the 16-bit partition from pinned host memory
+    if inputs.offload_param != "none":
+        h2d = gathered / ws / speed.h2d_bytes_per_s.value
+        gpu_f += h2d
+        gpu_b += h2d * (passes - 1)
+    fwd_s, bwd_s = max(gpu_f, host_f), max(gpu_b, host_b)
+    bound_f = "the host (kernel launches" + (", ZeRO-3 hooks" if inputs.stage == 3 else "") + ")" \
+        if host_f > gpu_f else "the GPU"
+    bound_b = "the host" if host_b > gpu_b else "the GPU"
+    pf, pb, pr = mb.forward, mb.backward, mb.recompute
+    add("forward", ga * fwd_s, "forward",
+        f"{ga} x max(GPU {gpu_f * 1e3:.1f} ms: products {pf.matmul_s * 1e3:.1f} ms ({pf.flops / 1e12:.2f} TFLOP), "
+        f"attention {pf.attention_s * 1e3:.1f} ms, other kernels {pf.elementwise_s * 1e3:.1f} ms "
+        f"({pf.bytes / 1e9:.2f} GB at {bw / 1e12:.2f} TB/s), {pf.kernels} kernels"
+        + (f", ZeRO-3 copies {z3_gpu['forward'] * 1e3:.1f} ms" if inputs.stage == 3 else "")
+        + f"; host {host_f * 1e3:.1f} ms: {mb.kernels['forward']} launches"
+        + (f", {modules} modules' ZeRO-3 hooks" if inputs.stage == 3 else "") + f"): bound by {bound_f}")
+    add("backward", ga * bwd_s, "backward",
+        f"{ga} x max(GPU {gpu_b * 1e3:.1f} ms: products {(pb.matmul_s + pr.matmul_s) * 1e3:.1f} ms "
+        f"({(pb.flops + pr.flops) / 1e12:.2f} TFLOP"
+        + (", recomputation included" if inputs.gradient_checkpointing else "")
+        + f"), attention {(pb.attention_s + pr.attention_s) * 1e3:.1f} ms, other kernels "
+        f"{(pb.elementwise_s + pr.elementwise_s) * 1e3:.1f} ms"
+        + (f", ZeRO-{inputs.stage} gradient copies {z12_gpu * 1e3:.1f} ms" if z12_gpu else "")
+        + f"; host {host_b * 1e3:.1f} ms: {mb.kernels['backward']} launches"
+        + (f", hooks of {grad_tensors} gradient tensors" if z12_host else "")
+        + f"): bound by {bound_b}")
+
+    # collectives (world size > 1)
+    _collectives(inputs, speed, ga, bwd_s, terms, notes)
+    # the optimizer step
+    _optimizer(inputs, speed, c, trainable, grad_tensors, host_op, ga, terms)
+
+    step_s = sum(t.seconds for t in terms)
+    tokens = inputs.micro_batch * inputs.seq_len * ga
+    model_flops = ga * (pf.flops + pb.flops)
+    figures = tuple((name, f.value, f.source, f.measured) for name, f in speed.figures())
+    return StepTime(step_s, tuple(terms), tokens, model_flops, speed.peak_flops_per_s.value, ws, speed.card,
+                    tuple(speed.estimated()), tuple(notes), figures, c.source)
 
 
-def terms_text(step: StepTime) -> List[str]:
-    """The step's terms for people, one line each."""
-    return [f"  {t.name:28s}{t.seconds:9.3f} s   {t.reason}" for t in step.terms]
+def _collectives(inputs: PlanInputs, speed: Speed, ga: int, backward_s: float, terms: List[Term],
+                 notes: List[str]) -> None:
+    """The collectives at the bus bandwidth: the bytes of :func:`zeropilot.memory.comm.traffic`; with ``overlap_comm``
+    (ZeRO-2/3) those of each micro batch hide behind its backward and only what is longer shows."""
+    from zeropilot.memory.comm import traffic
+
+    if inputs.world_size < 2:
+        return
+    moved = traffic(inputs)
+    gather = _comm_s(speed, inputs, moved["all_gather"])
+    reduce = _comm_s(speed, inputs, moved["reduce_scatter"])
+    if gather is None or reduce is None:
+        notes.append("no bus bandwidth for this world size (run `zeropilot calibrate --nproc N`): collectives are "
+                     "not counted")
+        return
+    link = "across nodes" if inputs.hardware and inputs.hardware.nodes > 1 else "within the node"
+    overlapped = inputs.overlap and inputs.stage in (2, 3)
+    if inputs.stage == 3:
+        per_mb = (gather + reduce) / ga
+        exposed = max(0.0, per_mb - backward_s) if overlapped else per_mb
+        terms.append(Term("collectives", ga * exposed, "backward",
+                          f"{ga} x ZeRO-3 all-gathers of the 16-bit weights and the gradients' reduce-scatter: "
+                          f"{per_mb * 1e3:.1f} ms per micro batch at the bus bandwidth {link}"
+                          + (f", overlapped with the passes ({exposed * 1e3:.1f} ms left)" if overlapped else "")))
+        return
+    per_mb = reduce / ga if inputs.stage == 2 else 0.0
+    exposed = max(0.0, per_mb - backward_s) if overlapped else per_mb
+    at_step = gather + (reduce if inputs.stage != 2 else 0.0)
+    terms.append(Term("collectives", ga * exposed + at_step, "step",
+                      f"the gradients' reduce-scatter ({reduce * 1e3:.1f} ms"
+                      + (f", {ga * exposed * 1e3:.1f} ms left after overlap with the backward" if overlapped else "")
+                      + f") and the updated weights' all-gather ({gather * 1e3:.1f} ms), bus bandwidth {link}"))
+
+
+def _optimizer(inputs: PlanInputs, speed: Speed, c: TimeConstants, trainable: int, tensors: int, host_op: float,
+               ga: int, terms: List[Term]) -> None:
+    part = trainable / inputs.world_size if inputs.stage >= 1 else trainable
+    bw = speed.mem_bytes_per_s.value
+    if inputs.offload_optimizer == "none":
+        per = c.adam_bytes_torch if inputs.torch_adam else c.adam_bytes_fused
+        what = "torch's AdamW (foreach)" if inputs.torch_adam else "a fused AdamW"
+        seconds = part * per / bw
+        terms.append(Term("optimizer", seconds, "step",
+                          f"{what} over {part / 1e6:.1f} M trainable elements of this GPU's partition, "
+                          f"{per:.0f} B each at {bw / 1e12:.2f} TB/s"))
+        return
+    # optimizer offload: gradients to the host, the step on the CPU, the 16-bit weights back
+    d2h = speed.d2h_bytes_per_s.value
+    h2d = speed.h2d_bytes_per_s.value
+    grads_out = part * 4.0 / d2h  # fp32 gradient partition into pinned host memory
+    accumulate = (ga - 1) * part * 8.0 / min(d2h, h2d) if ga > 1 else 0.0  # CPU buffer to the GPU, added, back
+    rate = speed.torch_cpu_adamw_elems_per_s if inputs.torch_adam else speed.cpu_adam_elems_per_s
+    cpu = part / rate.value
+    back = part * 2.0 / h2d
+    terms.append(Term("offload_copies", grads_out + accumulate + back, "step",
+                      f"gradients to the host ({part / 1e6:.1f} M x 4 B at {d2h / 1e9:.1f} GB/s"
+                      + (f", and {ga - 1} accumulations through the GPU" if ga > 1 else "")
+                      + f"), 16-bit weights back ({part / 1e6:.1f} M x 2 B at {h2d / 1e9:.1f} GB/s)"))
+    what = "torch's AdamW on the CPU" if inputs.torch_adam else "DeepSpeed's CPUAdam"
+    terms.append(Term("cpu_adam", cpu, "step", f"{what}: {part / 1e6:.1f} M elements at "
+                                               f"{rate.value / 1e6:.0f} M/s ({rate.source})"))
+
+
+def run_time(step: StepTime, inputs: PlanInputs, gpu_hour_cost: Optional[float] = None) -> RunTime:
+    """The whole run's optimizer steps and time: ``max_steps`` when the launch gives it, else its epochs over the
+    samples the user gives (``inputs.samples``), counted as the HF Trainer counts them (each rank's share of the
+    samples in micro batches, then optimizer steps of ``grad_accum`` micro batches, rounded up; epochs times that,
+    rounded up). LLaMA-Factory's ``max_samples`` bounds the samples when they are not given."""
+    steps: Optional[int] = None
+    if inputs.max_steps:
+        steps, why = inputs.max_steps, f"max_steps {inputs.max_steps} ({inputs.sources.get('max_steps', 'given')})"
+    elif inputs.epochs is not None and (inputs.samples or inputs.max_samples):
+        samples = inputs.samples or inputs.max_samples
+        assert samples is not None
+        ws = inputs.world_size
+        batches = math.ceil(math.ceil(samples / ws) / inputs.micro_batch)
+        per_epoch = max(math.ceil(batches / inputs.grad_accum), 1)
+        steps = math.ceil(inputs.epochs * per_epoch)
+        given = (f"{samples} samples (--samples)" if inputs.samples else
+                 f"at most {samples} samples (max_samples, {inputs.sources.get('max_samples', 'given')}: the dataset "
+                 "may hold fewer; --samples N says how many)")
+        why = (f"{inputs.epochs:g} epoch(s) ({inputs.sources.get('epochs', 'given')}) over {given}: {per_epoch} "
+               f"optimizer steps per epoch of {inputs.micro_batch} x {inputs.grad_accum} x {ws} samples")
+    elif inputs.epochs is not None:
+        why = (f"the launch trains {inputs.epochs:g} epoch(s) ({inputs.sources.get('epochs', 'given')}) over a dataset "
+               "whose size the plan does not know: pass --samples N (training samples) for the run's time")
+    else:
+        why = "the launch says neither max_steps nor epochs: pass --samples N with a launch, or plan a launch"
+    if steps is None:
+        return RunTime(None, None, None, None, why, gpu_hour_cost)
+    seconds = steps * step.step_s
+    hours = seconds * step.world_size / 3600.0
+    cost = None if gpu_hour_cost is None else hours * gpu_hour_cost
+    return RunTime(steps, seconds, hours, cost, why, gpu_hour_cost)
+
+
+def to_dict(step: StepTime, run: Optional[RunTime]) -> Dict:
+    """The step (and the run) as JSON-ready data: the plan's ``time`` object (docs/json-schema.md)."""
+    return {
+        "step_s": step.step_s, "tokens_per_s": step.tokens_per_s, "job_tokens_per_s": step.job_tokens_per_s,
+        "tokens_per_step": step.tokens_per_step, "model_flops": step.model_flops, "mfu": step.mfu,
+        "peak_flops_per_s": step.peak_flops_per_s, "card": step.card,
+        "terms": [{"name": t.name, "seconds": t.seconds, "phase": t.phase, "reason": t.reason} for t in step.terms],
+        "phases": step.phases(), "estimated": list(step.estimated), "notes": list(step.notes),
+        "figures": {name: {"value": value, "source": source, "measured": measured}
+                    for name, value, source, measured in step.figures},
+        "constants": step.constants,
+        "run": None if run is None else {"steps": run.steps, "seconds": run.seconds, "gpu_hours": run.gpu_hours,
+                                         "cost": run.cost, "gpu_hour_cost": run.gpu_hour_cost,
+                                         "reason": run.reason},
+    }
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def render_lines(step: StepTime, run: Optional[RunTime]) -> List[str]:
+    """The plan's time section for people: each term with its reason, the step, tokens/s, MFU, the run."""
+    out = [f"Time per optimizer step ({step.card or 'card unknown'}):"]
+    out += [f"  {t.name:28s}{t.seconds:7.3f} s   {t.reason}" for t in step.terms]
+    out.append(f"  {'step':28s}{step.step_s:7.3f} s   {step.tokens_per_step} tokens per GPU per step")
+    out.append(f"  {'tokens/s':28s}{step.tokens_per_s:7.0f}     per GPU; {step.job_tokens_per_s:.0f} for the job "
+               f"({step.world_size} GPUs); MFU {100 * step.mfu:.0f}% of {step.peak_flops_per_s / 1e12:.0f} "
+               "TFLOP/s (the card's dense bf16 peak)")
+    if run is not None and run.steps is not None and run.seconds is not None and run.gpu_hours is not None:
+        money = "" if run.cost is None else f", {run.cost:,.2f} at {run.gpu_hour_cost:g} per GPU-hour"
+        out.append(f"  {'run':28s}{_duration(run.seconds):>9s}   {run.steps} optimizer steps, "
+                   f"{run.gpu_hours:,.1f} GPU-hours{money} (steps only: no start-up, evaluation or saves); "
+                   f"{run.reason}")
+    elif run is not None:
+        out.append(f"  {'run':28s}{'unknown':>9s}   {run.reason}")
+    measured = [name for name, _, _, m in step.figures if m]
+    out.append("  speed figures: " + ("; ".join(f"{name} {source}" for name, _, source, m in step.figures
+                                                 if not m and name in step.estimated) or "all measured"))
+    if measured:
+        out.append("  measured on this card: " + ", ".join(measured))
+    out.append(f"  constants: {step.constants}")
+    out += [f"  note: {n}" for n in step.notes]
+    return out

@@ -1,0 +1,102 @@
+"""The pre-registered GPU matrix of issue 40: step-time rows, split into rows that fit the time model's constants and
+held-out rows, each held-out row with its predicted step time written before it runs.
+
+``python bench/plan/time/matrix.py fit OUT.jsonl`` writes call 1's fit rows; ``python bench/plan/time/matrix.py
+holdout OUT.jsonl --profile PROFILE`` writes the held-out rows with ``pred_step_s`` (the model and constants as
+committed, the speed figures of the profile ``calibrate`` measured in call 1). Each spec is a
+``../zero_mem_probe_plan.py`` spec (``specs.py`` checks them) with ``row``, ``split``, ``est_wall_s``.
+
+The protocol (issue 40): the median of 5 steps after 2 warm-up steps (``warmup`` 2, ``steps`` 7), one row at a time
+on one GPU (``run_rows.py``). The optimizer is the one a launch gets: the HF Trainer's default (``adam: client``,
+``torch.optim.AdamW(fused=True)``) on the GPU, DeepSpeed's CPUAdam with optimizer offload.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[2] / "src"))
+
+MODELS = {
+    "qwen2.5-0.5b": {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                     "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+                     "tie_word_embeddings": True, "max_position_embeddings": 32768},
+    "qwen2.5-1.5b": {"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                     "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
+                     "tie_word_embeddings": True, "max_position_embeddings": 32768},
+    "qwen2.5-3b": {"model_type": "qwen2", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                   "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936,
+                   "tie_word_embeddings": True, "max_position_embeddings": 32768},
+    "qwen2.5-7b": {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                   "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                   "tie_word_embeddings": False, "max_position_embeddings": 32768},
+    "llama-3.2-1b": {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                     "tie_word_embeddings": True, "max_position_embeddings": 131072},
+    "llama-3.2-3b": {"model_type": "llama", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
+                     "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 128256,
+                     "tie_word_embeddings": True, "max_position_embeddings": 131072},
+    "llama-3.1-8b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                     "tie_word_embeddings": False, "max_position_embeddings": 131072},
+    # the 9 B shape with a 64k vocabulary of issue 40's 6%-low memory row (Yi-1.5-9B's config.json)
+    "yi-9b-shape": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 48,
+                    "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 64000,
+                    "tie_word_embeddings": False, "max_position_embeddings": 4096},
+}
+
+#: call 1: the rows the constants are fitted on, each chosen for the term it pins (``why``)
+FIT = [
+    ("f_q05_full_z2_s256", "qwen2.5-0.5b", dict(stage=2, mb=1, seq=256), "host-bound full fine-tuning: host_op"),
+    ("f_q05_lora_z2_s256", "qwen2.5-0.5b", dict(stage=2, mb=1, seq=256, lora=16), "host-bound LoRA: host_op"),
+    ("f_q15_full_z2_mb4", "qwen2.5-1.5b", dict(stage=2, mb=4, seq=2048), "GPU-bound full: products, other kernels"),
+    ("f_q15_full_z1_mb4", "qwen2.5-1.5b", dict(stage=1, mb=4, seq=2048), "ZeRO-1 against f_q15_full_z2_mb4"),
+    ("f_q7_lora_z2_mb4_gc", "qwen2.5-7b", dict(stage=2, mb=4, seq=2048, lora=16, gc=True),
+     "GPU-bound LoRA with recomputation"),
+    ("f_q15_lora_z3_s512", "qwen2.5-1.5b", dict(stage=3, mb=1, seq=512, lora=16), "ZeRO-3 hooks: zero3_module_s"),
+    ("f_q15_full_z3_mb2", "qwen2.5-1.5b", dict(stage=3, mb=2, seq=1024), "ZeRO-3 full fine-tuning"),
+    ("f_q3_full_z2_off", "qwen2.5-3b", dict(stage=2, mb=2, seq=1024, offload=True, adam="cpu"),
+     "optimizer offload: CPUAdam and the copies"),
+    ("f_q3_lora_z3_offp_gc", "qwen2.5-3b", dict(stage=3, mb=2, seq=1024, lora=16, gc=True, offload=True,
+                                                  offload_param=True, adam="cpu"), "parameter offload"),
+    ("f_q15_lora_z2_liger", "qwen2.5-1.5b", dict(stage=2, mb=4, seq=2048, lora=16, liger=True), "Liger"),
+    ("f_q15_full_z2_ga4", "qwen2.5-1.5b", dict(stage=2, mb=1, seq=512, ga=4),
+     "accumulation, ZeRO-2's hooks per micro batch: zero12_tensor_s"),
+    ("f_l3_full_z3_mlp", "llama-3.2-3b", dict(stage=3, mb=2, seq=2048, mlp=10_000_000),
+     "ZeRO-3 with stage3_max_live_parameters low"),
+]
+EST_WALL_S = 30
+
+
+def spec(row: str, model: str, settings: dict, split: str, why: str = "") -> dict:
+    out = {"name": model, "row": row, "split": split, "model": MODELS[model], "warmup": 2, "steps": 7,
+           "est_wall_s": EST_WALL_S}
+    if "adam" not in settings:
+        out["adam"] = "client"
+    out.update(settings)
+    if why:
+        out["note"] = why
+    return out
+
+
+def fit_rows() -> list:
+    return [spec(row, model, settings, "fit", why) for row, model, settings, why in FIT]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("which", choices=["fit"])
+    ap.add_argument("out")
+    args = ap.parse_args(argv)
+    rows = fit_rows()
+    Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"{len(rows)} rows -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
