@@ -33,17 +33,19 @@ FAKE_PROBE = r'''
 import json, os, sys, time
 spec = json.loads(sys.argv[-1]); meta = spec.get("meta", {})
 with open(os.environ["FAKE_LOG"], "a") as f:
-    f.write(json.dumps({"name": spec["name"], "start": time.time(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    f.write(json.dumps({"name": spec["row"], "start": time.time(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
                         "ext": os.environ.get("TORCH_EXTENSIONS_DIR")}) + "\n")
 time.sleep(meta.get("sleep", 0))
 if meta.get("crash"):
-    sys.exit("Traceback: boom " + spec["name"])
+    sys.exit("Traceback: boom " + spec["row"])
 if meta.get("hang"):
     time.sleep(60)
 print("noise", flush=True)
 print("RESULT " + json.dumps({"spec": spec, "status": meta.get("status", "ok"), "step_median_s": 0.5}), flush=True)
+if meta.get("hang_at_exit"):
+    time.sleep(60)
 with open(os.environ["FAKE_LOG"], "a") as f:
-    f.write(json.dumps({"name": spec["name"], "end": time.time()}) + "\n")
+    f.write(json.dumps({"name": spec["row"], "end": time.time()}) + "\n")
 '''
 FAKE_BUILD = r'''
 import os, sys
@@ -54,8 +56,8 @@ sys.exit(3 if os.environ.get("FAKE_BUILD_FAIL") else 0)
 '''
 
 
-def row(name, est=0.2, **kw):
-    return {"name": name, "model": MODEL, "stage": 2, "mb": 1, "seq": 64, "steps": 7, "warmup": 2,
+def row(rid, est=0.2, **kw):
+    return {"name": "qwen2-tiny", "row": rid, "model": MODEL, "stage": 2, "mb": 1, "seq": 64, "steps": 7, "warmup": 2,
             "est_wall_s": est, **kw}
 
 
@@ -85,7 +87,7 @@ def bench(tmp_path, monkeypatch):
 def test_rows_run_one_at_a_time_in_file_order_on_the_gpu_asked(bench):
     rc, results, log, out = bench([row("a", meta={"sleep": 0.3}), row("b"), row("c")], "--gpu", "1")
     assert rc == 0
-    assert [r["name"] for r in results] == ["a", "b", "c"]
+    assert [r["row"] for r in results] == ["a", "b", "c"]
     assert all(r["status"] == "ok" and r["runner"]["rc"] == 0 for r in results)
     starts = [e for e in log if "start" in e]
     ends = {e["name"]: e["end"] for e in log if "end" in e}
@@ -99,7 +101,7 @@ def test_rows_run_one_at_a_time_in_file_order_on_the_gpu_asked(bench):
 
 def test_a_row_whose_estimate_exceeds_the_budget_left_is_skipped_and_later_rows_still_run(bench):
     rc, results, log, _ = bench([row("big", est=50), row("small")], "--budget-s", "20")
-    assert [(r["name"], r["status"], r.get("skipped")) for r in results] == [
+    assert [(r["row"], r["status"], r.get("skipped")) for r in results] == [
         ("big", "skipped", "budget"), ("small", "ok", None)]
     assert [e["name"] for e in log if "start" in e] == ["small"]
 
@@ -108,18 +110,22 @@ def test_a_second_call_resumes_runs_only_what_has_no_result(bench):
     bench([row("a"), row("big", est=50), row("b")], "--budget-s", "20")
     rc, results, log, _ = bench([row("a"), row("big", est=1), row("b")], "--budget-s", "20")
     assert [e["name"] for e in log if "start" in e] == ["a", "b", "big"]  # a and b once each; big when it fits
-    assert [(r["name"], r["status"]) for r in results] == [("a", "ok"), ("big", "skipped"), ("b", "ok"),
-                                                            ("big", "ok")]
+    assert [(r["row"], r["status"]) for r in results] == [("a", "ok"), ("big", "skipped"), ("b", "ok"),
+                                                           ("big", "ok")]
 
 
-def test_a_hung_row_is_killed_at_its_timeout_and_a_crash_leaves_its_stderr_in_fail_log(bench):
+def test_hung_rows_are_killed_in_time_and_a_crash_leaves_its_stderr_in_fail_log(bench):
+    """A row hung in its work is killed at its timeout, one hung in its exit soon after its RESULT (kept)."""
     rc, results, _, out = bench([row("hang", timeout_s=1, meta={"hang": True}), row("crash", meta={"crash": True}),
-                                 row("oom", meta={"status": "oom"}), row("after")])
-    by = {r["name"]: r for r in results}
+                                 row("oom", meta={"status": "oom"}), row("exit", meta={"hang_at_exit": True}),
+                                 row("after")], "--grace-s", "0.5")
+    by = {r["row"]: r for r in results}
     assert by["hang"]["status"] == "timeout" and by["hang"]["runner"]["rc"] is None
     assert by["hang"]["runner"]["wall_s"] < 10
     assert by["crash"]["status"] == "failed" and by["crash"]["runner"]["rc"] == 1
     assert by["oom"]["status"] == "oom" and by["after"]["status"] == "ok"
+    assert by["exit"]["status"] == "ok" and by["exit"]["runner"]["killed_after_result"]  # its result kept
+    assert by["exit"]["runner"]["wall_s"] < 10
     fail = (out / "fail.log").read_text()
     assert "TIMEOUT hang" in fail and "FAILED crash" in fail and "boom crash" in fail and "OOM oom" in fail
     assert "after" not in fail
@@ -134,7 +140,7 @@ def test_each_op_is_built_once_before_the_rows_and_a_failed_build_skips_the_rows
     assert builds["fused_adam"]["ok"] and builds["fused_adam"]["load_s"] == 1.5
     monkeypatch.setenv("FAKE_BUILD_FAIL", "1")
     rc, results, log, out = bench(rows, out="out2")
-    assert [(r["name"], r["status"], r.get("skipped")) for r in results] == [
+    assert [(r["row"], r["status"], r.get("skipped")) for r in results] == [
         ("f1", "skipped", "build"), ("c1", "skipped", "build"), ("f2", "skipped", "build"), ("t", "ok", None)]
     assert "BUILD fused_adam failed" in (out / "fail.log").read_text()
 
@@ -143,7 +149,7 @@ def test_a_spec_file_with_a_problem_stops_the_call_before_anything_runs(bench, c
     rc, results, log, out = bench([row("a"), row("a", warm_up=2), row("c", steps=4)])
     assert rc == 2 and results == [] and log == [] and not out.exists()
     err = capsys.readouterr().err
-    assert "line 2: a: unknown key(s) warm_up" in err and "line 2: a: the same name as line 1" in err
+    assert "line 2: a: unknown key(s) warm_up" in err and "line 2: a: the same id ('row', else 'name') as line 1" in err
     assert "line 3: c: issue 40's protocol" in err
 
 
@@ -174,7 +180,8 @@ def test_spec_values_the_probe_cannot_honour_are_named(change, problem):
     ({"ws": 2}, "one GPU"),
     ({"mlp": 10**8}, "'mlp' acts under ZeRO-3 only"),
     ({"est_wall_s": None}, "'est_wall_s' must be a number"),
-    ({"name": "a b"}, "'name' must be"),
+    ({"row": "a b"}, "'row' must be"),
+    ({"row": None, "name": None}, "needs an id"),
     ({"quant": 4}, "memory settings"),
 ])
 def test_timing_rows_need_one_gpu_an_estimate_a_name_and_timed_settings(change, problem):
@@ -190,7 +197,8 @@ def test_free_form_fields_and_predictions_are_accepted_in_timing_rows():
 def test_every_committed_memory_spec_still_passes_the_probes_own_check():
     """The probe now refuses a bad spec before touching the GPU: the rows measured before must still pass."""
     seen = 0
-    for path in [ROOT / "bench/plan/data/rows.jsonl", *sorted((ROOT / "bench/plan/settings/data").glob("*/specs.jsonl"))]:
+    settings = sorted((ROOT / "bench/plan/settings/data").glob("*/specs.jsonl"))
+    for path in [ROOT / "bench/plan/data/rows.jsonl", *settings]:
         for line in path.read_text().splitlines():
             if line.strip():
                 record = json.loads(line)

@@ -6,9 +6,10 @@ choice, ``run`` would then train with it) on one model shape, sequence length an
 ``OUT/autotune.json``: its wall time, the configuration it chose (ZeRO stage, micro batch, accumulation: its
 ``ds_config_optimal.json``), the metrics it measured for that choice (its ``metrics.json``: ``latency`` in
 microseconds per optimizer step, ``throughput`` = train_batch_size x 1e6 / latency in samples per second, ``fwd``/
-``bwd``/``step`` in microseconds per micro batch; and the derived ``step_s``/``samples_per_s``), every experiment it ran (stage, micro batch, accumulation, metric or error, wall time),
-the lines of its log that say which ZeRO stages it tuned or skipped and why, and where it wrote everything
-(``--workdir``, packed into ``OUT/autotune.tar.gz`` with its log).
+``bwd``/``step`` in microseconds per micro batch; and the derived ``step_s``/``samples_per_s``), every experiment
+it ran (stage, micro batch, accumulation, metric or error, wall time), the lines of its log that say which ZeRO
+stages it tuned or skipped and why, and where it wrote everything (``--workdir``, packed into
+``OUT/autotune.tar.gz`` with its log).
 
 What is bounded, and how (``autotuning/autotuner.py``, ``scheduler.py``, ``runtime/engine.py``):
 - ``fast: true`` (its default): per ZeRO stage only the micro batch is tuned, no bucket or overlap grid; every
@@ -41,7 +42,6 @@ import glob
 import importlib.util
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -95,8 +95,8 @@ def write_shims(bin_dir, python):
         "deepspeed": f'#!/bin/sh\n# the launcher of this Python, by the name the autotuner starts experiments with\n'
                      f'exec "{python}" -u -c "import sys; sys.argv[0] = \'deepspeed\'; '
                      f'from deepspeed.launcher.runner import main; main()" "$@"\n',
-        "pdsh": "#!/bin/sh\n# the autotuner's clean_up (pdsh ... pkill -f EXP_NAME, for multi-node jobs): on one node the\n"
-                "# experiment has ended when it is called; nothing to do\nexit 0\n",
+        "pdsh": "#!/bin/sh\n# the autotuner's clean_up (pdsh ... pkill -f EXP_NAME, for multi-node jobs): on one\n"
+                "# node the experiment has ended when it is called; nothing to do\nexit 0\n",
     }
     for name, text in shims.items():
         path = os.path.join(bin_dir, name)
@@ -137,7 +137,8 @@ def experiments(results_dir):
                     "stage": (cfg.get("zero_optimization") or {}).get("stage"),
                     "mb": cfg.get("train_micro_batch_size_per_gpu"), "ga": cfg.get("gradient_accumulation_steps"),
                     "metrics": metrics, "model_info": _json(os.path.join(d, "model_info.json")),
-                    "error": first_error(os.path.join(d, "stderr.log")), "wall_s": None if wall is None else round(wall, 1),
+                    "error": first_error(os.path.join(d, "stderr.log")),
+                    "wall_s": None if wall is None else round(wall, 1),
                     "cmd": open(os.path.join(d, "cmd.txt")).read().strip()
                     if os.path.exists(os.path.join(d, "cmd.txt")) else None})
     return out

@@ -26,7 +26,8 @@ main() {
   at=0
   [ -n "${AUTOTUNE_MODEL:-}" ] && at=$((AUTOTUNE_WALL_S + 20))
   if [ $((TIME_BUDGET_S + at + 60)) -gt "$CALL_S" ]; then
-    echo "device.sh: TIME_BUDGET_S ($TIME_BUDGET_S) + the autotuner ($at) + 60 s for installs and packing exceed CALL_S ($CALL_S)"
+    echo "device.sh: TIME_BUDGET_S ($TIME_BUDGET_S) + the autotuner ($at) + 60 s (installs, packing)" \
+      "exceed CALL_S ($CALL_S)"
     return 2
   fi
   if [ -n "${RESUME_ROWS:-}" ]; then

@@ -4,15 +4,17 @@ Unlike ``../run_x2.py`` and ``../settings/run.py`` (which pack runs side by side
 the GPU while a row is timed. In the file's order, each row:
 - is skipped (``"status": "skipped", "skipped": "budget"``) when the budget left is less than its ``est_wall_s`` +
   ``--margin-s``, or (``"skipped": "build"``) when the DeepSpeed op its optimizer needs failed to build;
-- is not run again when ``OUT/rows.jsonl`` already holds a result of that name (a second call resumes a killed one;
-  skipped rows are tried again);
+- is not run again when ``OUT/rows.jsonl`` already holds a result of its id (``row``, else ``name``): a second call
+  resumes a killed one (device.sh's RESUME_ROWS); skipped rows are tried again;
 - runs as ``PROBE... '<spec json>'`` (``--probe``; default: ``python3 ../zero_mem_probe_plan.py``) with
-  ``CUDA_VISIBLE_DEVICES=--gpu``, in a process group of its own, killed with that group at its timeout (``timeout_s``, or
-  twice ``est_wall_s`` and at least ``est_wall_s`` + 60 s, never past the budget);
+  ``CUDA_VISIBLE_DEVICES=--gpu``, in a process group of its own, killed with that group at its timeout
+  (``timeout_s``, or twice ``est_wall_s`` and at least ``est_wall_s`` + 60 s, never past the budget) or
+  ``--grace-s`` after its ``RESULT`` line (``killed_after_result``);
 - appends one line to ``OUT/rows.jsonl`` as it ends: the probe's ``RESULT`` object (or ``status`` "failed" /
-  "timeout" without one), and ``runner``: wall time, exit code, timeout, ``est_wall_s``, start time, the GPU's
-  clocks, power and temperature as it started (``gpu_before``); failures and non-ok rows get their output's tails in
-  ``OUT/fail.log``; whole logs go to ``--logs`` (outside OUT: the device returns 8 files).
+  "timeout" without one) with the row's id as ``row``, and ``runner``: wall time, exit code, timeout,
+  ``est_wall_s``, start time, the GPU's clocks, power and temperature as it started (``gpu_before``); failures
+  and non-ok rows get their output's tails in ``OUT/fail.log``; whole logs go to ``--logs`` (outside OUT: the
+  device returns 8 files).
 Before the rows, ``OUT/machine.json``: versions (package metadata, no import), ``nvidia-smi`` (GPU, clocks, power,
 ``-q`` text), CPU count, the environment that matters; ``after`` the same clocks at the end. The DeepSpeed ops the
 rows' optimizers need (FusedAdam, CPUAdam: ``specs.op_builds``) are built once first (``--build-cmd``; default
@@ -58,6 +60,7 @@ def parse_args(argv=None):
     p.add_argument("--probe", help="the probe command (the spec JSON is appended); default: the probe of this tree")
     p.add_argument("--build-cmd", help="the op-build command (the op's name is appended); default: build_op.py")
     p.add_argument("--build-timeout-s", type=float, default=420.0)
+    p.add_argument("--grace-s", type=float, default=20.0, help="how long a row may take to exit after its RESULT")
     p.add_argument("--logs", default="/tmp/zp_time_logs", help="each row's whole stdout/stderr (kept out of OUT)")
     p.add_argument("--min-warmup", type=int, default=2)
     p.add_argument("--min-timed", type=int, default=5)
@@ -120,8 +123,8 @@ def append_fail(out, text):
         f.write(text.rstrip("\n") + "\n")
 
 
-def done_names(out):
-    """Names with a result in OUT/rows.jsonl (skipped rows are not results: a later call runs them)."""
+def done_ids(out):
+    """Row ids with a result in OUT/rows.jsonl (skipped rows are not results: a later call runs them)."""
     path = os.path.join(out, "rows.jsonl")
     done = set()
     if os.path.exists(path):
@@ -129,7 +132,7 @@ def done_names(out):
             if line.strip():
                 row = json.loads(line)
                 if row.get("status") != "skipped":
-                    done.add(row.get("name") or row.get("spec", {}).get("name"))
+                    done.add(row.get("row") or specs_mod.row_id(row.get("spec", {})))
     return done
 
 
@@ -170,18 +173,30 @@ def on_term(signum, frame):
     sys.exit(128 + signum)
 
 
-def run_process(cmd, env, timeout, log_base):
+def run_process(cmd, env, timeout, log_base, grace_after_result=None):
     """Run ``cmd`` in a process group of its own (the same session: the device's end of a command still reaches
-    it); kill that group at ``timeout``. Returns (rc or None, stdout, stderr, wall seconds)."""
+    it); kill that group at ``timeout``, or ``grace_after_result`` seconds after it printed its ``RESULT`` line (a
+    process that hangs in its exit, in NCCL's teardown say, costs no more). Returns (rc or None, stdout, stderr,
+    wall seconds)."""
     t0 = time.time()
     with open(log_base + ".out", "w+") as so, open(log_base + ".err", "w+") as se:
         proc = subprocess.Popen(cmd, stdout=so, stderr=se, env=env, process_group=0)
         RUNNING.append(proc)
+        rc, result_at = None, None
         try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            rc = None
+            while True:
+                try:
+                    rc = proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.time()
+                if grace_after_result is not None and result_at is None:
+                    with open(log_base + ".out") as f:
+                        result_at = now if "RESULT " in f.read() else None
+                if now - t0 > timeout or (result_at is not None and now - result_at > grace_after_result):
+                    kill_group(proc)
+                    break
         finally:
             RUNNING.remove(proc)
         so.seek(0)
@@ -216,10 +231,12 @@ def run_row(spec, args, env, deadline, probe):
     timeout = row_timeout(spec, left, args.margin_s)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     before = gpu_state()["query"]  # clocks, power and temperature as the row starts (a hot card clocks down)
-    rc, so, se, wall = run_process(probe + [json.dumps(spec)], env, timeout, os.path.join(args.logs, spec["name"]))
+    rid = specs_mod.row_id(spec)
+    rc, so, se, wall = run_process(probe + [json.dumps(spec)], env, timeout, os.path.join(args.logs, rid),
+                                   grace_after_result=args.grace_s)
     found = results_in(so)
     row = dict(found[-1]) if found else {"spec": spec, "status": "timeout" if rc is None else "failed"}
-    row["name"] = spec["name"]
+    row["row"] = rid
     row["runner"] = {"wall_s": round(wall, 3), "rc": rc, "timeout_s": round(timeout, 1),
                      "est_wall_s": spec["est_wall_s"], "started": started, "gpu": args.gpu, "gpu_before": before}
     if rc is None and found:
@@ -252,8 +269,8 @@ def main(argv=None):
     info.update(specs=os.path.abspath(args.specs), budget_s=args.budget_s, margin_s=args.margin_s)
     write_json(os.path.join(args.out, "machine.json"), info)
     print(f"machine: {info['gpu']['query']}", flush=True)
-    done = done_names(args.out)
-    todo = [s for s in rows if s["name"] not in done]
+    done = done_ids(args.out)
+    todo = [s for s in rows if specs_mod.row_id(s) not in done]
     if len(todo) < len(rows):
         print(f"resume: {len(rows) - len(todo)} rows already in {args.out}/rows.jsonl", flush=True)
     info["op_builds"] = build_ops(specs_mod.op_builds(todo), args, env, deadline, args.out)
@@ -266,22 +283,23 @@ def main(argv=None):
         need_build = set(specs_mod.op_builds([spec])) & failed_builds
         if need_build or left < float(spec["est_wall_s"]) + args.margin_s:
             why = "build" if need_build else "budget"
-            row = {"name": spec["name"], "spec": spec, "status": "skipped", "skipped": why,
+            row = {"row": specs_mod.row_id(spec), "spec": spec, "status": "skipped", "skipped": why,
                    "budget_left_s": round(left, 1)}
             append_row(args.out, row)
             counts["skipped"] = counts.get("skipped", 0) + 1
-            print(f"skipped ({why}) {spec['name']} (est {spec['est_wall_s']} s, {left:.0f} s left)", flush=True)
+            print(f"skipped ({why}) {specs_mod.row_id(spec)} (est {spec['est_wall_s']} s, {left:.0f} s left)",
+                  flush=True)
             continue
         row, so, se = run_row(spec, args, env, deadline, probe)
         append_row(args.out, row)
         status = row.get("status")
         counts[status] = counts.get(status, 0) + 1
         if status != "ok":
-            append_fail(args.out, f"{str(status).upper()} {spec['name']} rc={row['runner']['rc']} "
+            append_fail(args.out, f"{str(status).upper()} {specs_mod.row_id(spec)} rc={row['runner']['rc']} "
                                   f"{row['runner']['wall_s']:.0f}s {json.dumps(spec)}\n"
                                   f"--- stderr ---\n{se[-TAIL:]}\n--- stdout ---\n{so[-TAIL // 3:]}\n")
         median = row.get("step_median_s")
-        print(f"{status} {spec['name']} {row['runner']['wall_s']:.1f}s"
+        print(f"{status} {specs_mod.row_id(spec)} {row['runner']['wall_s']:.1f}s"
               + (f" step_median {median:.4f}s" if median is not None else "")
               + f" ({deadline - time.time():.0f}s left)", flush=True)
     info["after"] = gpu_state()

@@ -1,10 +1,11 @@
 """What a spec of ``../zero_mem_probe_plan.py`` may say, checked before any GPU time is spent (no torch here).
 
 ``problems(spec)`` checks the values the probe reads; with ``timing=True`` it also checks what a timing row for
-``run_rows.py`` needs: every key known (a typo would silently run the default), ``name`` and ``est_wall_s``, one
-GPU, and issue 40's protocol (at least ``min_warmup`` warm-up steps and ``min_timed`` timed steps after them).
-Free-form fields of a timing spec: ``name``, ``split``, ``row``, ``group``, ``search``, ``note``, ``meta`` (any
-JSON) and any key starting with ``pred_`` (a pre-registered prediction).
+``run_rows.py`` needs: every key known (a typo would silently run the default), an id and ``est_wall_s``, one GPU,
+and issue 40's protocol (at least ``min_warmup`` warm-up steps and ``min_timed`` timed steps after them).
+A row's id (``row_id``) is its ``row``, else its ``name`` (the settings rows' convention: ``name`` the model, ``row``
+the setting), unique in a file. Free-form fields of a timing spec: ``name``, ``split``, ``row``, ``group``,
+``search``, ``note``, ``meta`` (any JSON) and any key starting with ``pred_`` (a pre-registered prediction).
 """
 import json
 import re
@@ -27,6 +28,11 @@ ADAMS = ("torch", "fused", "client", "cpu")
 LIGER_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 STAGE3_ONLY = ("offload_param", "mlp", "mrd", "pbs", "ppt", "zero_init")
+
+
+def row_id(spec):
+    """A row's id: ``row`` when it has one, else ``name``."""
+    return spec.get("row") or spec.get("name") if isinstance(spec, dict) else None
 
 
 def _int(spec, key, low):
@@ -76,8 +82,11 @@ def _timing_problems(spec, min_warmup, min_timed):
     if unknown:
         out.append(f"unknown key(s) {', '.join(unknown)} (a typo runs the default; free-form notes go under 'meta' "
                    "or a 'pred_' key)")
-    if not isinstance(spec.get("name"), str) or not NAME.match(spec["name"]):
-        out.append("'name' must be 1-100 letters, digits, '_', '.' or '-' (it names the row's result and logs)")
+    for key in ("row", "name"):
+        if spec.get(key) is not None and not (isinstance(spec[key], str) and NAME.match(spec[key])):
+            out.append(f"'{key}' must be 1-100 letters, digits, '_', '.' or '-' (it names the row's result and logs)")
+    if not row_id(spec):
+        out.append("a timing row needs an id: 'row' (or 'name')")
     for key in ("est_wall_s", "timeout_s"):
         value = spec.get(key)
         if (value is not None or key == "est_wall_s") and not (
@@ -98,8 +107,8 @@ def _timing_problems(spec, min_warmup, min_timed):
 
 
 def read(path, timing=True, min_warmup=2, min_timed=5):
-    """A spec file's specs (one JSON object a line, blank lines skipped) and its problems as ``line N: name: ...``;
-    with ``timing`` names must be unique."""
+    """A spec file's specs (one JSON object a line, blank lines skipped) and its problems as ``line N: id: ...``;
+    with ``timing`` ids must be unique."""
     specs, errors, seen = [], [], {}
     with open(path) as f:
         for n, line in enumerate(f, 1):
@@ -110,10 +119,10 @@ def read(path, timing=True, min_warmup=2, min_timed=5):
             except ValueError as e:
                 errors.append(f"line {n}: not JSON ({e})")
                 continue
-            name = spec.get("name", "?") if isinstance(spec, dict) else "?"
+            name = row_id(spec) or "?"
             errors += [f"line {n}: {name}: {p}" for p in problems(spec, timing, min_warmup, min_timed)]
-            if timing and isinstance(spec, dict) and name in seen:
-                errors.append(f"line {n}: {name}: the same name as line {seen[name]}")
+            if timing and name in seen:
+                errors.append(f"line {n}: {name}: the same id ('row', else 'name') as line {seen[name]}")
             seen.setdefault(name, n)
             specs.append(spec)
     if not specs and not errors:
