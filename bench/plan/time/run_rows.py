@@ -17,9 +17,9 @@ the GPU while a row is timed. In the file's order, each row:
   device returns 8 files).
 Before the rows, ``OUT/machine.json``: versions (package metadata, no import), ``nvidia-smi`` (GPU, clocks, power,
 ``-q`` text), CPU count, the environment that matters; ``after`` the same clocks at the end. The DeepSpeed ops the
-rows' optimizers need (FusedAdam, CPUAdam: ``specs.op_builds``) are built once first (``--build-cmd``; default
-``build_op.py``) into the ``TORCH_EXTENSIONS_DIR`` all rows share (default ``/tmp/zp_torch_extensions``), each build's
-time in ``machine.json`` ``op_builds``.
+rows' optimizers need (FusedAdam, CPUAdam: ``specs.op_builds``) are built once first, side by side
+(``--build-cmd``; default ``build_op.py``) into the ``TORCH_EXTENSIONS_DIR`` all rows share (default
+``/tmp/zp_torch_extensions``), each build's time in ``machine.json`` ``op_builds``.
 The spec file is checked first (``specs.py``, timing rules); any problem stops the call before the GPU is touched.
 Usage: python3 run_rows.py SPECS.jsonl OUT [--budget-s 480] [--margin-s 15] [--gpu 0] [--probe CMD]
        python3 run_rows.py SPECS.jsonl --check      (the spec check alone, no GPU: run it before a call)
@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -91,8 +92,9 @@ def run_text(cmd, timeout=30):
 
 
 def gpu_state():
+    # long-standing fields only (one unknown field fails the whole query); why clocks drop: nvidia_smi_q
     fields = ("name,memory.total,driver_version,pstate,temperature.gpu,power.draw,power.limit,clocks.sm,clocks.mem,"
-              "clocks.max.sm,clocks.max.mem,clocks_throttle_reasons.active,utilization.gpu,memory.used")
+              "clocks.max.sm,clocks.max.mem,utilization.gpu,memory.used")
     return {"query": run_text(["nvidia-smi", f"--query-gpu={fields}", "--format=csv"]).strip(),
             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
@@ -205,16 +207,19 @@ def run_process(cmd, env, timeout, log_base, grace_after_result=None):
 
 
 def build_ops(names, args, env, deadline, out):
-    """Each op once, before the rows (the rows then load it from the shared TORCH_EXTENSIONS_DIR)."""
+    """Each op once, before the rows, side by side (each in its own folder of the TORCH_EXTENSIONS_DIR the rows
+    then load it from; a build uses the CPU, and no row runs yet)."""
     builds = {}
     cmd = shlex.split(args.build_cmd) if args.build_cmd else BUILD
+    left = deadline - time.time()
+    if names and left < args.margin_s:
+        return {name: {"ok": False, "error": "no budget left to build it"} for name in names}
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        done = dict(zip(names, pool.map(lambda name: run_process(
+            cmd + [name], env, min(args.build_timeout_s, left - args.margin_s / 3),
+            os.path.join(args.logs, f"build_{name}")), names)))
     for name in names:
-        left = deadline - time.time()
-        if left < args.margin_s:
-            builds[name] = {"ok": False, "error": "no budget left to build it"}
-            continue
-        rc, so, se, wall = run_process(cmd + [name], env, min(args.build_timeout_s, left - args.margin_s / 3),
-                                       os.path.join(args.logs, f"build_{name}"))
+        rc, so, se, wall = done[name]
         builds[name] = {"ok": rc == 0, "wall_s": round(wall, 2), "rc": rc}
         m = OP_LOAD.search(so + se)
         if m:
