@@ -244,19 +244,23 @@ def main(argv=None):
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            proc.wait()
-        signal.signal(signal.SIGTERM, lambda signum, frame: (kill(), sys.exit(128 + signum)))
+        terminated = []
+        # stopped from outside (the command's limit): end the autotuner, then report what finished
+        signal.signal(signal.SIGTERM, lambda signum, frame: (terminated.append(signum), kill()))
         try:
             rc = proc.wait(timeout=args.wall_s)
         except subprocess.TimeoutExpired:
             kill()
+            proc.wait()
             rc = None
         log.seek(0)
         log_text = log.read()
     report.update(wall_s=round(time.time() - t0, 1), rc=rc, **collect(results, log_text),
                   log_tail=log_text[-4000:])
     report["experiments_wall_s"] = round(sum(e["wall_s"] or 0 for e in report["experiments"]), 1)
-    if rc is None:
+    if terminated:
+        report["error"] = "stopped from outside (SIGTERM): the autotuner was killed"
+    elif rc is None:
         report["error"] = f"the wall bound ({args.wall_s:.0f} s) was reached: the autotuner was killed"
     elif rc != 0:
         report["error"] = f"the autotuner exited with {rc} (log_tail)"

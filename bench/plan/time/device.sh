@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 40's timing call on one GPU (H100 or H200): the rows of SPECS one at a time (run_rows.py), then, when asked,
 # DeepSpeed's autotuner on one case (autotune.py). From the repository root on the GPU machine, .whl/ carried:
-#   bash bench/plan/time/device.sh OUT SPECS
+#   bash bench/plan/time/device.sh OUT SPECS        (SPECS "-": no rows, the autotuner case alone)
 # Check SPECS here first (no GPU): python3 bench/plan/time/run_rows.py SPECS --check
 # env: TIME_BUDGET_S (default 480): the rows' budget (a row starts only if its est_wall_s + 15 s fit what is left);
 #      AUTOTUNE_MODEL: a model JSON file (or the JSON) for the autotuner case, run after the rows, with AUTOTUNE_ARGS
@@ -21,12 +21,14 @@ here=$(dirname "$0")
 mkdir -p "$OUT"
 
 main() {
-  local start at left budget rc n
+  local start at rows_s left budget rc n
   start=$(date +%s)
   at=0
   [ -n "${AUTOTUNE_MODEL:-}" ] && at=$((AUTOTUNE_WALL_S + 20))
-  if [ $((TIME_BUDGET_S + at + 60)) -gt "$CALL_S" ]; then
-    echo "device.sh: TIME_BUDGET_S ($TIME_BUDGET_S) + the autotuner ($at) + 60 s (installs, packing)" \
+  rows_s=$TIME_BUDGET_S
+  [ "$SPECS" = "-" ] && rows_s=0
+  if [ $((rows_s + at + 60)) -gt "$CALL_S" ]; then
+    echo "device.sh: TIME_BUDGET_S ($rows_s) + the autotuner ($at) + 60 s (installs, packing)" \
       "exceed CALL_S ($CALL_S)"
     return 2
   fi
@@ -45,9 +47,11 @@ main() {
   echo "installed $(( $(date +%s) - start ))s"
   left=$((CALL_S - ($(date +%s) - start) - at - 30))
   budget=$(( TIME_BUDGET_S < left ? TIME_BUDGET_S : left ))
-  python3 "$here/run_rows.py" "$SPECS" "$OUT" --budget-s "$budget"
-  rc=$?
-  echo "rows done $(( $(date +%s) - start ))s (rc $rc)"
+  if [ "$SPECS" != "-" ]; then
+    python3 "$here/run_rows.py" "$SPECS" "$OUT" --budget-s "$budget"
+    rc=$?
+    echo "rows done $(( $(date +%s) - start ))s (rc $rc)"
+  fi
   if [ -n "${AUTOTUNE_MODEL:-}" ]; then
     # shellcheck disable=SC2086  # AUTOTUNE_ARGS is a list of options
     timeout -k 5 $((AUTOTUNE_WALL_S + 15)) python3 "$here/autotune.py" "$OUT" "$AUTOTUNE_MODEL" \

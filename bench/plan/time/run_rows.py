@@ -224,6 +224,11 @@ def build_ops(names, args, env, deadline, out):
         m = OP_LOAD.search(so + se)
         if m:
             builds[name]["load_s"] = float(m.group(2))  # DeepSpeed's own figure: the build and the load
+        if rc is None:  # killed mid-build: torch's FileBaton lock would make every later load of it wait forever
+            lock = os.path.join(env["TORCH_EXTENSIONS_DIR"], name, "lock")
+            if os.path.exists(lock):
+                os.remove(lock)
+                builds[name]["removed_lock"] = lock
         if rc != 0:
             builds[name]["error"] = (se or so).strip()[-TAIL:]
             append_fail(out, f"BUILD {name} failed (rc={rc}, {wall:.0f}s)\n{(so + se)[-TAIL:]}\n")
