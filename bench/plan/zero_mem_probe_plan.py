@@ -56,13 +56,14 @@ and, in the output: ``step_times_s`` (each step's wall time, ending in ``torch.c
 ``step_median_s`` (median of the steps after ``warmup``), ``phase_ms`` (per step, CUDA events around
 ``engine(...)``, ``engine.backward`` and ``engine.step``, summed over the micro batches: ``fwd``, ``bwd``, ``opt``;
 read after the step's synchronize, no sync added inside it), ``losses``, ``tokens_per_step``, ``optimizer_class``
-(DeepSpeed's basic optimizer, the one the ZeRO wrapper steps, with its ``fused``/``foreach`` flags),
+(DeepSpeed's basic optimizer, the one the ZeRO wrapper steps, with its ``fused``/``foreach`` flags as
+``optimizer_flags``), ``client_optimizer`` ("client": the Trainer's ``optim``, class, keyword arguments, group sizes),
 ``liger_applied``, ``op_load_s`` (with "fused"/"cpu": loading the optimizer's op, its build when not built yet;
 left out of ``init_s``), ``seconds_per_row`` (the process's wall time from the probe's first line), ``gpu_name``;
 ``versions`` adds peft, liger_kernel, triton and CUDA.
 With ``ZP_PROBE_DEVICE=cpu`` (and ``DS_ACCELERATOR=cpu``) the same code runs on the CPU: a smoke test of the code
 paths, no memory figures (the snapshots are empty) and no GPU time.
-and, in the output: ``phase`` of an OOM (init or step), ``host_peak_rss_gb``, ``non_torch_nvml_gb``
+Also in the output: ``phase`` of an OOM (init or step), ``host_peak_rss_gb``, ``non_torch_nvml_gb``
 (this process's memory by NVML minus PyTorch's reserved, where NVML answers); snapshots ``built`` (after
 the model is built), ``after_init`` (after ``deepspeed.initialize``: its peaks are the init phase's), then
 the peak counters are reset (``peaks_reset_after_init``: true) so ``steady`` holds the training phase's
