@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,11 @@ with open(os.environ["FAKE_LOG"], "a") as f:
     f.write(json.dumps({"name": spec["row"], "start": time.time(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
                         "ext": os.environ.get("TORCH_EXTENSIONS_DIR")}) + "\n")
 time.sleep(meta.get("sleep", 0))
+if meta.get("grandchild"):  # as ninja starts compilers: in a process group of their own
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], process_group=0)
+    with open(os.environ["FAKE_LOG"], "a") as f:
+        f.write(json.dumps({"grandchild": child.pid}) + "\n")
 if meta.get("crash"):
     sys.exit("Traceback: boom " + spec["row"])
 if meta.get("hang"):
@@ -114,14 +120,28 @@ def test_a_second_call_resumes_runs_only_what_has_no_result(bench):
                                                            ("big", "ok")]
 
 
+def _alive(pid):
+    for _ in range(50):  # reaped by its new parent soon after the kill
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        if state == "Z":
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def test_hung_rows_are_killed_in_time_and_a_crash_leaves_its_stderr_in_fail_log(bench):
     """A row hung in its work is killed at its timeout, one hung in its exit soon after its RESULT (kept)."""
-    rc, results, _, out = bench([row("hang", timeout_s=1, meta={"hang": True}), row("crash", meta={"crash": True}),
-                                 row("oom", meta={"status": "oom"}), row("exit", meta={"hang_at_exit": True}),
-                                 row("after")], "--grace-s", "0.5")
+    rows = [row("hang", timeout_s=1, meta={"hang": True, "grandchild": True}), row("crash", meta={"crash": True}),
+            row("oom", meta={"status": "oom"}), row("exit", meta={"hang_at_exit": True}), row("after")]
+    rc, results, log, out = bench(rows, "--grace-s", "0.5")
     by = {r["row"]: r for r in results}
     assert by["hang"]["status"] == "timeout" and by["hang"]["runner"]["rc"] is None
     assert by["hang"]["runner"]["wall_s"] < 10
+    grandchild = next(e["grandchild"] for e in log if "grandchild" in e)
+    assert not _alive(grandchild)  # killed by id, though in a process group of its own
     assert by["crash"]["status"] == "failed" and by["crash"]["runner"]["rc"] == 1
     assert by["oom"]["status"] == "oom" and by["after"]["status"] == "ok"
     assert by["exit"]["status"] == "ok" and by["exit"]["runner"]["killed_after_result"]  # its result kept

@@ -27,7 +27,7 @@ What is bounded, and how (``autotuning/autotuner.py``, ``scheduler.py``, ``runti
 - one model-info run first (ZeRO-3, micro batch 1, exits in its first forward): the parameter count and activation
   memory that gate each stage (fp32 Adam arithmetic: 16 bytes a parameter, as ``fp16`` is off, + the activation
   must fit the GPU; a stage is also skipped when its computed largest micro batch is under the previous stage's).
-- the whole run under ``--wall-s`` (default 330): past it the autotuner's session is killed and what finished is
+- the whole run under ``--wall-s`` (default 330): past it the autotuner's processes are killed and what finished is
   reported, with ``error``; each experiment under ``--exp-timeout-s`` (its script ends itself).
 Two stand-ins on ``PATH`` for its subprocesses: ``deepspeed`` (this Python's launcher; the experiments are started
 by that name) and ``pdsh``, which does nothing: after each experiment its ``clean_up`` runs ``pdsh ... pkill -f
@@ -50,6 +50,9 @@ import tarfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from run_rows import kill_group  # noqa: E402  (the group and every process under it: ninja's own groups too)
+
 TRAIN = os.path.join(HERE, "autotune_train.py")
 #: the autotuner's log lines worth keeping (autotuner.py's logger.info texts)
 LOG_KEYS = ("runable", "No need to tune", "optimal setup", "Tuning completed", "calculated_max_micro_batch_size",
@@ -239,19 +242,15 @@ def main(argv=None):
     with open(log_path, "w+") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work, process_group=0)
 
-        def kill(*_):  # the autotuner's process group: it and the experiment it runs
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        def kill(wait=True):  # the autotuner's process group (it and the experiment it runs) and all under it
+            kill_group(proc, wait)
         terminated = []
         # stopped from outside (the command's limit): end the autotuner, then report what finished
-        signal.signal(signal.SIGTERM, lambda signum, frame: (terminated.append(signum), kill()))
+        signal.signal(signal.SIGTERM, lambda signum, frame: (terminated.append(signum), kill(wait=False)))
         try:
             rc = proc.wait(timeout=args.wall_s)
         except subprocess.TimeoutExpired:
             kill()
-            proc.wait()
             rc = None
         log.seek(0)
         log_text = log.read()

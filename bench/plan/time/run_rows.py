@@ -160,18 +160,47 @@ def row_timeout(spec, left, margin):
 RUNNING = []  # the process group of the row or build running now (the signal handler ends it)
 
 
-def kill_group(proc):
+def descendants(pid):
+    """Every live process under ``pid`` (from /proc): ninja runs each compiler in a process group of its own, so
+    killing a row's or a build's group leaves them running otherwise."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_group(proc, wait=True):
+    """End ``proc``'s process group (it and what it started) and every process under it, by id. From a signal
+    handler ``wait=False``: the interrupted ``proc.wait`` may hold Popen's wait lock."""
+    under = descendants(proc.pid)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the child's own process group: it and what it started
+        os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.wait()
+    for pid in under:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if wait:
+        proc.wait()
 
 
 def on_term(signum, frame):
     """Killed from outside (the command's time limit): end the row's processes too, which hold the GPU."""
     for proc in RUNNING:
-        kill_group(proc)
+        kill_group(proc, wait=False)
     sys.exit(128 + signum)
 
 
