@@ -38,7 +38,32 @@ issue 26's settings (``settings/device.sh``; ``settings/specs.py`` ``inputs_of``
                  ``modules_to_save`` copies then share one dtype, which ZeRO-3's ``defragment`` asserts
   optim          "adamw_8bit": bitsandbytes' ``AdamW8bit`` as a client optimizer (what the HF Trainer makes of
                  ``optim: adamw_bnb_8bit``; ``zero_allow_untested_optimizer``)
-and, in the output: ``phase`` of an OOM (init or step), ``host_peak_rss_gb``, ``non_torch_nvml_gb``
+issue 40's timing (``time/run_rows.py`` runs them one at a time; ``time/specs.py`` checks a spec file):
+  steps          optimizer steps after ``deepspeed.initialize`` (default 3); ``step_s`` stays the median of all of
+                 them, the first included (the memory rows' field)
+  warmup         the first ``warmup`` steps (default 0) are left out of ``step_median_s``
+  ga             gradient accumulation steps (default 1): one step is ``ga`` micro batches of ``mb`` (forward,
+                 ``engine.backward``, ``engine.step`` each; DeepSpeed steps the optimizer on the last)
+  adam           the optimizer: "torch" (the default without ``cpu_adam``: the config's AdamW with ``torch_adam``,
+                 torch's AdamW, foreach), "fused" (``torch_adam: false`` on the GPU: DeepSpeed's FusedAdam, its op
+                 built on first use), "client" (what the HF Trainer of transformers 5.17 builds when the DeepSpeed
+                 config names no optimizer: its default ``optim`` ``adamw_torch_fused``, i.e.
+                 ``torch.optim.AdamW(fused=True)`` over its two weight-decay groups, lr/betas/eps of the Trainer's
+                 defaults but lr 1e-5, passed as ``deepspeed.initialize(optimizer=...)`` with
+                 ``zero_allow_untested_optimizer``), "cpu" (with ``offload``: DeepSpeed's CPUAdam, as ``cpu_adam``)
+  liger          (also) ``apply_liger_kernel_to_qwen2``/``_qwen3``/``_mistral`` by the model's ``model_type``
+and, in the output: ``step_times_s`` (each step's wall time, ending in ``torch.cuda.synchronize()``),
+``step_median_s`` (median of the steps after ``warmup``), ``phase_ms`` (per step, CUDA events around
+``engine(...)``, ``engine.backward`` and ``engine.step``, summed over the micro batches: ``fwd``, ``bwd``, ``opt``;
+read after the step's synchronize, no sync added inside it), ``losses``, ``tokens_per_step``, ``optimizer_class``
+(DeepSpeed's basic optimizer, the one the ZeRO wrapper steps, with its ``fused``/``foreach`` flags as
+``optimizer_flags``), ``client_optimizer`` ("client": the Trainer's ``optim``, class, keyword arguments, group sizes),
+``liger_applied``, ``op_load_s`` (with "fused"/"cpu": loading the optimizer's op, its build when not built yet;
+left out of ``init_s``), ``seconds_per_row`` (the process's wall time from the probe's first line), ``gpu_name``;
+``versions`` adds peft, liger_kernel, triton and CUDA.
+With ``ZP_PROBE_DEVICE=cpu`` (and ``DS_ACCELERATOR=cpu``) the same code runs on the CPU: a smoke test of the code
+paths, no memory figures (the snapshots are empty) and no GPU time.
+Also in the output: ``phase`` of an OOM (init or step), ``host_peak_rss_gb``, ``non_torch_nvml_gb``
 (this process's memory by NVML minus PyTorch's reserved, where NVML answers); snapshots ``built`` (after
 the model is built), ``after_init`` (after ``deepspeed.initialize``: its peaks are the init phase's), then
 the peak counters are reset (``peaks_reset_after_init``: true) so ``steady`` holds the training phase's
@@ -46,8 +71,9 @@ peaks alone; ``host_rss_init_gb`` is the host peak RSS at the end of the init ph
 Usage: python zero_mem_probe_plan.py '<json spec>'
        python zero_mem_probe_plan.py --save-random '<model json>' DIR   (a random bf16 checkpoint for ``quant``)
 """
-import json, os, resource, shutil, sys, time
+import json, os, resource, shutil, statistics, sys, time
 
+T_PROCESS = time.time()
 if sys.argv[1] == "--save-random":
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -56,6 +82,13 @@ if sys.argv[1] == "--save-random":
                                      ).save_pretrained(sys.argv[3])
     sys.exit(0)
 spec = json.loads(sys.argv[1])
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "time"))
+from specs import problems  # noqa: E402  (no torch: a bad spec is refused before the GPU is touched)
+
+if problems(spec):
+    sys.exit("zero_mem_probe_plan: " + "; ".join(problems(spec)))
+DEV = os.environ.get("ZP_PROBE_DEVICE", "cuda")  # "cpu": a smoke run of the code paths (docstring)
+CUDA = DEV == "cuda"
 if spec.get("alloc_conf"):
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = spec["alloc_conf"]
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
@@ -64,10 +97,32 @@ import torch, deepspeed
 from transformers import AutoConfig, AutoModelForCausalLM
 GB = 1024**3
 LOCAL_RANK = int(os.environ["LOCAL_RANK"])
-torch.cuda.set_device(LOCAL_RANK)  # one GPU per rank under torchrun; GPU 0 alone otherwise
+if CUDA:
+    torch.cuda.set_device(LOCAL_RANK)  # one GPU per rank under torchrun; GPU 0 alone otherwise
+
+
+def sync():
+    if CUDA:
+        torch.cuda.synchronize()
+
+
+class HostEvent:
+    """``torch.cuda.Event``'s two methods on the host clock (the CPU smoke run)."""
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+def event():
+    return torch.cuda.Event(enable_timing=True) if CUDA else HostEvent()
 
 
 def snap(tag):
+    if not CUDA:
+        return dict(tag=tag)
     torch.cuda.synchronize()
     s = torch.cuda.memory_stats()
     return dict(tag=tag, alloc=s["allocated_bytes.all.current"]/GB, reserved=s["reserved_bytes.all.current"]/GB,
@@ -91,14 +146,16 @@ def nvml_own_gb():
 
 cfg = AutoConfig.for_model(**spec["model"])
 stage = spec["stage"]; mb = spec["mb"]; seq = spec["seq"]
-total_gb = torch.cuda.get_device_properties(LOCAL_RANK).total_memory / GB
+total_gb = torch.cuda.get_device_properties(LOCAL_RANK).total_memory / GB if CUDA else 0.0
 out = dict(spec=spec, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
-if spec.get("cap_gib"):
+if spec.get("cap_gib") and CUDA:
     multi = int(os.environ["WORLD_SIZE"]) > 1  # FACTS F and the ws2-issue5 rows: outside PyTorch per rank
     cap_alloc = spec["cap_gib"] - ((2.05 if multi else 1.68) if stage == 3 else (1.77 if multi else 1.30))
     torch.cuda.set_per_process_memory_fraction(cap_alloc / total_gb)
     out["cap_alloc_gib"] = cap_alloc
-ds = {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+ga = spec.get("ga", 1)
+adam = spec.get("adam") or ("cpu" if spec.get("cpu_adam") and spec.get("offload") else "torch")
+ds = {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": ga, "bf16": {"enabled": True},
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "torch_adam": True, "adam_w_mode": True}},
       "zero_optimization": {"stage": stage, "overlap_comm": spec.get("overlap", False), "contiguous_gradients": True,
                             "reduce_bucket_size": int(spec.get("rbs", 5e8)),
@@ -112,13 +169,16 @@ for key, name in (("sgs", "sub_group_size"), ("mlp", "stage3_max_live_parameters
         ds["zero_optimization"][name] = int(spec[key])
 if spec.get("offload"):
     ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if spec.get("cpu_adam"):  # DeepSpeed's CPUAdam, the default for an offloaded optimizer (built on first use)
+    if adam == "cpu":  # DeepSpeed's CPUAdam, the default for an offloaded optimizer (built on first use)
         ds["optimizer"]["params"]["torch_adam"] = False
     else:
         ds["zero_force_ds_cpu_optimizer"] = False
+elif adam == "fused":  # torch_adam false on the GPU: DeepSpeed's FusedAdam (engine.get_optimizer_configuration)
+    ds["optimizer"]["params"]["torch_adam"] = False
 if spec.get("offload_param"):
     ds["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
-if spec.get("optim") == "adamw_8bit":  # a client optimizer, as the HF Trainer passes bitsandbytes' to DeepSpeed
+if spec.get("optim") == "adamw_8bit" or adam == "client":
+    # a client optimizer, as the HF Trainer passes its own (or bitsandbytes') to DeepSpeed when the config names none
     del ds["optimizer"]
     ds["zero_allow_untested_optimizer"] = True
 t0 = time.time()
@@ -158,10 +218,43 @@ def freeze_tuning(model, n):
         p.requires_grad_(any(k in name for k in keys))
 
 
+def trainer_adamw(model):
+    """What the HF Trainer builds when the DeepSpeed config names no optimizer (``deepspeed_optim_sched``:
+    ``trainer.create_optimizer()``), from the installed transformers' own code: ``Trainer.get_optimizer_cls_and_kwargs``
+    for ``TrainingArguments``' default ``optim`` (transformers 5.17: ``adamw_torch_fused`` on torch >= 2.8, i.e.
+    ``torch.optim.AdamW(fused=True)``) and its adam defaults, lr 1e-5 here; the two groups of ``create_optimizer``
+    (``get_decay_parameter_names``: decay, and bias/norm weights without). No ``TrainingArguments`` instance: making
+    one starts torch.distributed (accelerate's PartialState) before DeepSpeed does."""
+    from types import SimpleNamespace
+    from transformers import Trainer, TrainingArguments
+    fields = TrainingArguments.__dataclass_fields__
+    args = SimpleNamespace(learning_rate=1e-5, **{k: fields[k].default for k in (
+        "optim", "adam_beta1", "adam_beta2", "adam_epsilon", "optim_args", "weight_decay")})
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    decay = set(Trainer.get_decay_parameter_names(None, model))
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for n, p in named if n in decay], "weight_decay": args.weight_decay},
+              {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+    out["client_optimizer"] = {"optim": str(args.optim), "class": f"{cls.__module__}.{cls.__qualname__}",
+                               "kwargs": {k: v for k, v in kwargs.items() if k != "params"},
+                               "group_sizes": [len(g["params"]) for g in groups]}
+    return cls(groups, **kwargs)
+
+
+def apply_liger():
+    """LLaMA-Factory's ``apply_liger_kernel`` for training (model_utils/liger_kernel.py): the model type's
+    ``apply_liger_kernel_to_<type>()`` with no arguments (``require_logits`` is false for pt and sft), i.e. Liger's
+    defaults: rope, rms_norm, swiglu and fused_linear_cross_entropy on, cross_entropy off."""
+    import importlib, inspect
+    fn = getattr(importlib.import_module("liger_kernel.transformers"), f"apply_liger_kernel_to_{cfg.model_type}")
+    fn()
+    return {"fn": fn.__name__, "kwargs": {k: v.default for k, v in inspect.signature(fn).parameters.items()
+                                          if k != "model"}}
+
+
 try:
     if spec.get("liger"):
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
-        apply_liger_kernel_to_llama()  # LLaMA-Factory passes no arguments for training (model_utils/liger_kernel.py)
+        out["liger_applied"] = apply_liger()
     if spec.get("zero_init") and stage == 3:
         from transformers.integrations import HfDeepSpeedConfig
         deepspeed.init_distributed()
@@ -173,7 +266,7 @@ try:
     elif spec.get("quant"):
         model = build_quantized()
     else:
-        with torch.device("cuda"):
+        with torch.device(DEV):
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=spec.get("attn", "sdpa"))
     snaps.append(snap("built"))
     model.train()  # as the HF Trainer does; from_pretrained (the quant rows) returns eval mode, where checkpointing is off
@@ -205,39 +298,70 @@ try:
     if spec.get("optim") == "adamw_8bit":
         import bitsandbytes as bnb
         client = bnb.optim.AdamW8bit(trained, lr=1e-5)
+    elif adam == "client":
+        client = trainer_adamw(model)
+        ds["zero_allow_untested_optimizer"] = True  # what transformers' deepspeed_optim_sched sets with it
+    if adam in ("fused", "cpu"):  # the op the optimizer loads (built on first use), timed apart from init_s
+        from deepspeed.accelerator import get_accelerator
+        t = time.time()
+        get_accelerator().create_op_builder({"fused": "FusedAdamBuilder", "cpu": "CPUAdamBuilder"}[adam]).load()
+        out["op_load_s"] = time.time() - t
+        t0 += out["op_load_s"]
     engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, optimizer=client, config=ds)
     out["init_s"] = time.time()-t0
+    basic = engine.basic_optimizer
+    out["optimizer_class"] = f"{type(basic).__module__}.{type(basic).__qualname__}"
+    out["optimizer_flags"] = {k: basic.defaults.get(k) for k in ("fused", "foreach") if k in basic.defaults}
     snaps.append(snap("after_init"))
     out["host_rss_init_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-    torch.cuda.reset_peak_memory_stats(); out["peaks_reset_after_init"] = True
+    if CUDA:
+        torch.cuda.reset_peak_memory_stats()
+    out["peaks_reset_after_init"] = True
     phase = "step"
     mark("step")
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    phases = []  # per step: the CUDA events of each micro batch, read after the step's synchronize
 
     def step():
-        x = torch.randint(0, cfg.vocab_size, (mb, seq), device="cuda", generator=g)
-        loss = engine(input_ids=x, labels=x).loss
-        engine.backward(loss); engine.step()
-        return loss.item()
+        """One optimizer step: ``ga`` micro batches; the loss of the last, still on the device."""
+        evs = []
+        for _ in range(ga):
+            x = torch.randint(0, cfg.vocab_size, (mb, seq), device=DEV, generator=g)
+            ev = [event() for _ in range(4)]
+            ev[0].record(); loss = engine(input_ids=x, labels=x).loss
+            ev[1].record(); engine.backward(loss)
+            ev[2].record(); engine.step()
+            ev[3].record(); evs.append(ev)
+        phases.append(evs)
+        return loss
     ckdir = "/tmp/ck_probe_%d" % os.getpid(); shutil.rmtree(ckdir, ignore_errors=True)
-    times = []
+    times, losses = [], []
     for i in range(spec.get("steps", 3)):
-        t = time.time(); step(); torch.cuda.synchronize(); times.append(time.time()-t)
+        t = time.time(); loss = step(); sync(); times.append(time.time()-t); losses.append(loss.item())
     snaps.append(snap("steady")); out["step_s"] = sorted(times)[len(times)//2]
-    free, total = torch.cuda.mem_get_info(); out["non_torch_gb"] = (total-free)/GB - torch.cuda.memory_reserved()/GB
-    own = nvml_own_gb()
-    out["non_torch_nvml_gb"] = None if own is None else own - torch.cuda.memory_reserved()/GB
+    warmup = spec.get("warmup", 0)
+    out.update(step_times_s=times, step_median_s=statistics.median(times[warmup:]), warmup=warmup, ga=ga,
+               tokens_per_step=mb * seq * ga, losses=losses)
+    out["phase_ms"] = {name: [sum(ev[i].elapsed_time(ev[i + 1]) for ev in evs) for evs in phases]
+                       for i, name in enumerate(("fwd", "bwd", "opt"))}
+    phases.clear()
+    if CUDA:
+        free, total = torch.cuda.mem_get_info(); out["non_torch_gb"] = (total-free)/GB - torch.cuda.memory_reserved()/GB
+        own = nvml_own_gb()
+        out["non_torch_nvml_gb"] = None if own is None else own - torch.cuda.memory_reserved()/GB
     if spec.get("save", False):
         phase = "save"
-        torch.cuda.reset_peak_memory_stats()
+        if CUDA:
+            torch.cuda.reset_peak_memory_stats()
         t = time.time()
         engine.save_checkpoint(ckdir, tag="s1", exclude_frozen_parameters=bool(spec.get("exclude_frozen")))
-        torch.cuda.synchronize(); out["save_s"] = time.time()-t
+        sync(); out["save_s"] = time.time()-t
         snaps.append(snap("after_save"))
         out["ckpt_bytes"] = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(ckdir) for f in fs)
         out["ckpt_files"] = sorted(os.listdir(os.path.join(ckdir, "s1")))
         out["ckpt_file_bytes"] = {f: os.path.getsize(os.path.join(ckdir, "s1", f)) for f in out["ckpt_files"]}
-        torch.cuda.reset_peak_memory_stats()
+        if CUDA:
+            torch.cuda.reset_peak_memory_stats()
         phase = "step_after_save"
         step(); snaps.append(snap("first_step_after_save"))
         step(); snaps.append(snap("second_step_after_save"))
@@ -273,4 +397,18 @@ out["host_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1
 out["total_gpu_gb"] = total_gb
 out["versions"] = {"torch": torch.__version__, "deepspeed": deepspeed.__version__,
                    "transformers": __import__("transformers").__version__}
+
+
+def _version(dist):
+    from importlib import metadata
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+out["versions"].update(peft=_version("peft"), liger_kernel=_version("liger-kernel"), triton=_version("triton"),
+                       cuda=torch.version.cuda)
+out["gpu_name"] = torch.cuda.get_device_name(LOCAL_RANK) if CUDA else None
+out["seconds_per_row"] = time.time() - T_PROCESS
 print("RESULT " + json.dumps(out), flush=True)
