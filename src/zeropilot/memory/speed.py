@@ -123,13 +123,13 @@ NOTES_ALLREDUCE = 361e9
 FA2_ON_H100 = 0.35
 #: nvbandwidth's pinned host-to-device copy on an A100-SXM4-40GB (github.com/NVIDIA/nvbandwidth issue 42, 1 GiB)
 NVBANDWIDTH_H2D = 25.13e9
-#: host figures for a card estimate with no profile that measured them: `zeropilot calibrate` on this project's
-#: 2-core development host (DS_ACCELERATOR=cpu, OMP_NUM_THREADS=2, other jobs running: bench/plan/time/calibrate_cpu/),
-#: a low figure for a training host's CPU
+#: host figures for a card estimate with no profile that measured them: the median of four `zeropilot calibrate` runs
+#: on this project's 2-core development host (DS_ACCELERATOR=cpu, OMP_NUM_THREADS=2, shared with other jobs;
+#: bench/plan/time/calibrate_cpu/README.md), a low figure for a training host's CPU
 DEFAULT_HOST_THREADS = 2
-_DEV_HOST = ("measured by zeropilot calibrate on the 2-core development host with 2 threads, not this one "
+_DEV_HOST = ("median of 4 runs of zeropilot calibrate on the 2-core development host with 2 threads, not this one "
              "(bench/plan/time/calibrate_cpu/): a low figure for a training host")
-DEFAULT_HOST = {"cpu_adam_elems_per_s": (3.59e8, _DEV_HOST), "torch_cpu_adamw_elems_per_s": (4.88e7, _DEV_HOST)}
+DEFAULT_HOST = {"cpu_adam_elems_per_s": (6.99e8, _DEV_HOST), "torch_cpu_adamw_elems_per_s": (1.14e8, _DEV_HOST)}
 DEFAULT_LAUNCH_S = 10e-6
 DEFAULT_LAUNCH_WHY = ("assumed 10 us per eager op (PyTorch's dispatch and a kernel launch): `zeropilot calibrate` "
                       "measures it")
