@@ -96,3 +96,17 @@ def test_a_cards_own_x_is_not_a_count(text, counted):
 def test_bad_gpus_are_one_input_error(text, match):
     with pytest.raises(InputError, match=match):
         parse_gpus(text)
+
+
+def test_the_docs_page_shows_the_table_and_the_ratios_as_the_code_has_them():
+    from pathlib import Path
+
+    from zeropilot.memory.cards import markdown
+    from zeropilot.memory.speed import default_ratios
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "cards.md").read_text(encoding="utf-8")
+    table = page.split("<!-- cards:begin -->\n", 1)[1].split("<!-- cards:end -->", 1)[0]
+    assert table == markdown()
+    ratios = default_ratios()
+    for name, fmt in (("matmul", ".3f"), ("attention", ".2f"), ("mem", ".3f"), ("h2d", ".3f"), ("intra", ".3f")):
+        assert f"| {format(ratios[name].value, fmt)} |" in page, name

@@ -240,3 +240,25 @@ def match_device(device_name: str) -> Optional[Card]:
     while words and words[0] in _PREFIXES:
         words.pop(0)
     return _BY_ALIAS.get("".join(words)) if words else None
+
+
+def _cell(spec: Spec, scale: float, unit: str) -> str:
+    return "not public" if spec.value is None else f"{spec.value / scale:,.4g} {unit}"
+
+
+def markdown() -> str:
+    """The table as ``docs/cards.md`` shows it (a test keeps the page equal to this): figures, then their sources."""
+    rows = ["| card | names | memory | bf16 dense | memory bandwidth | host link, each way | to other GPUs, each way |",
+            "|---|---|---|---|---|---|---|"]
+    for c in _CARDS:
+        rows.append(f"| {c.key} | {', '.join(dict.fromkeys(c.aliases + c.device_names))} | "
+                    f"{_cell(c.memory_bytes, GIB, 'GiB')} | {_cell(c.bf16_flops_per_s, T, 'TFLOP/s')} | "
+                    f"{_cell(c.mem_bytes_per_s, G, 'GB/s')} | {_cell(c.host_bytes_per_s(), G, 'GB/s')} | "
+                    f"{_cell(c.intra_bytes_per_s, G, 'GB/s')} ({c.intra_link}) |")
+    out = ["\n".join(rows), ""]
+    for c in _CARDS:
+        out.append(f"- **{c.key}** ({c.title}){': ' + c.note if c.note else ''}")
+        for what, spec in (("memory", c.memory_bytes), ("bf16", c.bf16_flops_per_s), ("bandwidth", c.mem_bytes_per_s),
+                           ("host link", c.host_bytes_per_s()), ("other GPUs", c.intra_bytes_per_s)):
+            out.append(f"  - {what}: {spec.source}")
+    return "\n".join(out) + "\n"
