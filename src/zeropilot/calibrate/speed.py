@@ -27,10 +27,14 @@ the GPU figures are None with the reason; the host ones are measured. A figure t
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
+
+from zeropilot.memory.profile import SPEED_FIGURES
 
 MATMUL_M = (512, 2048, 8192)
 #: (k, n) of a layer: a 2048-wide model's projections, a 4096-wide one's, and a Llama-3-8B MLP's up and down
@@ -45,6 +49,24 @@ REPEATS = 5
 #: launches do not set the figure
 MATMUL_WORK = 2e13
 NO_GPU = "no GPU visible to PyTorch: a CPU run measures the host figures only"
+#: seconds of large matrix products before the first timed one: an idle GPU's clocks are low until work arrives
+#: (345 MHz idle, 1980 just after the products on the H200 of the device notes)
+WARM_S = 0.5
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What the device figures time: :data:`FULL` on a GPU; a test passes small ones and a CPU device."""
+
+    matmul_m: Tuple[int, ...]
+    matmul_kn: Tuple[Tuple[int, int], ...]
+    attention: Tuple[Tuple[int, int, int, int], ...]
+    copy_bytes: int
+    matmul_work: float
+    warm_s: float
+
+
+FULL = Shapes(MATMUL_M, MATMUL_KN, ATTENTION, COPY_BYTES, MATMUL_WORK, WARM_S)
 
 
 def _median_events(torch, fn: Callable[[], None], calls: int) -> float:
@@ -63,29 +85,49 @@ def _median_events(torch, fn: Callable[[], None], calls: int) -> float:
     return statistics.median(times)
 
 
-def _median_host(fn: Callable[[], None], sync: Callable[[], None] = lambda: None) -> float:
+def _median_host(fn: Callable[[], None], calls: int = 1) -> float:
+    """Seconds per call of ``fn`` run on the host (CPU tensors, or the host's share): median of :data:`REPEATS`."""
     fn()
-    sync()
     times = []
     for _ in range(REPEATS):
         t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
 
 
-def matmul_points(torch) -> List[dict]:
+def _timer(torch, device) -> Callable[[Callable[[], None], int], float]:
+    """CUDA events for a GPU's work, the host's clock for CPU tensors."""
+    return (lambda fn, calls: _median_events(torch, fn, calls)) if device.type == "cuda" else _median_host
+
+
+def warm_up(torch, device, seconds: float) -> None:
+    """Large bf16 matrix products for ``seconds``, so that the first timed shape runs at working clocks."""
+    a = torch.randn(8192 if device.type == "cuda" else 64, 8192 if device.type == "cuda" else 64, device=device,
+                    dtype=torch.bfloat16)
+    c = torch.empty_like(a)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(10):
+            torch.matmul(a, a, out=c)
+        c.sum().item()  # waits for the products on a GPU
+    del a, c
+
+
+def matmul_points(torch, device, shapes: Shapes = FULL) -> List[dict]:
     """bf16 matrix products at the layer shapes, FLOP/s each."""
+    timed = _timer(torch, device)
+    warm_up(torch, device, shapes.warm_s)
     out = []
-    for m in MATMUL_M:
-        for k, n in MATMUL_KN:
-            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-            c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    for m in shapes.matmul_m:
+        for k, n in shapes.matmul_kn:
+            a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+            c = torch.empty(m, n, device=device, dtype=torch.bfloat16)
             flops = 2.0 * m * k * n
-            calls = max(1, min(2000, int(MATMUL_WORK / flops)))
-            seconds = _median_events(torch, lambda: torch.matmul(a, b, out=c), calls)
+            calls = max(1, min(2000, int(shapes.matmul_work / flops)))
+            seconds = timed(lambda: torch.matmul(a, b, out=c), calls)
             out.append({"m": m, "k": k, "n": n, "flops_per_s": flops / seconds})
             del a, b, c
     return out
@@ -97,36 +139,39 @@ def attention_flops(batch: int, heads: int, seq: int, head_dim: int) -> float:
     return forward * 3.5
 
 
-def attention_points(torch) -> List[dict]:
+def attention_points(torch, device, shapes: Shapes = FULL) -> List[dict]:
     """``scaled_dot_product_attention`` (causal, bf16) forward + backward, FLOP/s each."""
     import torch.nn.functional as F
 
+    timed = _timer(torch, device)
     out = []
-    for b, h, s, d in ATTENTION:
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        grad = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+    for b, h, s, d in shapes.attention:
+        q, k, v = (torch.randn(b, h, s, d, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        grad = torch.randn(b, h, s, d, device=device, dtype=torch.bfloat16)
 
         def step():
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             torch.autograd.grad(o, (q, k, v), grad)
 
-        seconds = _median_events(torch, step, 3)
+        seconds = timed(step, 3)
         out.append({"batch": b, "heads": h, "seq": s, "head_dim": d, "flops_per_s": attention_flops(b, h, s, d)
                     / seconds})
         del q, k, v, grad
     return out
 
 
-def copies(torch) -> Dict[str, float]:
-    """Device copy (bytes read + written) and pinned host <-> device copies, bytes/s."""
-    free, _ = torch.cuda.mem_get_info()
-    size = min(COPY_BYTES, free // 8)
-    src = torch.empty(size, dtype=torch.uint8, device="cuda")
+def copies(torch, device, shapes: Shapes = FULL) -> Dict[str, float]:
+    """Device copy (bytes read + written) and host <-> device copies from pinned host memory (pageable on a
+    CPU-only build, which cannot pin), bytes/s."""
+    timed = _timer(torch, device)
+    gpu = device.type == "cuda"
+    size = min(shapes.copy_bytes, torch.cuda.mem_get_info()[0] // 8) if gpu else shapes.copy_bytes
+    src = torch.empty(size, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    out = {"mem_bytes_per_s": 2 * size / _median_events(torch, lambda: dst.copy_(src), 2),
-           "h2d_bytes_per_s": size / _median_events(torch, lambda: dst.copy_(host, non_blocking=True), 1),
-           "d2h_bytes_per_s": size / _median_events(torch, lambda: host.copy_(src, non_blocking=True), 1)}
+    host = torch.empty(size, dtype=torch.uint8, pin_memory=gpu)
+    out = {"mem_bytes_per_s": 2 * size / timed(lambda: dst.copy_(src), 2),
+           "h2d_bytes_per_s": size / timed(lambda: dst.copy_(host, non_blocking=True), 1),
+           "d2h_bytes_per_s": size / timed(lambda: host.copy_(src, non_blocking=True), 1)}
     del src, dst, host
     return out
 
@@ -196,20 +241,27 @@ def _try(name: str, fn: Callable[[], dict], out: dict, why: Dict[str, str], fiel
             why[f"speed.{f}"] = f"{name} failed: {type(exc).__name__}: {line}"
 
 
-def _gpu(torch, out: dict, why: Dict[str, str]) -> None:
+def device_figures(torch, device, shapes: Shapes = FULL) -> Tuple[dict, Dict[str, str]]:
+    """Matrix products, attention and copies on ``device`` (a GPU; a CPU in tests: the same code, the host's
+    clock instead of CUDA events), and why each missing one is missing."""
+    out: dict = {"matmul_points": [], "attention_points": []}
+    why: Dict[str, str] = {}
+
     def matmul():
-        points = matmul_points(torch)
-        large = [p["flops_per_s"] for p in points if p["m"] >= 2048]
+        points = matmul_points(torch, device, shapes)
+        large = [p["flops_per_s"] for p in points if p["m"] >= 2048] or [p["flops_per_s"] for p in points]
         return {"matmul_points": points, "matmul_flops_per_s": statistics.median(large)}
 
     def attention():
-        points = attention_points(torch)
+        points = attention_points(torch, device, shapes)
         return {"attention_points": points, "attention_flops_per_s": statistics.median(
             p["flops_per_s"] for p in points)}
 
     _try("the matrix products", matmul, out, why, ("matmul_flops_per_s",))
     _try("attention", attention, out, why, ("attention_flops_per_s",))
-    _try("the copies", lambda: copies(torch), out, why, ("mem_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s"))
+    _try("the copies", lambda: copies(torch, device, shapes), out, why,
+         ("mem_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s"))
+    return out, why
 
 
 def _host(torch, out: dict, why: Dict[str, str], with_cpu_adam: Optional[str]) -> None:
@@ -245,12 +297,11 @@ def measure(torch, skip_cpu_adam: Optional[str] = None) -> Tuple[dict, Dict[str,
         (the profile's ``speed`` object, ``unmeasured`` entries keyed ``speed.<field>``).
     """
     t0 = time.perf_counter()
-    out: dict = {"matmul_points": [], "attention_points": []}
-    why: Dict[str, str] = {}
     gpu = torch.cuda.is_available()
     if gpu:
-        _gpu(torch, out, why)
+        out, why = device_figures(torch, torch.device("cuda"))
     else:
+        out, why = {"matmul_points": [], "attention_points": []}, {}
         for f in ("matmul_flops_per_s", "attention_flops_per_s", "mem_bytes_per_s", "h2d_bytes_per_s",
                   "d2h_bytes_per_s"):
             out[f] = None
@@ -260,4 +311,18 @@ def measure(torch, skip_cpu_adam: Optional[str] = None) -> Tuple[dict, Dict[str,
     out["launch_device"] = device.type
     _host(torch, out, why, skip_cpu_adam)
     out["seconds"] = time.perf_counter() - t0
+    _drop_impossible(out, why)
     return out, why
+
+
+def _drop_impossible(out: dict, why: Dict[str, str]) -> None:
+    """A figure no card or host can have (not finite, not positive, past its bound in the profile's
+    :data:`~zeropilot.memory.profile.SPEED_FIGURES`) is a timing that went wrong: None, with the value as the reason."""
+    for name, bound in SPEED_FIGURES.items():
+        value = out.get(name)
+        if value is not None and not (math.isfinite(value) and 0 < value <= bound):
+            out[name] = None
+            why[f"speed.{name}"] = f"timed as {value!r}, not a possible figure (bound {bound:g})"
+    for name in ("matmul_points", "attention_points"):
+        out[name] = [p for p in out.get(name) or [] if math.isfinite(p["flops_per_s"]) and
+                     0 < p["flops_per_s"] <= SPEED_FIGURES["matmul_flops_per_s"]]
