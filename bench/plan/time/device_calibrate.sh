@@ -22,6 +22,6 @@ export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/zp_calibrate_ext}
   echo "cpus: $(nproc)"
   python3 -c "import torch, deepspeed; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__)"
 } > "$OUT/machine.txt" 2>&1
-timeout 300 python3 -m zeropilot calibrate --nproc "${NPROC:-1}" --out "$OUT/profile.json" --checkpoint-dir /tmp \
+timeout 480 python3 -m zeropilot calibrate --nproc "${NPROC:-1}" --out "$OUT/profile.json" --checkpoint-dir /tmp \
   > "$OUT/calibrate.txt" 2> "$OUT/calibrate.err"
 echo "exit $? after $(( $(date +%s) - start )) s" >> "$OUT/calibrate.txt"
