@@ -108,10 +108,11 @@ def _suppress(launch: Launch, findings, rules, per_file_ignores):
 
 def _check_gpus(gpus: str) -> None:
     """Refuse a `gpus` value the memory rules could not read (they would skip it, silently)."""
-    from zeropilot.memory.inputs import parse_gpus
+    from zeropilot.memory.inputs import has_count, parse_gpus
 
     try:
-        parse_gpus(gpus if "x" in gpus.lower() else f"1x{gpus}")
+        parse_gpus(gpus if has_count(gpus) else f"1x{gpus}")
     except InputError:
-        raise InputError(f"--gpus {gpus!r}: expected COUNTxMEM such as 4x16GiB, or MEM such as 16GiB "
-                         "(the count is then the launch's world size)") from None
+        raise InputError(f"--gpus {gpus!r}: expected COUNTxMEM such as 4x16GiB or COUNTxCARD such as 4xH100, or MEM "
+                         "or CARD alone such as 16GiB (the count is then the launch's world size; cards: "
+                         "docs/cards.md)") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,22 +16,43 @@ from zeropilot.memory.profile import GIB, apply, from_dict, load
 from zeropilot.errors import InputError
 from zeropilot.launch.build import model_build
 from zeropilot.memory.constants import DEFAULT
+from zeropilot.memory.speed import speed_for
+from tests.zp import extensions_dir
 
 SHIPPED = Path(__file__).resolve().parents[2] / "src" / "zeropilot" / "data" / "hardware"
 
 
+GPU_SPEED = ("matmul_flops_per_s", "attention_flops_per_s", "mem_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s")
+
+
 @pytest.mark.slow
 def test_cpu_run_writes_a_profile_that_says_gpu_fields_are_unmeasured(tmp_path):
+    """Two gloo ranks; the speed worker measures the host and says why each GPU figure is missing. No compiler
+    (``CXX=/bin/false``): DeepSpeed's CPUAdam op fails to build in seconds, and the profile says so."""
     out = tmp_path / "cpu.json"
+    env = dict(os.environ, CXX="/bin/false", TORCH_EXTENSIONS_DIR=extensions_dir(tmp_path / "ext"))
     proc = subprocess.run([sys.executable, "-m", "zeropilot", "calibrate", "--nproc", "2", "--out", str(out),
-                           "--checkpoint-dir", str(tmp_path), "--disk-mib", "4"], capture_output=True, text=True,
-                          timeout=240)
+                           "--checkpoint-dir", str(tmp_path), "--disk-mib", "4", "--network-mib", "1"],
+                          capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr
     profile = load(str(out))
     assert profile.vendor == "cpu" and profile.world_size == 2
     assert profile.outside_torch_bytes is None and "no GPU" in profile.unmeasured["outside_torch_bytes"]
     assert profile.disk_write_bytes_per_s > 0 and "unmeasured" in proc.stdout
     assert not list(tmp_path.glob(".zeropilot-calibrate-*"))  # the disk test file is gone
+    speed = profile.speed
+    assert all(speed[f] is None and "no GPU" in profile.unmeasured[f"speed.{f}"] for f in GPU_SPEED)
+    assert speed["torch_cpu_adamw_elems_per_s"] > 0 and 0 < speed["launch_s"] < 1e-3
+    assert speed["launch_device"] == "cpu" and speed["cpu_adam_threads"] >= 1 and speed["matmul_points"] == []
+    assert speed["cpu_adam_elems_per_s"] is None and speed["cpu_adam_build_s"] > 0
+    assert "DeepSpeedCPUAdam could not be built" in profile.unmeasured["speed.cpu_adam_elems_per_s"]
+    assert "torch AdamW" in proc.stdout and "eager launch (cpu)" in proc.stdout
+    # the two ranks timed their links (gloo: labelled a CPU figure), and plan's speed reads the host figures
+    assert profile.network_backend == "gloo" and profile.network["world"]["all_gather"]["busbw_bytes_per_s"] > 0
+    assert "gloo on CPU" in profile.unmeasured["network"]
+    fig = speed_for(None, profile)
+    assert fig.torch_cpu_adamw_elems_per_s.measured and fig.launch_s.measured and not fig.cpu_adam_elems_per_s.measured
+    assert set(GPU_SPEED) <= set(fig.estimated()) and fig.intra_busbw_bytes_per_s.measured is False
 
 
 def test_shipped_h200_profiles_load_and_replace_the_outside_torch_figure():
@@ -76,6 +98,7 @@ def test_plan_no_zero_init_lets_the_init_phase_set_the_peak():
 
 
 @pytest.mark.parametrize("argv", [["calibrate", "--nproc", "0"], ["calibrate", "--disk-mib", "0"],
+                                  ["calibrate", "--network-mib", "0"],
                                   ["plan", "--model", "Qwen/Qwen2-7B", "--gpus", "1x80GiB", "--hardware", "/nonexistent"]])
 def test_bad_calibrate_and_profile_arguments_exit_2(argv, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "zeropilot", *argv, *(["--out", str(tmp_path / "p.json")]

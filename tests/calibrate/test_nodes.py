@@ -37,7 +37,7 @@ def test_calibrate_under_two_torchrun_nodes_measures_each_node_and_the_network(t
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
                    "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", str(port),
                    "-m", "zeropilot", "calibrate", "--out", str(out), "--checkpoint-dir", str(tmp_path),
-                   "--disk-mib", "4", "--network-mib", "1"]
+                   "--disk-mib", "4", "--network-mib", "1", "--no-cpu-adam"]
             procs.append(subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True, start_new_session=True))
         outs = [p.communicate(timeout=240)[0] for p in procs]
@@ -53,6 +53,9 @@ def test_calibrate_under_two_torchrun_nodes_measures_each_node_and_the_network(t
     assert profile.network_backend == "gloo" and "gloo on CPU" in profile.unmeasured["network"]
     assert set(profile.outside_torch_per_node) == {"node 0", "node 1"}  # unmeasured on CPU: None each
     assert profile.outside_torch_bytes is None
+    assert profile.speed["torch_cpu_adamw_elems_per_s"] > 0 and profile.speed["launch_device"] == "cpu"  # rank 0's
+    assert profile.speed["cpu_adam_threads"] == 1  # OMP_NUM_THREADS=1 given to the launchers
+    assert "--no-cpu-adam" in profile.unmeasured["speed.cpu_adam_elems_per_s"]
     world = profile.network["world"]
     assert world["ranks"] == 2 and world["all_gather"]["busbw_bytes_per_s"] > 0
     assert world["reduce_scatter"]["busbw_bytes_per_s"] > 0 and "inter_node" in profile.network

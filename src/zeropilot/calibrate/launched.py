@@ -9,6 +9,8 @@ rank 0 gathers them (``all_gather_object``: this is calibrate's own job, not the
 times its disk and writes one profile: per node the largest outside-PyTorch figure, the job's largest as the
 profile's figure, ``nodes``/``ranks_per_node``, and the network. On a machine without a GPU the group is gloo and
 every GPU figure is unmeasured; the network figures are then gloo's on this machine's sockets (``measured_on``).
+Rank 0 then measures the speed figures of its GPU and host (:mod:`zeropilot.calibrate.speed`) with the threads the
+launch gave it (torchrun sets ``OMP_NUM_THREADS=1`` for several ranks per node unless told otherwise).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from __future__ import annotations
 import os
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from zeropilot.memory.profile import Profile
+from zeropilot.memory.profile import Profile, speed_fields
 from zeropilot.runlog.nodes import rank_place
 
 
@@ -56,8 +59,10 @@ def _measure_rank(network_bytes: int, iters: int) -> Dict[str, Any]:
     return out
 
 
-def calibrate_launched(checkpoint_dir: Path, disk_mib: int, network_mib: int, iters: int = 5) -> Optional[Profile]:
-    """Measure this rank; rank 0 returns the job's profile, the other ranks None.
+def calibrate_launched(checkpoint_dir: Path, disk_mib: int, network_mib: int, iters: int = 5,
+                       cpu_adam: bool = True) -> Optional[Profile]:
+    """Measure this rank; rank 0 returns the job's profile, the other ranks None (``cpu_adam``: rank 0 times
+    DeepSpeed's CPUAdam, whose op is built on first use).
 
     Raises:
         InputError: an unwritable checkpoint directory (rank 0).
@@ -76,8 +81,14 @@ def calibrate_launched(checkpoint_dir: Path, disk_mib: int, network_mib: int, it
     dist.destroy_process_group()
     if rank != 0:
         return None
-    return _profile(gathered, disk_write_speed(checkpoint_dir, disk_mib), str(checkpoint_dir.resolve()),
-                    host_mem_bytes(), network.combine([r["network"] for r in gathered]), round(time.time() - t0, 1))
+    import torch
+
+    from zeropilot.calibrate import speed
+
+    fast, why = speed.measure(torch, None if cpu_adam else "--no-cpu-adam: DeepSpeed's CPUAdam was not measured")
+    profile = _profile(gathered, disk_write_speed(checkpoint_dir, disk_mib), str(checkpoint_dir.resolve()),
+                       host_mem_bytes(), network.combine([r["network"] for r in gathered]), round(time.time() - t0, 1))
+    return replace(profile, speed=speed_fields(fast, "measured by rank 0"), unmeasured={**profile.unmeasured, **why})
 
 
 def _node_of(r: Dict[str, Any]) -> str:

@@ -1,7 +1,10 @@
-"""``zeropilot calibrate``: start one worker per rank, measure the disk and the host, write the profile.
+"""``zeropilot calibrate``: start one worker per rank, then one for the speed figures, measure the disk and the host,
+write the profile.
 
 The workers (:mod:`zeropilot.calibrate.worker`) import torch; this module does not. Each runs in its own
-process group with a timeout and is killed on every path.
+process group with a timeout and is killed on every path. The speed worker runs alone on the first visible GPU
+after the ranks have exited, with ``OMP_NUM_THREADS`` set (to this process's CPUs unless the caller set it) so that
+torch's and DeepSpeed's OpenMP runtimes use the same threads.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from zeropilot.memory.profile import Profile
+from zeropilot.memory.profile import Profile, speed_fields
 from zeropilot.errors import InputError
 from zeropilot.runlog.layout import write_text_atomic
 from zeropilot.safefile import check_output
 
 WORKER_TIMEOUT_S = 240.0
+#: the speed worker's limit: DeepSpeed's CPUAdam op is built on first use (about a minute on 2 cores, 2026-12)
+SPEED_TIMEOUT_S = 600.0
 
 
 def _free_port() -> int:
@@ -45,12 +50,12 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _result(proc: subprocess.Popen, deadline: float) -> dict:
+def _result(proc: subprocess.Popen, deadline: float, limit: float) -> dict:
     try:
         out, err = proc.communicate(timeout=max(deadline - time.time(), 1.0))
     except subprocess.TimeoutExpired:
         _kill(proc)
-        raise InputError(f"calibrate: a worker did not finish within {WORKER_TIMEOUT_S:.0f} s") from None
+        raise InputError(f"calibrate: a worker did not finish within {limit:.0f} s") from None
     lines = [x[10:] for x in out.splitlines() if x.startswith("CALIBRATE ")]
     if proc.returncode != 0 or not lines:
         tail = (err or out).strip().splitlines()[-3:]
@@ -58,8 +63,9 @@ def _result(proc: subprocess.Popen, deadline: float) -> dict:
     return json.loads(lines[-1])
 
 
-def run_workers(nproc: int, extra_env: Optional[Dict[str, str]] = None, args: Optional[List[str]] = None) -> List[dict]:
-    """Start ``nproc`` ranks (one per visible GPU) and return each one's measurements."""
+def run_workers(nproc: int, extra_env: Optional[Dict[str, str]] = None, args: Optional[List[str]] = None,
+                limit: float = WORKER_TIMEOUT_S) -> List[dict]:
+    """Start ``nproc`` ranks (one per visible GPU) and return each one's measurements (``limit`` seconds at most)."""
     port = _free_port()
     procs = []
     try:
@@ -68,8 +74,8 @@ def run_workers(nproc: int, extra_env: Optional[Dict[str, str]] = None, args: Op
                        LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        PYTHONUNBUFFERED="1", **(extra_env or {}))
             procs.append(_start(args or [], env))
-        deadline = time.time() + WORKER_TIMEOUT_S
-        return [_result(p, deadline) for p in procs]
+        deadline = time.time() + limit
+        return [_result(p, deadline, limit) for p in procs]
     finally:
         for p in procs:
             _kill(p)
@@ -116,8 +122,36 @@ def _allocator(vendor: str) -> dict:
     return run_workers(1, env, ["--allocator"])[0]
 
 
-def calibrate(nproc: int, checkpoint_dir: Path, disk_mib: int = 1024) -> Profile:
-    """Measure this machine at world size ``nproc`` and return its profile.
+def cpu_count() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def measure_speed(cpu_adam: bool = True) -> dict:
+    """The speed worker's report (``speed`` and its ``unmeasured`` reasons), one process on the first GPU."""
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(cpu_count())}
+    args = ["--speed"] + ([] if cpu_adam else ["--no-cpu-adam"])
+    return run_workers(1, env, args, SPEED_TIMEOUT_S)[0]
+
+
+def _network(ranks: List[dict], gpu: bool, unmeasured: Dict[str, str]) -> dict:
+    """The profile's network fields from the ranks' timings (none with one rank)."""
+    from zeropilot.calibrate.network import combine
+
+    if len(ranks) < 2:
+        return {}
+    if not gpu:
+        unmeasured["network"] = "gloo on CPU: not what NCCL reaches between GPUs"
+    return {"network": combine([r.get("network") or {} for r in ranks]), "network_backend": "nccl" if gpu else "gloo"}
+
+
+def calibrate(nproc: int, checkpoint_dir: Path, disk_mib: int = 1024, cpu_adam: bool = True,
+              network_mib: int = 64) -> Profile:
+    """Measure this machine at world size ``nproc`` and return its profile (``cpu_adam``: time DeepSpeed's CPUAdam,
+    whose op is built on first use; ``network_mib``: MiB per collective when several ranks time their links).
 
     Raises:
         InputError: bad arguments, a worker that fails or hangs, an unwritable checkpoint directory.
@@ -127,7 +161,7 @@ def calibrate(nproc: int, checkpoint_dir: Path, disk_mib: int = 1024) -> Profile
     if disk_mib < 1 or disk_mib > 65536:
         raise InputError(f"--disk-mib {disk_mib}: 1 to 65536")
     t0 = time.time()
-    ranks = run_workers(nproc)
+    ranks = run_workers(nproc, args=["--network-mib", str(network_mib)])
     first = ranks[0]
     unmeasured = dict(first.get("unmeasured", {}))
     gpu = first["vendor"] != "cpu"
@@ -142,13 +176,17 @@ def calibrate(nproc: int, checkpoint_dir: Path, disk_mib: int = 1024) -> Profile
                           expandable_segments="no GPU: the allocator was not exercised")
     elif alloc.get("expandable_segments") is None:
         unmeasured["expandable_segments"] = alloc.get("how", "not reported")
-    speed = disk_write_speed(checkpoint_dir, disk_mib)
+    fast = measure_speed(cpu_adam)
+    unmeasured.update(fast.get("unmeasured", {}))
+    disk = disk_write_speed(checkpoint_dir, disk_mib)
     return Profile(gpu_name=first.get("gpu_name"), vendor=first["vendor"], world_size=nproc,
                    gpu_total_bytes=first.get("gpu_total_bytes"), outside_torch_bytes=outside, phases=phases,
                    expandable_segments=alloc.get("expandable_segments"), segment_bytes=alloc.get("segment_bytes", {}),
-                   disk_write_bytes_per_s=speed, disk_path=str(checkpoint_dir.resolve()),
+                   disk_write_bytes_per_s=disk, disk_path=str(checkpoint_dir.resolve()),
                    host_mem_bytes=host_mem_bytes(), versions=first.get("versions", {}),
-                   wall_s=round(time.time() - t0, 1), unmeasured=unmeasured)
+                   wall_s=round(time.time() - t0, 1), unmeasured=unmeasured,
+                   speed=speed_fields(fast.get("speed"), "measured by the speed worker"),
+                   **_network(ranks, gpu, unmeasured))
 
 
 def write_profile(profile: Profile, path: Path) -> None:

@@ -6,8 +6,10 @@ minus what the caching allocator reserved. Phases: ``context`` (first tensor), `
 matmuls), ``comm`` (process group with NCCL/RCCL, all-reduce, all-gather, reduce-scatter) and
 ``deepspeed`` (a small causal LM built inside ``deepspeed.zero.Init``, three ZeRO-3 steps; skipped when
 DeepSpeed or transformers is missing). On a machine without a GPU only a gloo group is set up and every
-GPU figure is None with the reason. ``--allocator`` instead reports what the allocator did with the
-``PYTORCH_CUDA_ALLOC_CONF`` it was started with.
+GPU figure is None with the reason. With several ranks and ``--network-mib N``, the ranks then time all-gather and
+reduce-scatter among themselves (:mod:`zeropilot.calibrate.network`). ``--allocator`` instead reports what the
+allocator did with the ``PYTORCH_CUDA_ALLOC_CONF`` it was started with; ``--speed`` measures the speed figures of
+this process's GPU and host (:mod:`zeropilot.calibrate.speed`; ``--no-cpu-adam`` leaves DeepSpeed's CPUAdam out).
 """
 
 from __future__ import annotations
@@ -104,6 +106,28 @@ def _allocator(torch, out: dict) -> None:
     del keep
 
 
+def _network(torch, dist, rank: int, world: int, out: dict) -> None:
+    """All-gather and reduce-scatter bus bandwidth among this node's ranks (after every memory phase: the groups it
+    creates hold NCCL buffers of their own)."""
+    from zeropilot.calibrate import network
+
+    mib = int(sys.argv[sys.argv.index("--network-mib") + 1])
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    out["network"] = network.measure(torch, dist, rank, [0] * world, mib << 20, 5, device)
+
+
+def _speed(torch, local: int, out: dict) -> None:
+    from zeropilot.calibrate import speed
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        props = torch.cuda.get_device_properties(local)
+        out.update(gpu_name=props.name, gpu_total_bytes=int(props.total_memory))
+    skip = "--no-cpu-adam: DeepSpeed's CPUAdam was not measured" if "--no-cpu-adam" in sys.argv else None
+    out["speed"], why = speed.measure(torch, skip)
+    out["unmeasured"].update(why)
+
+
 def main() -> int:
     t0 = time.time()
     import torch
@@ -120,7 +144,9 @@ def main() -> int:
         out["versions"]["deepspeed"] = deepspeed.__version__
     except ImportError:
         out["versions"]["deepspeed"] = None
-    if not torch.cuda.is_available():
+    if "--speed" in sys.argv:
+        _speed(torch, local, out)
+    elif not torch.cuda.is_available():
         dist.init_process_group("gloo", rank=rank, world_size=world)
         t = torch.ones(4)
         dist.all_reduce(t)
@@ -129,6 +155,8 @@ def main() -> int:
         _allocator(torch, out)
     else:
         _gpu(torch, dist, rank, world, local, out)
+    if dist.is_initialized() and world > 1 and "--network-mib" in sys.argv:
+        _network(torch, dist, rank, world, out)
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "launch script, or a directory of them) and from flags; flags win.")
     p.add_argument("launch", nargs="?", metavar="LAUNCH_PATH", help="launch files or directory (optional)")
     p.add_argument("--model", help="config.json, model directory, Hub id or catalogued name (e.g. Qwen/Qwen2-7B)")
-    p.add_argument("--gpus", help="COUNTxMEM per node, e.g. 4x16GiB or 1x139.8GiB (MEM alone: count from the launch)")
+    p.add_argument("--gpus", help="COUNTxMEM or COUNTxCARD per node, e.g. 4x16GiB, 1x139.8GiB, 4xH100, 8xMI300X "
+                                  "(MEM or CARD alone: count from the launch; cards: docs/cards.md)")
     p.add_argument("--nodes", type=int, help="nodes (default 1)")
     p.add_argument("--stage", choices=["0", "1", "2", "3", "auto"], help="ZeRO stage (auto: fastest that fits)")
     p.add_argument("--micro-batch", type=int, help="micro batch per GPU")
@@ -189,15 +190,16 @@ def _apply_profile(profile, values: Dict[str, Any], sources: Dict[str, str], arg
 
 
 def _hardware(args: argparse.Namespace, lv):
-    from zeropilot.memory.inputs import parse_gpus
+    """``--gpus``: COUNTxMEM or COUNTxCARD, or MEM or CARD alone with the count from the launch."""
+    from zeropilot.memory.inputs import has_count, parse_gpus
 
     nodes = args.nodes or 1
     if not args.gpus:
         return None
     text = args.gpus
-    if "x" not in text.lower() and "*" not in text:
+    if not has_count(text):
         if lv is None or not lv.world_size:
-            raise InputError(f"--gpus {text!r}: give COUNTxMEM (the launch does not say how many GPUs)")
+            raise InputError(f"--gpus {text!r}: give COUNTxMEM or COUNTxCARD (the launch does not say how many GPUs)")
         text = f"{max(lv.world_size // nodes, 1)}x{text}"
     return parse_gpus(text, nodes)
 

@@ -8,6 +8,7 @@ from typing import Dict, Optional, Tuple, Union
 
 from zeropilot.errors import InputError
 from zeropilot.launch.planfacts import Freeze
+from zeropilot.memory import cards
 from zeropilot.models.arch import Architecture
 
 GIB = 1024**3
@@ -24,13 +25,16 @@ class Hardware:
         gpus_per_node: GPUs (training processes) per node.
         gpu_bytes: memory of one GPU, as ``nvidia-smi`` reports its total.
         nodes: nodes.
-        name: how the user wrote it (``4x16GiB``).
+        name: how the user wrote it (``4x16GiB``, ``4xH100``).
+        card: the card table's key (``H100-SXM``: :mod:`zeropilot.memory.cards`) when the user named a card, None
+            when they gave its memory.
     """
 
     gpus_per_node: int
     gpu_bytes: int
     nodes: int = 1
     name: str = ""
+    card: Optional[str] = None
 
     @property
     def world_size(self) -> int:
@@ -38,23 +42,46 @@ class Hardware:
 
 
 _GPUS = re.compile(r"^\s*(\d+)\s*[xX*]\s*([0-9]*\.?[0-9]+)\s*(GiB|GB|G|MiB|MB|M|TiB|TB)?\s*$")
+#: COUNT x WHAT: the count, then the first ``x`` or ``*`` (``8xMI300X``: 8 of ``MI300X``)
+_COUNT = re.compile(r"^\s*(\d+)\s*[xX*]\s*(.+?)\s*$")
 _UNITS = {"gib": GIB, "g": GIB, "gb": GB, "mib": 1024**2, "m": 1024**2, "mb": 10**6, "tib": 1024**4,
           "tb": 10**12, None: GIB}
 
 
+def has_count(text: str) -> bool:
+    """Whether a ``--gpus`` value starts with its count (``4x16GiB``, ``8xMI300X``), unlike ``16GiB`` or ``MI300X``
+    (whose ``x`` is the card's)."""
+    return _COUNT.match(text or "") is not None and not cards.is_card(text.strip())
+
+
 def parse_gpus(text: str, nodes: int = 1) -> Hardware:
-    """``4x16GiB`` -> 4 GPUs of 16 GiB per node (a bare number or ``G`` means GiB).
+    """``4x16GiB`` -> 4 GPUs of 16 GiB per node (a bare number or ``G`` means GiB); ``4xH100`` -> 4 GPUs of the
+    card table's H100, its memory from the table (:func:`zeropilot.memory.cards.lookup`; a card's name wins over a
+    bare number: ``4x4090`` is four RTX 4090s, not 4090 GiB).
 
     Raises:
-        InputError: not of the form COUNTxMEM.
+        InputError: not of the form COUNTxMEM or COUNTxCARD, a card the table does not know (the message lists those
+            it does), or a card whose memory is not public.
     """
-    m = _GPUS.match(text or "")
-    if not m or int(m.group(1)) < 1 or float(m.group(2)) <= 0:
-        raise InputError(f"--gpus {text!r}: expected COUNTxMEM such as 4x16GiB or 1x139.8GiB")
-    unit = _UNITS[m.group(3).lower() if m.group(3) else None]
     if nodes < 1:
         raise InputError(f"--nodes {nodes}: must be at least 1")
+    m = _COUNT.match(text or "")
+    if m and int(m.group(1)) >= 1 and cards.is_card(m.group(2)):
+        return _card_gpus(int(m.group(1)), m.group(2), nodes, text.strip())
+    m = _GPUS.match(text or "")
+    if not m or int(m.group(1)) < 1 or float(m.group(2)) <= 0:
+        raise InputError(f"--gpus {text!r}: expected COUNTxMEM such as 4x16GiB or 1x139.8GiB, or COUNTxCARD such as "
+                         f"4xH100 with a card of the table: {cards.known_names()}")
+    unit = _UNITS[m.group(3).lower() if m.group(3) else None]
     return Hardware(int(m.group(1)), int(float(m.group(2)) * unit), nodes, text.strip())
+
+
+def _card_gpus(count: int, name: str, nodes: int, text: str) -> Hardware:
+    card = cards.lookup(name)
+    if card.memory_bytes.value is None:
+        raise InputError(f"--gpus {text!r}: the card table has no memory figure for {card.key} "
+                         f"({card.memory_bytes.source}): give COUNTxMEM, and run `zeropilot calibrate` on the card")
+    return Hardware(count, int(card.memory_bytes.value), nodes, text, card.key)
 
 
 QUANT_BITS = (4, 8)

@@ -5,12 +5,14 @@ Torch-free. A profile is a small JSON file (schema 1). ``plan --hardware FILE`` 
 ``~/.config/zeropilot/hardware`` and the profiles shipped in ``zeropilot/data/hardware``.
 What a profile changes in a plan (:func:`apply`): memory outside PyTorch (context, BLAS, NCCL/RCCL at
 the profile's world size), whether ``expandable_segments`` counts (only where it took effect), the disk's
-write speed, the host's RAM and the card's memory.
+write speed, the host's RAM and the card's memory. Its ``speed`` figures (matrix products, attention, memory and
+host-link bandwidth, CPU Adam, launch overhead) are read by :func:`zeropilot.memory.speed.speed_for`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -58,6 +60,9 @@ class Profile:
             ``reduce_scatter``): ``busbw_bytes_per_s`` (nccl-tests' bus bandwidth), ``bytes``, ``seconds``, and the
             group's ``ranks`` (:mod:`zeropilot.calibrate.network`).
         network_backend: ``nccl`` (GPUs) or ``gloo`` (a CPU run: not a GPU figure).
+        speed: what one GPU and its host do per second (:data:`SPEED_FIGURES`, :data:`SPEED_POINTS`,
+            :mod:`zeropilot.calibrate.speed`); a figure not measured is null, with its reason in ``unmeasured``
+            under ``speed.<field>``. None in profiles written before calibrate measured speed.
         path: the file it was read from (not stored).
     """
 
@@ -80,6 +85,7 @@ class Profile:
     outside_torch_per_node: Dict[str, Optional[int]] = field(default_factory=dict)
     network: Dict[str, Dict[str, object]] = field(default_factory=dict)
     network_backend: Optional[str] = None
+    speed: Optional[Dict[str, object]] = None
     path: Optional[str] = field(default=None, compare=False)
 
     def to_dict(self) -> dict:
@@ -113,8 +119,8 @@ def from_dict(data: dict, where: str = "profile") -> Profile:
     expandable = data.get("expandable_segments")
     if expandable is not None and not isinstance(expandable, bool):
         raise InputError(f"hardware profile {where}: expandable_segments must be true, false or null")
-    speed = data.get("disk_write_bytes_per_s")
-    if speed is not None and (isinstance(speed, bool) or not isinstance(speed, (int, float)) or speed <= 0):
+    disk = data.get("disk_write_bytes_per_s")
+    if disk is not None and (isinstance(disk, bool) or not isinstance(disk, (int, float)) or disk <= 0):
         raise InputError(f"hardware profile {where}: disk_write_bytes_per_s must be positive")
     name = data.get("gpu_name")
     if name is not None and not isinstance(name, str):
@@ -123,6 +129,8 @@ def from_dict(data: dict, where: str = "profile") -> Profile:
     segs = data.get("segment_bytes") or {}
     if not isinstance(phases, dict) or not isinstance(segs, dict):
         raise InputError(f"hardware profile {where}: phases and segment_bytes must be objects")
+    if not all(isinstance(data.get(k) or {}, dict) for k in ("versions", "unmeasured")):
+        raise InputError(f"hardware profile {where}: versions and unmeasured must be objects")
     return Profile(
         gpu_name=name, vendor=vendor, world_size=ws,
         gpu_total_bytes=_int_or_none(data.get("gpu_total_bytes"), "gpu_total_bytes", where),
@@ -130,13 +138,13 @@ def from_dict(data: dict, where: str = "profile") -> Profile:
         phases={str(k): _int_or_none(v, f"phases.{k}", where) for k, v in phases.items()},
         expandable_segments=expandable,
         segment_bytes={str(k): _int_or_none(v, f"segment_bytes.{k}", where) or 0 for k, v in segs.items()},
-        disk_write_bytes_per_s=None if speed is None else float(speed),
+        disk_write_bytes_per_s=None if disk is None else float(disk),
         disk_path=data.get("disk_path") if isinstance(data.get("disk_path"), str) else None,
         host_mem_bytes=_int_or_none(data.get("host_mem_bytes"), "host_mem_bytes", where),
         versions={str(k): (str(v) if v is not None else None) for k, v in (data.get("versions") or {}).items()},
         wall_s=data.get("wall_s") if isinstance(data.get("wall_s"), (int, float)) else None,
         unmeasured={str(k): str(v) for k, v in (data.get("unmeasured") or {}).items()},
-        **_nodes_fields(data, where),
+        **_nodes_fields(data, where), speed=speed_fields(data.get("speed"), where),
         path=where)
 
 
@@ -180,6 +188,64 @@ def _nodes_fields(data: dict, where: str) -> dict:
             "outside_torch_per_node": {str(k)[:200]: _int_or_none(v, f"outside_torch_per_node.{k}", where)
                                        for k, v in outside.items()},
             "network": network, "network_backend": backend if backend in ("nccl", "gloo") else None}
+
+
+#: the profile's ``speed`` numbers: field -> the largest value a card or host can have (a larger one is not a
+#: measurement: 100 PFLOP/s, 100 TB/s, 10^13 elements/s, a second per eager op, a day of building)
+SPEED_FIGURES = {"matmul_flops_per_s": 1e17, "attention_flops_per_s": 1e17, "mem_bytes_per_s": 1e14,
+                 "h2d_bytes_per_s": 1e13, "d2h_bytes_per_s": 1e13, "cpu_adam_elems_per_s": 1e13,
+                 "torch_cpu_adamw_elems_per_s": 1e13, "launch_s": 1.0, "launch_issue_s": 1.0,
+                 "cpu_adam_build_s": 86400.0, "seconds": 86400.0}
+#: the profile's ``speed`` lists of measured shapes: field -> the shape's integer keys (each point adds ``flops_per_s``)
+SPEED_POINTS = {"matmul_points": ("m", "k", "n"), "attention_points": ("batch", "heads", "seq", "head_dim")}
+_LAUNCH_DEVICES = ("cuda", "cpu")
+
+
+def _positive(value, bound: float, name: str, where: str) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= bound:
+        raise InputError(f"hardware profile {where}: speed.{name} must be a positive number up to {bound:g} or null")
+    return float(value)
+
+
+def _points(value, keys: Tuple[str, ...], name: str, where: str) -> List[Dict[str, float]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > 256 or not all(isinstance(p, dict) for p in value):
+        raise InputError(f"hardware profile {where}: speed.{name} must be a list of at most 256 objects")
+    out = []
+    for p in value:
+        dims = [p.get(k) for k in keys]
+        if any(isinstance(d, bool) or not isinstance(d, int) or not 0 < d <= 1 << 24 for d in dims):
+            raise InputError(f"hardware profile {where}: speed.{name}: {', '.join(keys)} must be positive integers")
+        out.append({**dict(zip(keys, dims)), "flops_per_s": _positive(p.get("flops_per_s"), 1e17, name, where)})
+    return out
+
+
+def speed_fields(data, where: str) -> Optional[Dict[str, object]]:
+    """Check a profile's ``speed`` object (None when absent): every figure finite, positive and below its bound
+    (:data:`SPEED_FIGURES`), the thread count a positive integer, the points well formed; other keys are dropped.
+
+    Raises:
+        InputError: one line naming the first bad value.
+    """
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise InputError(f"hardware profile {where}: speed must be an object or null")
+    out: Dict[str, object] = {k: _positive(data.get(k), bound, k, where) for k, bound in SPEED_FIGURES.items()}
+    out.update({k: _points(data.get(k), keys, k, where) for k, keys in SPEED_POINTS.items()})
+    threads = data.get("cpu_adam_threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 0 < threads <= 1 << 16):
+        raise InputError(f"hardware profile {where}: speed.cpu_adam_threads must be a positive integer or null")
+    device = data.get("launch_device")
+    if device is not None and device not in _LAUNCH_DEVICES:
+        raise InputError(f"hardware profile {where}: speed.launch_device must be cuda, cpu or null")
+    out.update(cpu_adam_threads=threads, launch_device=device)
+    return out
 
 
 def load(path: str) -> Profile:

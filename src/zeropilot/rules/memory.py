@@ -45,7 +45,7 @@ def _plans(launch: Launch) -> Iterator[Tuple[Document, Document, object]]:
         return
     from zeropilot.launch.planfacts import plan_facts
     from zeropilot.memory.from_launch import launch_inputs
-    from zeropilot.memory.inputs import PlanInputs, parse_gpus
+    from zeropilot.memory.inputs import PlanInputs, has_count, parse_gpus
     from zeropilot.memory.plan import make_plan
     from zeropilot.models import resolve_model
 
@@ -54,7 +54,7 @@ def _plans(launch: Launch) -> Iterator[Tuple[Document, Document, object]]:
         return
     try:
         arch = resolve_model(lv.model, lv.model_base, launch.hub)
-        text = launch.gpus if "x" in launch.gpus.lower() else f"{lv.world_size or 1}x{launch.gpus}"
+        text = launch.gpus if has_count(launch.gpus) else f"{lv.world_size or 1}x{launch.gpus}"
         hardware = parse_gpus(text)
         given = launch_inputs(lv, arch.hidden)
         inputs = PlanInputs(arch=arch, hardware=hardware, sources=given.sources, **given.values)
@@ -249,7 +249,7 @@ def _raw_init_plans(launch: Launch):
     from zeropilot.launch.build import model_build
     from zeropilot.launch.planfacts import plan_facts
     from zeropilot.memory.from_launch import launch_inputs
-    from zeropilot.memory.inputs import PlanInputs, parse_gpus
+    from zeropilot.memory.inputs import PlanInputs, has_count, parse_gpus
     from zeropilot.memory.plan import make_plan
     from zeropilot.models import resolve_model
 
@@ -265,7 +265,7 @@ def _raw_init_plans(launch: Launch):
             arch = resolve_model(name, lv.model_base or py.path.parent) if name else None
             if arch is None:
                 continue
-            text = launch.gpus if "x" in launch.gpus.lower() else f"{lv.world_size or 1}x{launch.gpus}"
+            text = launch.gpus if has_count(launch.gpus) else f"{lv.world_size or 1}x{launch.gpus}"
             given = launch_inputs(lv, arch.hidden)
             values = dict(given.values, zero_init=False)
             inputs = PlanInputs(arch=arch, hardware=parse_gpus(text), sources=given.sources, **values)
