@@ -34,6 +34,8 @@ FITTED = ("host_op", "gpu_kernel_s", "zero12_tensor_s", "zero3_module_s")
 
 def inputs_of(spec: dict, total_gb: float = 80.0) -> PlanInputs:
     """The plan inputs of a timing spec (``matrix.py``): the probe's settings as a launch would say them."""
+    from zeropilot.launch.settings import Freeze
+
     arch = from_config(spec["model"], spec.get("name", ""))
     gpu = spec.get("cap_gib") or total_gb
     ws = int(spec.get("ws", 1))
@@ -48,11 +50,14 @@ def inputs_of(spec: dict, total_gb: float = 80.0) -> PlanInputs:
         # Trainer's adamw_torch_fused, DeepSpeed's FusedAdam); offloaded: CPUAdam unless torch's AdamW
         torch_adam=spec.get("adam") == "torch" or (offload and spec.get("adam") not in ("cpu",) and
                                                    not spec.get("cpu_adam")),
-        overlap_comm=spec.get("overlap"), fused_loss="liger" if spec.get("liger") else None,
-        reduce_bucket_size=int(spec.get("rbs", 5e8)), prefetch_bucket_size=int(spec.get("pbs", 5e7)),
-        param_persistence_threshold=int(spec.get("ppt", 1e5)), attn=spec.get("attn", "sdpa"),
+        overlap_comm=bool(spec.get("overlap", False)), fused_loss="liger" if spec.get("liger") else None,
+        # the probe's DeepSpeed settings (zero_mem_probe_plan.py), not DeepSpeed's defaults
+        reduce_bucket_size=int(spec.get("rbs", 5e8)), prefetch_bucket_size=int(spec.get("pbs", 5e8)),
+        param_persistence_threshold=int(spec.get("ppt", 1e6)), attn=spec.get("attn", "sdpa"),
         zero_init=bool(spec.get("zero_init")), max_live_parameters=int(spec.get("mlp", 1e9)),
-        sub_group_size=int(spec.get("sgs", 1e9)))
+        sub_group_size=int(spec.get("sgs", 1e9)), freeze=Freeze(int(spec["freeze"])) if spec.get("freeze") else None,
+        expandable_segments="expandable_segments:true" in str(spec.get("alloc_conf", "")).lower(),
+        kv_cache=True)  # the probe calls the engine without use_cache=False (bench/plan/rows.py spec_inputs)
 
 
 def measured_rows(path: Path, split: str) -> List[dict]:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[2] / "src"))
 
 MODELS = {
@@ -66,25 +66,50 @@ FIT = [
     ("f_q15_lora_z2_liger", "qwen2.5-1.5b", dict(stage=2, mb=4, seq=2048, lora=16, liger=True), "Liger"),
     ("f_q15_full_z2_ga4", "qwen2.5-1.5b", dict(stage=2, mb=1, seq=512, ga=4),
      "accumulation, ZeRO-2's hooks per micro batch: zero12_tensor_s"),
-    ("f_l3_full_z3_mlp", "llama-3.2-3b", dict(stage=3, mb=2, seq=2048, mlp=10_000_000),
+    ("f_l1_full_z3_mlp", "llama-3.2-1b", dict(stage=3, mb=2, seq=2048, mlp=10_000_000),
      "ZeRO-3 with stage3_max_live_parameters low"),
 ]
-EST_WALL_S = 30
+#: call 1 also: allocator histories (no timing claims), after the fit rows: issue 40's 6%-low memory row (LoRA with
+#: embed_tokens/lm_head trained, ZeRO-2, a 9 B shape with a 64k vocabulary) and two expandable_segments runs of the
+#: kinds the plan is low on with LLaMA-Factory's allocator setting (freeze tuning without checkpointing, LoRA with
+#: modules_to_save), each with the plan's peak as committed (``pred_gib``)
+TRACE = [
+    ("t_y9_mts_z2", "yi-9b-shape", dict(stage=2, mb=2, seq=2048, gc=True, lora=16, mts=["embed_tokens", "lm_head"],
+                                         trace="call1_y9_mts_z2", trace_frames=True), "the 6%-low row's kind"),
+    ("t_q3_freeze_z2_exp", "qwen2.5-3b", dict(stage=2, mb=2, seq=2048, freeze=4, alloc_conf="expandable_segments:True",
+                                               trace="call1_q3_freeze_z2_exp", trace_frames=True),
+     "expandable segments, freeze tuning without checkpointing"),
+    ("t_q15_mts_z2_exp", "qwen2.5-1.5b", dict(stage=2, mb=4, seq=2048, gc=True, lora=16, mts=["embed_tokens", "lm_head"],
+                                               alloc_conf="expandable_segments:True", trace="call1_q15_mts_z2_exp",
+                                               trace_frames=True), "expandable segments, LoRA with modules_to_save"),
+]
+#: seconds a row's process takes beyond its steps (start-up, imports, the model's build, deepspeed.initialize)
+START_S = 25
 
 
 def spec(row: str, model: str, settings: dict, split: str, why: str = "") -> dict:
-    out = {"name": model, "row": row, "split": split, "model": MODELS[model], "warmup": 2, "steps": 7,
-           "est_wall_s": EST_WALL_S}
+    """A probe spec with the protocol's steps, the HF Trainer's optimizer unless told, and its wall-time estimate
+    from the committed model on an H100's table figures."""
+    out = {"name": model, "row": row, "split": split, "model": MODELS[model], "warmup": 2, "steps": 7}
     if "adam" not in settings:
         out["adam"] = "client"
     out.update(settings)
     if why:
         out["note"] = why
+    from fit import inputs_of
+    from zeropilot.memory.plan import make_plan
+    from zeropilot.memory.speed import speed_for
+
+    plan = make_plan(inputs_of(out, 79.1), speed=speed_for("H100"))
+    out["est_wall_s"] = int(START_S + 7 * plan.time.step_s * 1.5 + (25 if out.get("trace") else 0))
+    if split == "trace":
+        out["pred_gib"] = round(plan.gpu_peak_bytes / 2**30, 2)
     return out
 
 
 def fit_rows() -> list:
-    return [spec(row, model, settings, "fit", why) for row, model, settings, why in FIT]
+    return ([spec(row, model, settings, "fit", why) for row, model, settings, why in FIT]
+            + [spec(row, model, settings, "trace", why) for row, model, settings, why in TRACE])
 
 
 def main(argv=None) -> int:
