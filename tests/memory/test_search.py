@@ -27,11 +27,29 @@ def test_seed_scenario_gets_a_fitting_ranked_answer():
     assert keys == sorted(keys)
 
 
-def test_zero2_comes_before_zero3_when_both_fit():
+def test_ranked_by_predicted_time_with_the_ratio_to_the_first():
+    ranked, _ = search(_seed(hardware=parse_gpus("4x80GiB")), speed=_card())
+    times = [c.step_s for c in ranked]
+    assert times == sorted(times) and ranked[0].ratio == 1.0
+    assert all(c.ratio == pytest.approx(c.step_s / times[0]) for c in ranked)
+    assert len({(c.plan.inputs.stage, c.plan.inputs.offload_optimizer, c.plan.inputs.offload_param,
+                 c.plan.inputs.gradient_checkpointing) for c in ranked}) == len(ranked)  # one per family
+    assert ranked[0].plan.inputs.stage != 3  # ZeRO-3's hooks on every module cost more than they save here
+
+
+def test_without_speed_figures_the_fixed_order_and_no_times():
     ranked, _ = search(_seed(hardware=parse_gpus("4x80GiB")))
     stages = [c.plan.inputs.stage for c in ranked]
     assert stages[0] == 2 and 3 in stages and stages.index(2) < stages.index(3)
     assert ranked[0].plan.inputs.offload_optimizer == "none"
+    assert all(c.ratio is None and c.step_s is None for c in ranked)
+
+
+def test_liger_only_where_offered():
+    plain, _ = search(_seed(hardware=parse_gpus("4x80GiB")), speed=_card())
+    offered, _ = search(_seed(hardware=parse_gpus("4x80GiB")), speed=_card(), fused_losses=("liger",))
+    assert not any(c.plan.inputs.fused_loss for c in plain)
+    assert offered[0].plan.inputs.fused_loss == "liger" and offered[0].step_s < plain[0].step_s
 
 
 def test_nothing_fits_gives_the_closest():
@@ -62,22 +80,34 @@ def test_training_changes_use_the_launch_dialect():
     assert training_changes(hf, hf.with_(gradient_checkpointing=False)) == {"gradient_checkpointing": False}
 
 
-def _exhaustive(inputs):
-    """What search() must return, by planning every candidate (no replay stopped early): per family (offload, stage,
-    recomputation) the first that fits in rank order, the five fastest; else the candidate with the smallest peak."""
+def _card():
+    from zeropilot.memory.speed import speed_for
+
+    return speed_for("H100")
+
+
+def _exhaustive(inputs, speed=None, fused=()):
+    """What search() must return, by planning every candidate (no replay stopped early): in the order of predicted
+    step time (the fixed order without speed figures), each family's first that fits, the first five families; else
+    the candidate with the smallest peak."""
     from zeropilot.memory import make_plan
-    from zeropilot.memory.search import _rank, _variants
+    from zeropilot.memory.search import _family, _fixed_rank, _variants
+    from zeropilot.memory.steptime import estimate_time
 
     variants = {}
-    for v in _variants(inputs):
-        variants.setdefault(_rank(v), v)
+    for v in _variants(inputs, fused):
+        variants.setdefault((_family(v), v.micro_batch, v.reduce_bucket_size, v.max_live_parameters,
+                             v.prefetch_bucket_size, bool(v.overlap_comm)), v)
     most = inputs.hardware.gpu_bytes * (1 - SAFE_MARGIN)
-    peaks = {key: make_plan(v).gpu_peak_bytes for key, v in variants.items()}
+    plans = {key: make_plan(v, speed=speed) for key, v in variants.items()}
+    time = (lambda k: (estimate_time(variants[k], speed).step_s, _fixed_rank(variants[k]))) if speed else (
+        lambda k: _fixed_rank(variants[k]))
     best = {}
-    for key in sorted(peaks):
-        if key[:3] not in best and peaks[key] <= most:
-            best[key[:3]] = (key, peaks[key])
-    return sorted(best.values())[:5], (None if best else min(peaks.values()))
+    for key in sorted(plans, key=time):
+        if key[0] not in best and len(best) < 5 and plans[key].gpu_peak_bytes <= most:
+            best[key[0]] = plans[key]
+    return ([(p.inputs, p.gpu_peak_bytes) for p in best.values()],
+            None if best else min(p.gpu_peak_bytes for p in plans.values()))
 
 
 @pytest.mark.parametrize("kw", [
@@ -94,11 +124,12 @@ def test_search_stops_replays_only_where_the_plan_would_not_fit(kw):
     from zeropilot.memory.gpu import _REPLAYS
 
     inputs = _seed(**kw)
+    speed = _card() if kw.get("hardware") != parse_gpus("1x16GiB") else None  # by time, and the fixed order
     _REPLAYS.clear()
-    expected, closest = _exhaustive(inputs)
+    expected, closest = _exhaustive(inputs, speed)
     _REPLAYS.clear()  # the replays again, each stopped at the limit
-    ranked, nearest = search(inputs)
-    assert [(c.rank_key, c.plan.gpu_peak_bytes) for c in ranked] == expected
+    ranked, nearest = search(inputs, speed=speed)
+    assert [(c.plan.inputs, c.plan.gpu_peak_bytes) for c in ranked] == expected
     assert (nearest.plan.gpu_peak_bytes if nearest else None) == closest
 
 

@@ -1,12 +1,14 @@
-"""Fit the time model's fitted constants (``memory/steptime.py`` ``TimeConstants``: ``host_op``, ``gpu_kernel_s``,
-``zero12_tensor_s``, ``zero3_module_s``) on a call's fit rows, and compare any rows with the model.
+"""Fit the time model's fitted constants (``memory/steptime.py`` ``TimeConstants``: the host costs ``host_forward``,
+``host_backward``, ``grad_hook``, ``step_tensor``, ``zero3_fetch``, ``zero3_module``) on a call's fit rows, and
+compare any rows with the model.
 
 usage: python bench/plan/time/fit.py ROWS.jsonl PROFILE.json [--fit] [--split fit|holdout|all]
 
 ROWS: what ``run_rows.py`` wrote (one probe result per line, the spec inside); PROFILE: the profile ``zeropilot
 calibrate`` wrote in the same call (the card's measured speed figures). Without ``--fit`` it prints each row's
 measured and predicted step time with the committed constants; with ``--fit`` it also minimises the squared log
-error over the fit rows (Nelder-Mead on the logs of the four constants, no other value touched) and prints the
+error over the fit rows, of the step and (half weight) of each phase the probe timed with CUDA events (Nelder-Mead
+on the logs of the seven constants, no other value touched) and prints the
 constants and every row again with them. The printed constants go into ``TimeConstants`` by hand, with this command.
 """
 from __future__ import annotations
@@ -29,7 +31,9 @@ from zeropilot.memory.speed import Speed, speed_for  # noqa: E402
 from zeropilot.memory.steptime import TIME_DEFAULT, TimeConstants, estimate_time  # noqa: E402
 from zeropilot.models.arch import from_config  # noqa: E402
 
-FITTED = ("host_op", "gpu_kernel_s", "zero12_tensor_s", "zero3_module_s")
+FITTED = ("host_forward", "host_backward", "grad_hook", "step_tensor", "offload_hook", "zero3_fetch", "zero3_module")
+#: the probe's CUDA-event phases (``phase_ms``) and the model's
+PHASES = {"fwd": "forward", "bwd": "backward", "opt": "step"}
 
 
 def inputs_of(spec: dict, total_gb: float = 80.0) -> PlanInputs:
@@ -75,17 +79,29 @@ def measured_rows(path: Path, split: str) -> List[dict]:
     return rows
 
 
-def predict(rows: Sequence[dict], speed: Speed, c: TimeConstants) -> List[Tuple[str, float, float]]:
+def measured_phases(r: dict) -> dict:
+    """The median of each CUDA-event phase over the timed steps (after the warm-up), seconds."""
+    ph = r.get("phase_ms") or {}
+    warm = int(r["spec"].get("warmup", 0))
+    return {PHASES[k]: statistics.median(v[warm:]) / 1e3 for k, v in ph.items() if k in PHASES and v[warm:]}
+
+
+def predict(rows: Sequence[dict], speed: Speed, c: TimeConstants) -> List[Tuple[str, float, float, dict, dict]]:
     out = []
     for r in rows:
         spec = r["spec"]
         p = estimate_time(inputs_of(spec, r.get("total_gpu_gb", 80.0)), speed, c)
-        out.append((spec.get("row", spec.get("name", "?")), r["step_median_s"], p.step_s))
+        out.append((spec.get("row", spec.get("name", "?")), r["step_median_s"], p.step_s, measured_phases(r),
+                    p.phases()))
     return out
 
 
 def loss(rows: Sequence[dict], speed: Speed, c: TimeConstants) -> float:
-    return sum(math.log(pred / meas) ** 2 for _, meas, pred in predict(rows, speed, c))
+    total = 0.0
+    for _, meas, pred, mph, pph in predict(rows, speed, c):
+        total += math.log(pred / meas) ** 2
+        total += 0.5 * sum(math.log(max(pph[k], 1e-6) / v) ** 2 for k, v in mph.items() if v > 0)
+    return total
 
 
 def nelder_mead(f: Callable[[List[float]], float], x0: List[float], step: float = 0.5, iters: int = 400
@@ -129,12 +145,14 @@ def fit(rows: Sequence[dict], speed: Speed, base: TimeConstants = TIME_DEFAULT) 
 
 
 def table(rows: Sequence[dict], speed: Speed, c: TimeConstants, title: str) -> List[str]:
-    out = [f"## {title}", "", "| row | measured s | predicted s | error |", "|---|---|---|---|"]
+    out = [f"## {title}", "", "| row | measured s | predicted s | error | forward | backward | step |",
+           "|---|---|---|---|---|---|---|"]
     errs = []
-    for name, meas, pred in predict(rows, speed, c):
+    for name, meas, pred, mph, pph in predict(rows, speed, c):
         err = 100 * (pred / meas - 1)
         errs.append(abs(err))
-        out.append(f"| {name} | {meas:.3f} | {pred:.3f} | {err:+.1f}% |")
+        cells = [f"{mph.get(k, float('nan')):.3f} / {pph[k]:.3f}" for k in ("forward", "backward", "step")]
+        out.append(f"| {name} | {meas:.3f} | {pred:.3f} | {err:+.1f}% | " + " | ".join(cells) + " |")
     if errs:
         out.append(f"\nmedian |error| {statistics.median(errs):.1f}%, worst {max(errs):.1f}% ({len(errs)} rows)")
     return out
@@ -149,7 +167,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     speed = speed_for(None, load(args.profile))
     rows = measured_rows(args.rows, args.split)
-    print("\n".join(table(rows, speed, TIME_DEFAULT, "committed constants")))
+    print("\n".join(table(rows, speed, TIME_DEFAULT, "committed constants (phases: measured / predicted s)")))
     if args.fit:
         c = fit(rows, speed)
         print("\nfitted: " + ", ".join(f"{name}={getattr(c, name):.4g}" for name in FITTED))

@@ -23,7 +23,8 @@ _FLAG_FIELDS = {"stage": "--stage", "lora_targets": "--lora-target", "modules_to
                 "save_total_limit": "--save-total-limit", "reduce_bucket_size": "--reduce-bucket-size",
                 "prefetch_bucket_size": "--prefetch-bucket-size", "zero_init": "--zero-init",
                 "sub_group_size": "--sub-group-size", "max_live_parameters": "--max-live-parameters",
-                "torch_adam": "--torch-adam"}
+                "torch_adam": "--torch-adam", "samples": "--samples", "max_steps": "--max-steps",
+                "epochs": "--epochs"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -80,7 +81,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--disk-free", type=float, metavar="GB", help="free space where checkpoints go")
     p.add_argument("--save-total-limit", type=int)
     p.add_argument("--timeout", type=float, metavar="S", help="collective timeout a save must beat (default 600)")
-    p.add_argument("--search", action="store_true", help="rank configurations that fit with a 10%% margin")
+    p.add_argument("--card", metavar="NAME", help="the card whose speed figures the time model uses when --gpus gives "
+                                                  "memory only (4x16GiB --card K100); default: --gpus's card")
+    p.add_argument("--samples", type=int, metavar="N", help="training samples in the dataset: with the launch's epochs, "
+                                                            "the run's length and time")
+    p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps of the run (as max_steps)")
+    p.add_argument("--epochs", type=float, metavar="E", help="passes over the data (as num_train_epochs)")
+    p.add_argument("--gpu-hour-cost", type=float, metavar="COST", help="what one GPU-hour costs: the run's cost")
+    p.add_argument("--liger", action=argparse.BooleanOptionalAction, default=None,
+                   help="--search may propose Liger's kernels and fused loss (default: where the launch is "
+                        "LLaMA-Factory's or the HF Trainer's and liger_kernel is installed here)")
+    p.add_argument("--search", action="store_true", help="rank configurations that fit with a 10%% margin, fastest "
+                                                         "first by the predicted step time")
     p.add_argument("--write-ds-config", metavar="PATH", help="with --search: write the best DeepSpeed JSON here")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.set_defaults(func=run)
@@ -150,6 +162,16 @@ def _flag_values(args: argparse.Namespace) -> Dict[str, Any]:
         out["disk_free_bytes"] = int(args.disk_free * 1e9)
     if args.timeout is not None:
         out["collective_timeout_s"] = args.timeout
+    for name, flag in (("samples", "--samples"), ("max_steps", "--max-steps")):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise InputError(f"{flag} {value}: must be at least 1")
+            out[name] = value
+    if args.epochs is not None:
+        if not 0 < args.epochs < 1e6:
+            raise InputError(f"--epochs {args.epochs}: must be more than 0")
+        out["epochs"] = args.epochs
     if args.host_mem is not None:
         if args.host_mem <= 0:
             raise InputError(f"--host-mem {args.host_mem}: must be positive (GiB)")
@@ -254,17 +276,50 @@ def build_inputs(args: argparse.Namespace):
     return inputs
 
 
-def _auto_stage(inputs):
-    """``--stage auto``: the first of ZeRO-2, 1, 3 that fits with the safe margin (else 3)."""
+def _auto_stage(inputs, speed):
+    """``--stage auto``: of ZeRO-1, 2 and 3, the fastest by predicted step time that fits with the safe margin (else
+    ZeRO-3)."""
     from zeropilot.memory.plan import SAFE_MARGIN, make_plan
 
     if inputs.hardware is None:
         raise InputError("--stage auto needs --gpus")
-    for stage in (2, 1, 3):
-        cand = inputs.with_(stage=stage)
-        if make_plan(cand).gpu_peak_bytes <= inputs.hardware.gpu_bytes * (1 - SAFE_MARGIN):
-            return cand
-    return inputs.with_(stage=3)
+    fitting = [make_plan(inputs.with_(stage=stage), speed=speed) for stage in (2, 1, 3)]
+    fitting = [p for p in fitting if p.gpu_peak_bytes <= inputs.hardware.gpu_bytes * (1 - SAFE_MARGIN)]
+    if not fitting:
+        return inputs.with_(stage=3)
+    return min(fitting, key=lambda p: p.time.step_s).inputs
+
+
+def _speed(args: argparse.Namespace, inputs):
+    """The card's speed figures: ``--card``, else the card ``--gpus`` named, else the hardware profile's GPU (a
+    profile's measured figures win for its own card); a card the table does not know has a stand-in, said in the
+    figures' notes."""
+    from zeropilot.memory.speed import speed_for
+
+    card = args.card or (inputs.hardware.card if inputs.hardware is not None else None)
+    return speed_for(card, args._profile)
+
+
+def _gpu_hour_cost(args: argparse.Namespace):
+    import math
+
+    cost = args.gpu_hour_cost
+    if cost is not None and (not math.isfinite(cost) or cost < 0):
+        raise InputError(f"--gpu-hour-cost {cost}: give what one GPU-hour costs, a number 0 or more")
+    return cost
+
+
+def _fused_losses(args: argparse.Namespace, inputs):
+    """The fused losses --search may propose: Liger where the launch's framework offers it (LLaMA-Factory's
+    ``enable_liger_kernel``, the Trainer's ``use_liger_kernel``) and it is installed here or ``--liger`` says it
+    will be; ``--no-liger`` never."""
+    if args.liger is False or inputs.flavour not in ("llamafactory", "hf"):
+        return ()
+    if args.liger:
+        return ("liger",)
+    import importlib.util
+
+    return ("liger",) if importlib.util.find_spec("liger_kernel") is not None else ()
 
 
 def _write_json_atomic(path: str, data: dict) -> None:
@@ -328,8 +383,10 @@ def run(args: argparse.Namespace) -> int:
     from zeropilot.memory.search import deepspeed_config, search
 
     inputs = build_inputs(args)
+    cost = _gpu_hour_cost(args)
+    speed = _speed(args, inputs)
     if args.stage == "auto":
-        inputs = _auto_stage(inputs)
+        inputs = _auto_stage(inputs, speed)
     constants, notes = DEFAULT, []
     if args._profile is not None:
         from zeropilot.memory.profile import apply
@@ -338,10 +395,11 @@ def run(args: argparse.Namespace) -> int:
     constants, notes = _outside_torch(args, inputs, constants, notes)
     assumed = _defaults_note(args.launch, inputs) if args._launch_said_nothing else None
     notes = ([assumed] if assumed else []) + notes
-    plan = make_plan(inputs, constants)
+    plan = make_plan(inputs, constants, speed, gpu_hour_cost=cost)
     if notes:
         plan = dataclasses.replace(plan, notes=tuple(notes) + plan.notes)
-    found = search(inputs, constants=constants) if args.search else None
+    found = (search(inputs, constants=constants, speed=speed, fused_losses=_fused_losses(args, inputs))
+             if args.search else None)
     if args.write_ds_config:
         if not found or not found[0]:
             raise InputError("--write-ds-config needs --search with a configuration that fits")

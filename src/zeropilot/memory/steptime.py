@@ -63,41 +63,54 @@ HEAD_KERNELS = {"forward": 31, "backward": 21}
 #: read off their source (0.8.5 ``ops/rms_norm.py``: X and Y once, rstd per row; ``ops/swiglu.py``: a, b, c once,
 #: recomputing silu in the backward; ``ops/rope.py``: q and k in place)
 LIGER_SAVES = {"forward": (64.0, 4.0, 17.0, 27), "backward": (172.0, 6.0, 22.0, 44)}
+#: kernels Liger's fused linear cross-entropy launches per chunk of tokens (0.8.5 ``ops/fused_linear_cross_entropy.py``:
+#: the chunk's logits, the cross-entropy kernel, the input's gradient and its copy, the weight's gradient, the casts)
+LIGER_CHUNK_KERNELS = 7
 #: nn.Modules per wrapped linear layer that PEFT adds (the LoRA layer, its dropout, A, B and their dicts)
 LORA_MODULES_PER_WRAPPED = 10
 
 
 @dataclass(frozen=True)
 class TimeConstants:
-    """The time model's constants, each with where it came from.
+    """The time model's constants, each with where it came from. Host costs are in units of the card's measured eager
+    launch (``Speed.launch_s``): a slower host has a slower Python, and calibrate measures it.
 
     Attributes:
-        host_op: host time of one kernel of a training step (dispatch, autograd, the module's Python), in units of the
-            card's measured eager launch (``Speed.launch_s``) (fitted).
-        gpu_kernel_s: the least time one kernel takes on the GPU (launch latency and tail) (fitted).
-        zero12_tensor_s: host time of DeepSpeed's ZeRO-1/2 gradient hook and step bookkeeping per trainable tensor
-            per micro batch (fitted).
-        zero3_module_s: host time of ZeRO-3's hooks per module per pass (fetch, release, trace) (fitted).
+        host_forward / host_backward: host time per kernel of the forward / the backward (PyTorch's dispatch,
+            autograd, transformers' and PEFT's modules) (fitted).
+        grad_hook: DeepSpeed's gradient hook per trainable tensor per micro batch (ZeRO-1/2 bucketing, ZeRO-3's
+            reduce and partition) (fitted).
+        step_tensor: DeepSpeed's optimizer step per trainable tensor (norms, clipping, the 16-bit copy) (fitted).
+        offload_hook: with optimizer offload, DeepSpeed's further work per trainable tensor per micro batch (the
+            gradient's norm on the GPU, its copy into the host's fp32 buffer) (fitted).
+        zero3_fetch: ZeRO-3's gather and release of one partitioned parameter on one pass (fitted).
+        zero3_module: ZeRO-3's hooks on one module on one pass (fitted).
+        gpu_kernel_s: the least time one kernel takes on the GPU (launch latency and tail), seconds.
         attention_backward: backward FLOPs of flash attention per forward FLOP (FlashAttention-2: five products
             against two).
-        adam_bytes: bytes read and written per trainable element by one optimizer step on the GPU, by implementation:
-            ``fused`` (one kernel: parameter, gradient, two states read, three written), ``torch`` (torch's foreach
-            AdamW: nine passes), each plus DeepSpeed's gradient cast to fp32 and the 16-bit copy of the result.
-        grad_bytes: ZeRO-1/2's bytes per trainable element per micro batch beyond autograd's own (ZeRO-2: the copy
-            into the reduce bucket, the average, the copy into the partition; ZeRO-1: accumulation in place).
+        adam_bytes_fused / adam_bytes_torch: bytes read and written per trainable element by one optimizer step on
+            the GPU: a fused AdamW (one kernel: parameter, gradient, two states read, three written) or torch's
+            foreach AdamW (nine passes), each plus DeepSpeed's gradient cast to fp32 and the 16-bit copy of the result.
+        grad_bytes_zero2 / grad_bytes_zero1: ZeRO-2's bytes per trainable element per micro batch beyond autograd's
+            own (the copy into the reduce bucket, the average, the copy into the partition); ZeRO-1's (accumulation).
         source: where the fitted values come from.
     """
 
-    host_op: float = 1.6
+    host_forward: float = 4.49
+    host_backward: float = 0.187
+    grad_hook: float = 36.1
+    step_tensor: float = 24.6
+    offload_hook: float = 83.4
+    zero3_fetch: float = 36.8
+    zero3_module: float = 19.5
     gpu_kernel_s: float = 2.5e-6
-    zero12_tensor_s: float = 40e-6
-    zero3_module_s: float = 120e-6
     attention_backward: float = 2.5
     adam_bytes_fused: float = 28.0 + 12.0
     adam_bytes_torch: float = 84.0 + 12.0
     grad_bytes_zero2: float = 12.0
     grad_bytes_zero1: float = 6.0
-    source: str = "not yet fitted: first-principles defaults (bench/plan/time)"
+    source: str = ("host costs fitted on the 12 fit rows of GPU call 1 (one H100, bench/plan/time/data/call1; "
+                   "`python bench/plan/time/fit.py ... --fit`)")
 
 
 TIME_DEFAULT = TimeConstants()
@@ -340,6 +353,8 @@ def _head_pass(inputs: PlanInputs, speed: Speed, c: TimeConstants, which: str) -
     out.bytes = by
     out.elementwise_s = by / speed.mem_bytes_per_s.value
     out.kernels = HEAD_KERNELS[which] + (1 if which == "forward" else 1 + int(head_trains))
+    if inputs.fused_loss == "liger" and which == "forward":  # one pass of its loop per chunk of tokens
+        out.kernels += LIGER_CHUNK_KERNELS * math.ceil(t / tuning.liger_chunk_tokens(inputs))
     return out
 
 
@@ -408,6 +423,14 @@ def _modules(inputs: PlanInputs) -> int:
     return per_layer * a.layers + 7
 
 
+def _fetched(inputs: PlanInputs) -> Tuple[float, int]:
+    """ZeRO-3: (elements, tensors) of the parameters it partitions and gathers on every pass: those with at least
+    ``stage3_param_persistence_threshold`` elements (smaller ones stay whole on every GPU: norms, biases, LoRA's
+    adapters at the usual thresholds)."""
+    big = [p.numel for p in named_parameters(inputs.arch) if p.numel >= inputs.param_persistence_threshold]
+    return float(sum(big)), len(big)
+
+
 def _trainable_tensors(inputs: PlanInputs) -> int:
     if inputs.freeze is not None or (inputs.lora_rank and inputs.modules_to_save):
         listed = len(tuning.trainable_list(inputs) or [])
@@ -439,7 +462,6 @@ def estimate_time(inputs: PlanInputs, speed: Speed, c: TimeConstants = TIME_DEFA
     trainable = tuning.trainable_params(inputs, counts)
     ws, ga = inputs.world_size, inputs.grad_accum
     mb = _micro_batch(inputs, speed, c)
-    host_op = c.host_op * speed.launch_s.value
     terms: List[Term] = []
     notes: List[str] = []
     bw = speed.mem_bytes_per_s.value
@@ -447,49 +469,54 @@ def estimate_time(inputs: PlanInputs, speed: Speed, c: TimeConstants = TIME_DEFA
     def add(name: str, seconds: float, phase: str, reason: str) -> None:
         terms.append(Term(name, seconds, phase, reason))
 
-    # ZeRO-3's hooks and gathers ride on every pass; ZeRO-1/2's gradient hooks on the backward
+    # ZeRO-3's hooks and gathers ride on every pass; every stage's gradient hooks on the backward
+    launch = speed.launch_s.value
     modules = _modules(inputs)
+    fetched, fetched_n = _fetched(inputs)
     passes = 3 if inputs.gradient_checkpointing else 2
     z3_host = {"forward": 0.0, "backward": 0.0}
     z3_gpu = {"forward": 0.0, "backward": 0.0}
-    gathered = 2.0 * counts.total  # 16-bit weights
-    if inputs.lora_rank or inputs.freeze is not None:
-        gathered = 2.0 * counts.total
     if inputs.stage == 3:
-        z3_host["forward"] = modules * c.zero3_module_s
-        z3_host["backward"] = modules * c.zero3_module_s * (passes - 1)
-        copy = 2.0 * gathered / bw  # the gathered tensor written, its partition read (world size 1: a copy)
+        per_pass = (fetched_n * c.zero3_fetch + modules * c.zero3_module) * launch
+        z3_host["forward"], z3_host["backward"] = per_pass, per_pass * (passes - 1)
+        copy = 2.0 * 2.0 * fetched / ws / bw  # the gathered 16-bit tensor written, its partition read
         z3_gpu["forward"], z3_gpu["backward"] = copy, copy * (passes - 1)
     grad_tensors = _trainable_tensors(inputs)
-    z12_host = grad_tensors * c.zero12_tensor_s if inputs.stage in (1, 2) else 0.0
+    hooks = grad_tensors * c.grad_hook * launch if inputs.stage >= 1 else 0.0
     z12_gpu = 0.0
     if inputs.stage == 2:
         z12_gpu = trainable * c.grad_bytes_zero2 / bw
     elif inputs.stage == 1:
         z12_gpu = trainable * c.grad_bytes_zero1 / bw
+    offload_out = 0.0
+    if inputs.offload_optimizer != "none":
+        # each micro batch's fp32 gradients go to pinned host memory as the backward makes them
+        offload_out = (trainable / ws) * 4.0 / speed.d2h_bytes_per_s.value
+        hooks += grad_tensors * c.offload_hook * launch
 
     gpu_f = mb.forward.gpu_s(c) + z3_gpu["forward"]
-    gpu_b = mb.backward.gpu_s(c) + mb.recompute.gpu_s(c) + z3_gpu["backward"] + z12_gpu
-    host_f = mb.kernels["forward"] * host_op + z3_host["forward"]
-    host_b = mb.kernels["backward"] * host_op + z3_host["backward"] + z12_host
+    gpu_b = mb.backward.gpu_s(c) + mb.recompute.gpu_s(c) + z3_gpu["backward"] + z12_gpu + offload_out
+    host_f = mb.kernels["forward"] * c.host_forward * launch + z3_host["forward"]
+    host_b = (mb.kernels["backward"] - mb.recompute.kernels) * c.host_backward * launch \
+        + mb.recompute.kernels * c.host_forward * launch + z3_host["backward"] + hooks
 
     # parameter offload: every pass copies the 16-bit partition from pinned host memory
     if inputs.offload_param != "none":
-        h2d = gathered / ws / speed.h2d_bytes_per_s.value
+        h2d = 2.0 * fetched / ws / speed.h2d_bytes_per_s.value
         gpu_f += h2d
         gpu_b += h2d * (passes - 1)
     fwd_s, bwd_s = max(gpu_f, host_f), max(gpu_b, host_b)
-    bound_f = "the host (kernel launches" + (", ZeRO-3 hooks" if inputs.stage == 3 else "") + ")" \
-        if host_f > gpu_f else "the GPU"
+    bound_f = "the host" if host_f > gpu_f else "the GPU"
     bound_b = "the host" if host_b > gpu_b else "the GPU"
     pf, pb, pr = mb.forward, mb.backward, mb.recompute
+    z3_words = (f", ZeRO-3: {fetched_n} parameters gathered and {modules} modules' hooks per pass"
+                if inputs.stage == 3 else "")
     add("forward", ga * fwd_s, "forward",
         f"{ga} x max(GPU {gpu_f * 1e3:.1f} ms: products {pf.matmul_s * 1e3:.1f} ms ({pf.flops / 1e12:.2f} TFLOP), "
         f"attention {pf.attention_s * 1e3:.1f} ms, other kernels {pf.elementwise_s * 1e3:.1f} ms "
         f"({pf.bytes / 1e9:.2f} GB at {bw / 1e12:.2f} TB/s), {pf.kernels} kernels"
         + (f", ZeRO-3 copies {z3_gpu['forward'] * 1e3:.1f} ms" if inputs.stage == 3 else "")
-        + f"; host {host_f * 1e3:.1f} ms: {mb.kernels['forward']} launches"
-        + (f", {modules} modules' ZeRO-3 hooks" if inputs.stage == 3 else "") + f"): bound by {bound_f}")
+        + f"; host {host_f * 1e3:.1f} ms: {mb.kernels['forward']} launches{z3_words}): bound by {bound_f}")
     add("backward", ga * bwd_s, "backward",
         f"{ga} x max(GPU {gpu_b * 1e3:.1f} ms: products {(pb.matmul_s + pr.matmul_s) * 1e3:.1f} ms "
         f"({(pb.flops + pr.flops) / 1e12:.2f} TFLOP"
@@ -497,21 +524,22 @@ def estimate_time(inputs: PlanInputs, speed: Speed, c: TimeConstants = TIME_DEFA
         + f"), attention {(pb.attention_s + pr.attention_s) * 1e3:.1f} ms, other kernels "
         f"{(pb.elementwise_s + pr.elementwise_s) * 1e3:.1f} ms"
         + (f", ZeRO-{inputs.stage} gradient copies {z12_gpu * 1e3:.1f} ms" if z12_gpu else "")
+        + (f", gradients to the host {offload_out * 1e3:.1f} ms" if offload_out else "")
         + f"; host {host_b * 1e3:.1f} ms: {mb.kernels['backward']} launches"
-        + (f", hooks of {grad_tensors} gradient tensors" if z12_host else "")
-        + f"): bound by {bound_b}")
+        + (f", DeepSpeed's hooks on {grad_tensors} gradient tensors" if hooks else "")
+        + f"{z3_words}): bound by {bound_b}")
 
     # collectives (world size > 1)
     _collectives(inputs, speed, ga, bwd_s, terms, notes)
     # the optimizer step
-    _optimizer(inputs, speed, c, trainable, grad_tensors, host_op, ga, terms)
+    _optimizer(inputs, speed, c, trainable, grad_tensors, ga, terms)
 
     step_s = sum(t.seconds for t in terms)
     tokens = inputs.micro_batch * inputs.seq_len * ga
     model_flops = ga * (pf.flops + pb.flops)
     figures = tuple((name, f.value, f.source, f.measured) for name, f in speed.figures())
     return StepTime(step_s, tuple(terms), tokens, model_flops, speed.peak_flops_per_s.value, ws, speed.card,
-                    tuple(speed.estimated()), tuple(notes), figures, c.source)
+                    tuple(speed.estimated()), tuple(speed.notes) + tuple(notes), figures, c.source)
 
 
 def _collectives(inputs: PlanInputs, speed: Speed, ga: int, backward_s: float, terms: List[Term],
@@ -548,33 +576,39 @@ def _collectives(inputs: PlanInputs, speed: Speed, ga: int, backward_s: float, t
                       + f") and the updated weights' all-gather ({gather * 1e3:.1f} ms), bus bandwidth {link}"))
 
 
-def _optimizer(inputs: PlanInputs, speed: Speed, c: TimeConstants, trainable: int, tensors: int, host_op: float,
-               ga: int, terms: List[Term]) -> None:
+def _optimizer(inputs: PlanInputs, speed: Speed, c: TimeConstants, trainable: int, tensors: int, ga: int,
+               terms: List[Term]) -> None:
+    """The optimizer step: DeepSpeed's bookkeeping per trainable tensor on the host, and the update: memory-bound on
+    the GPU, or with optimizer offload CPU Adam on the host and the 16-bit weights copied back."""
     part = trainable / inputs.world_size if inputs.stage >= 1 else trainable
     bw = speed.mem_bytes_per_s.value
+    host = tensors * c.step_tensor * speed.launch_s.value
     if inputs.offload_optimizer == "none":
         per = c.adam_bytes_torch if inputs.torch_adam else c.adam_bytes_fused
         what = "torch's AdamW (foreach)" if inputs.torch_adam else "a fused AdamW"
-        seconds = part * per / bw
-        terms.append(Term("optimizer", seconds, "step",
-                          f"{what} over {part / 1e6:.1f} M trainable elements of this GPU's partition, "
-                          f"{per:.0f} B each at {bw / 1e12:.2f} TB/s"))
+        gpu = part * per / bw
+        terms.append(Term("optimizer", max(gpu, host), "step",
+                          f"max(GPU {gpu * 1e3:.1f} ms: {what} over {part / 1e6:.1f} M trainable elements of this "
+                          f"GPU's partition, {per:.0f} B each at {bw / 1e12:.2f} TB/s; host {host * 1e3:.1f} ms: "
+                          f"DeepSpeed's step over {tensors} trainable tensors)"))
         return
-    # optimizer offload: gradients to the host, the step on the CPU, the 16-bit weights back
-    d2h = speed.d2h_bytes_per_s.value
+    # optimizer offload: (the gradients went to the host in the backward) the step on the CPU, the weights back
     h2d = speed.h2d_bytes_per_s.value
-    grads_out = part * 4.0 / d2h  # fp32 gradient partition into pinned host memory
-    accumulate = (ga - 1) * part * 8.0 / min(d2h, h2d) if ga > 1 else 0.0  # CPU buffer to the GPU, added, back
+    accumulate = (ga - 1) * part * 8.0 / min(speed.d2h_bytes_per_s.value, h2d) if ga > 1 else 0.0
     rate = speed.torch_cpu_adamw_elems_per_s if inputs.torch_adam else speed.cpu_adam_elems_per_s
     cpu = part / rate.value
-    back = part * 2.0 / h2d
-    terms.append(Term("offload_copies", grads_out + accumulate + back, "step",
-                      f"gradients to the host ({part / 1e6:.1f} M x 4 B at {d2h / 1e9:.1f} GB/s"
-                      + (f", and {ga - 1} accumulations through the GPU" if ga > 1 else "")
-                      + f"), 16-bit weights back ({part / 1e6:.1f} M x 2 B at {h2d / 1e9:.1f} GB/s)"))
+    # DeepSpeed casts the updated fp32 partition to a 16-bit host buffer before the copy (stage_1_and_2.py step):
+    # 6 B per element through host memory, at the bandwidth CPUAdam's 28 B per element ran at
+    cast = part * 6.0 / (28.0 * speed.cpu_adam_elems_per_s.value) if inputs.stage in (1, 2) else 0.0
+    back = part * 2.0 / h2d + cast
+    terms.append(Term("offload_copies", accumulate + back, "step",
+                      f"16-bit weights back to the GPU ({part / 1e6:.1f} M x 2 B at {h2d / 1e9:.1f} GB/s"
+                      + (f", cast from fp32 on the host first: {cast * 1e3:.0f} ms" if cast else "") + ")"
+                      + (f", {ga - 1} accumulations of the host's gradients through the GPU" if ga > 1 else "")))
     what = "torch's AdamW on the CPU" if inputs.torch_adam else "DeepSpeed's CPUAdam"
-    terms.append(Term("cpu_adam", cpu, "step", f"{what}: {part / 1e6:.1f} M elements at "
-                                               f"{rate.value / 1e6:.0f} M/s ({rate.source})"))
+    terms.append(Term("cpu_adam", cpu + host, "step",
+                      f"{what}: {part / 1e6:.1f} M elements at {rate.value / 1e6:.0f} M/s, and DeepSpeed's step over "
+                      f"{tensors} trainable tensors on the host ({host * 1e3:.1f} ms)"))
 
 
 def run_time(step: StepTime, inputs: PlanInputs, gpu_hour_cost: Optional[float] = None) -> RunTime:
@@ -637,6 +671,19 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
+_UNITS = {"matmul_flops_per_s": ("matmul", 1e12, "TFLOP/s"), "attention_flops_per_s": ("attention", 1e12, "TFLOP/s"),
+          "mem_bytes_per_s": ("memory", 1e12, "TB/s"), "h2d_bytes_per_s": ("host->device", 1e9, "GB/s"),
+          "d2h_bytes_per_s": ("device->host", 1e9, "GB/s"), "cpu_adam_elems_per_s": ("CPUAdam", 1e9, "G/s"),
+          "torch_cpu_adamw_elems_per_s": ("torch AdamW on the host", 1e9, "G/s"),
+          "launch_s": ("launch", 1e-6, "us"), "intra_busbw_bytes_per_s": ("GPU-GPU bus", 1e9, "GB/s"),
+          "inter_busbw_bytes_per_s": ("bus across nodes", 1e9, "GB/s"), "peak_flops_per_s": ("peak", 1e12, "TFLOP/s")}
+
+
+def _figure(name: str, value: float) -> str:
+    label, scale, unit = _UNITS.get(name, (name, 1.0, ""))
+    return f"{label} {value / scale:.3g} {unit}"
+
+
 def render_lines(step: StepTime, run: Optional[RunTime]) -> List[str]:
     """The plan's time section for people: each term with its reason, the step, tokens/s, MFU, the run."""
     out = [f"Time per optimizer step ({step.card or 'card unknown'}):"]
@@ -652,11 +699,13 @@ def render_lines(step: StepTime, run: Optional[RunTime]) -> List[str]:
                    f"{run.reason}")
     elif run is not None:
         out.append(f"  {'run':28s}{'unknown':>9s}   {run.reason}")
-    measured = [name for name, _, _, m in step.figures if m]
-    out.append("  speed figures: " + ("; ".join(f"{name} {source}" for name, _, source, m in step.figures
-                                                 if not m and name in step.estimated) or "all measured"))
-    if measured:
-        out.append("  measured on this card: " + ", ".join(measured))
+    est = [_figure(name, value) for name, value, _, m in step.figures if not m and name != "peak_flops_per_s"]
+    got = [_figure(name, value) for name, value, _, m in step.figures if m]
+    if est:
+        out.append("  speed figures estimated (the card table; `--format json` gives each one's source): "
+                   + ", ".join(est))
+    if got:
+        out.append("  speed figures measured on this card (zeropilot calibrate): " + ", ".join(got))
     out.append(f"  constants: {step.constants}")
     out += [f"  note: {n}" for n in step.notes]
     return out

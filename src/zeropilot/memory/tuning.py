@@ -158,13 +158,20 @@ def fused_loss_bytes(inputs: PlanInputs, output_trains: bool) -> Tuple[int, str]
     if inputs.fused_loss == "cce":
         return grad_input + weight_grad, (f"cut cross-entropy: no logits; the input's gradient ({tokens} × {a.hidden} "
                                           "× 2 B)" + (", the output layer's weight gradient" if weight_grad else ""))
-    inc = -(-a.vocab // a.hidden)
-    chunk = min(1 << max(0, (-(-tokens // inc) - 1).bit_length()), tokens)
+    chunk = liger_chunk_tokens(inputs)
     logits = 2 * chunk * a.vocab
     return logits + grad_input + weight_grad, (
         f"Liger's fused linear cross-entropy: logits of {chunk} tokens at a time ({chunk} × {a.vocab} × 2 B), the "
         f"input's gradient ({tokens} × {a.hidden} × 2 B)" + (", the output layer's weight gradient (V × h × 2 B)"
                                                             if weight_grad else "") + "; the whole logits never exist")
+
+
+def liger_chunk_tokens(inputs: PlanInputs) -> int:
+    """The tokens of one chunk of Liger's fused linear cross-entropy (see the module docstring)."""
+    a = inputs.arch
+    tokens = inputs.micro_batch * inputs.seq_len
+    inc = -(-a.vocab // a.hidden)
+    return min(1 << max(0, (-(-tokens // inc) - 1).bit_length()), tokens)
 
 
 def output_trains(inputs: PlanInputs) -> bool:
