@@ -69,7 +69,7 @@ def time_rows(summary: Dict[str, Any]) -> List[tuple]:
     rows = [("step", m["step_s"], p.get("step_s"), {r: x["step_s"] for r, x in ranks.items()})]
     if m["phase_steps"]:
         for name, _ in SPLIT:
-            rows.append((LABELS[name], m["phases"].get(name), (p.get("phases") or {}).get(name, 0.0 if p else None),
+            rows.append((LABELS[name], m["phases"].get(name), (p.get("phases") or {}).get(name),  # idle: no term
                          {r: x["phases"].get(name) for r, x in ranks.items()}))
     return rows
 
@@ -93,9 +93,10 @@ def time_findings(summary: Dict[str, Any]) -> List[str]:
                      f"MFU {_pct(p.get('measured_mfu'))} measured, {_pct(p['mfu'])} predicted")
     slow = t.get("slower_than_predicted")
     if slow:
-        lines.append(f"SLOWER than predicted: {slow['ratio']:.2f}x ({secs(m['step_s'])} against "
-                     f"{secs(p['step_s'])}); most of the difference is in {LABELS.get(slow['phase'], slow['phase'])} "
-                     f"(+{secs(slow['phase_excess_s'])} of +{secs(slow['excess_s'])})")
+        where = (f"; most of the difference is in {LABELS[slow['phase']]} (+{secs(slow['phase_excess_s'])} of "
+                 f"+{secs(slow['excess_s'])})" if slow["phase"] else "")
+        lines.append(f"SLOWER than predicted: {slow['ratio']:.2f}x ({secs(m['step_s'])} against {secs(p['step_s'])})"
+                     + where)
     fast = t.get("faster")
     if fast:
         lines.append(f"faster: {fast['config']}: predicted {secs(fast['step_s'])} per step against "
@@ -140,7 +141,8 @@ def _time(summary: Dict[str, Any]) -> List[str]:
         if t.get("ratio") is not None:
             lines[-len(rows)] += f"   measured {t['ratio']:.2f}x the prediction"
     if differ:
-        lines.append(f"  ranks {', '.join(map(str, differ))}: their own medians, where they differ from the job's")
+        lines.append(f"  {'rank' if len(differ) == 1 else 'ranks'} {', '.join(map(str, differ))}: "
+                     f"{'its' if len(differ) == 1 else 'their'} own medians, where they differ from the job's")
     for name, h in m["held"].items():
         lines.append(f"  {h['steps']} step(s) holding a {name}: {secs(h['median_s'])} of {name} each (median), "
                      "left out above")

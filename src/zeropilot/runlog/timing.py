@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -81,31 +82,33 @@ def _steady(rec: RankRecords) -> Tuple[List[int], List[int], Dict[str, int], Dic
     it recorded them) is left out when a save or load record's span falls between the previous step and it.
     """
     cols = rec.steps
-    split = [cols[c] for _, c in SPLIT]
-    held = [(name, cols[c]) for name, c in HELD]
     windows = {name: _windows(rec, name) for name, _ in HELD}
     keep: List[int] = []
     with_phases: List[int] = []
     left = {"warmup": min(WARMUP_STEPS, rec.n_steps), "save": 0, "load": 0, "other": 0, "unrecorded": 0}
     seconds_held: Dict[str, List[float]] = {name: [] for name, _ in HELD}
     t = cols["t"]
-    for i in range(WARMUP_STEPS, rec.n_steps):
-        if cols["seconds"][i] != cols["seconds"][i]:  # NaN: not recorded
+    # one pass over the columns (a run may hold millions of steps); values are finite or NaN (``runlog.read``)
+    rows = zip(cols["seconds"], *(cols[c] for _, c in SPLIT), cols["save_seconds"], cols["load_seconds"],
+               cols[OTHER_PHASES])
+    for i, (secs, idle, forward, backward, step, save, load, other) in enumerate(rows):
+        if i < WARMUP_STEPS:
+            continue
+        if secs != secs:  # NaN: not recorded
             left["unrecorded"] += 1
             continue
-        values = [c[i] for c in split] + [c[i] for _, c in held] + [cols[OTHER_PHASES][i]]
-        if any(v != v for v in values):
+        total = idle + forward + backward + step + save + load + other
+        if total != total:  # no phase times: a save's or load's span between the previous step and this one
             why = next((name for name in windows if _overlaps(windows[name], t[i - 1], t[i])), None)
             if why is not None:
                 left[why] += 1
             else:
                 keep.append(i)
-            continue
-        why = next((name for name, c in held if c[i] > 0), None)
-        if why is not None:
+        elif save > 0 or load > 0:
+            why = "save" if save > 0 else "load"
             left[why] += 1
-            seconds_held[why].append(float(next(c[i] for name, c in held if name == why)))
-        elif cols[OTHER_PHASES][i] > 0:
+            seconds_held[why].append(float(save if why == "save" else load))
+        elif other > 0:
             left["other"] += 1
         else:
             keep.append(i)
@@ -117,7 +120,7 @@ def _split(rows: List[Tuple[RankRecords, List[int], List[int]]]) -> Dict[str, An
     """Medians of the step over the given steady rows, and of each phase over those with phase times."""
     secs = [rec.steps["seconds"][i] for rec, idx, _ in rows for i in idx]
     timed = sum(len(idx) for _, _, idx in rows)
-    phases = {name: _median([float(rec.steps[col][i]) for rec, _, idx in rows for i in idx]) for name, col in SPLIT}
+    phases = {name: _median([rec.steps[col][i] for rec, _, idx in rows for i in idx]) for name, col in SPLIT}
     return {"step_s": _median(secs), "phases": phases if timed else {}, "steps": len(secs), "phase_steps": timed}
 
 
@@ -125,9 +128,18 @@ def _batch(rows: List[Tuple[RankRecords, List[int], List[int]]]) -> Optional[Dic
     """The median micro batch, padded length and micro batches per step of the steady steps (None: not recorded)."""
     out = {}
     for key in ("micro_batch_size", "seq_len", "micro_batches"):
-        values = [rec.steps[key][i] for rec, idx, _ in rows for i in idx if rec.steps[key][i] == rec.steps[key][i]]
-        median = _median([float(v) for v in values])
-        if median is None or median < 1:
+        counts = Counter(rec.steps[key][i] for rec, idx, _ in rows for i in idx)  # a few values, many times each
+        values = sorted(v for v in counts if v == v)  # NaN keys (not recorded) are each their own
+        n = sum(counts[v] for v in values)
+        if not n:
+            return None
+        below, median = 0, values[-1]
+        for v in values:  # the lower median: a batch the run really had
+            below += counts[v]
+            if 2 * below >= n:
+                median = v
+                break
+        if median < 1:
             return None
         out[key] = int(median)
     return out
@@ -301,7 +313,7 @@ def config_text(inputs: Any) -> str:
 
 #: the fields a candidate of the search changes (``memory.search``), compared with this launch's
 _CHANGED = ("stage", "offload_optimizer", "offload_param", "gradient_checkpointing", "micro_batch", "grad_accum",
-            "reduce_bucket_size", "prefetch_bucket_size", "overlap_comm")
+            "reduce_bucket_size", "prefetch_bucket_size", "overlap")
 
 
 def _changes(before: Any, after: Any) -> Dict[str, List[Any]]:
@@ -360,9 +372,9 @@ def _slower(m: Dict[str, Any], predicted: Dict[str, Any]) -> Optional[Dict[str, 
     if ratio < SLOWER:
         return None
     excess = {name: (m["phases"].get(name) or 0.0) - (predicted["phases"].get(name) or 0.0) for name, _ in SPLIT}
-    phase = max(excess, key=lambda k: excess[k])
+    phase = max(excess, key=lambda k: excess[k]) if m["phases"] else None  # no phase times: the step only
     return {"ratio": ratio, "excess_s": m["step_s"] - predicted["step_s"], "phase": phase,
-            "phase_excess_s": excess[phase]}
+            "phase_excess_s": excess[phase] if phase else None}
 
 
 def predicted(records: RunRecords, ranks: List[Dict[str, Any]], m: Dict[str, Any], p: Predictor) -> Dict[str, Any]:
@@ -370,7 +382,8 @@ def predicted(records: RunRecords, ranks: List[Dict[str, Any]], m: Dict[str, Any
     ``slower_than_predicted``, ``faster``, ``notes``."""
     none: Dict[str, Any] = {"predicted": None, "slower_than_predicted": None, "faster": None, "notes": []}
     if m["step_s"] is None or m["batch"] is None:
-        return {**none, "reason": "no steady step recorded its batch: nothing to predict for"}
+        return {**none, "reason": "no steady step recorded its batch (micro batch size, padded length): nothing to "
+                                  "predict for"}
     rec = _setup(records)
     if rec is None:
         return {**none, "reason": "the guard recorded no setup (model, ZeRO and batch settings) in any rank"}
@@ -390,6 +403,8 @@ def predicted(records: RunRecords, ranks: List[Dict[str, Any]], m: Dict[str, Any
         out.update(card=out["card"] or nz.text(getattr(speed, "card", None)) or card, inputs=_inputs_dict(inputs),
                    measured_mfu=nz.num(out["mfu"] * out["step_s"] / m["step_s"]) if out["mfu"] is not None else None)
         faster, more = _faster(inputs, out["step_s"], m["step_s"], speed, ranks, p)
+    except NotImplementedError:  # issue 40: the time model lands beside this module
+        return {**none, "reason": "this build has no time model (zeropilot.memory.steptime.estimate_time)"}
     except _CANNOT as exc:
         return {**none, "reason": nz.text(f"the time model cannot take this run: {exc}")}
     model = rec["setup"].get("model")
