@@ -83,7 +83,7 @@ def test_real_runs_split_the_step_into_phases_and_predict_it(capsys, validate, m
     assert rep["time"]["ratio"] == pytest.approx(m["step_s"] / p["step_s"])
     text = render(rep)
     assert f"predicted for {p['inputs']['config']}, {p['inputs']['seq_len']} tokens, on cpu (measured figures)" in text
-    assert "note: the model trains in fp32: the time model counts bf16 matrix products" in text
+    assert "note: the run trains in fp32: the time model counts bf16 matrix products" in text
 
 
 @pytest.mark.slow

@@ -169,7 +169,7 @@ def test_a_configuration_already_fastest_is_not_named(tmp_path):
 
 @pytest.mark.parametrize("predictor,why", [
     (Predictor(), "the run trained on the CPU: the time model has speed figures for GPUs only"),
-    (Predictor(speed=timeparts.speed("cpu", 1e11), estimate=lambda inputs, sp: _not_yet(inputs, sp)),
+    (Predictor(speed=timeparts.speed("cpu", 1e11), estimate=lambda inputs, sp: _not_yet()),
      "this build has no time model"),
 ], ids=["no-speed-figures", "no-time-model"])
 def test_a_cpu_run_says_in_one_line_why_nothing_is_predicted(tmp_path, predictor, why):
@@ -181,10 +181,8 @@ def test_a_cpu_run_says_in_one_line_why_nothing_is_predicted(tmp_path, predictor
     assert lines == [f"  no prediction: {t['reason']}"]
 
 
-def _not_yet(inputs, speed):
-    from zeropilot.memory.steptime import estimate_time
-
-    return estimate_time(inputs, speed)  # NotImplementedError until the time model lands
+def _not_yet():
+    raise NotImplementedError  # what memory.steptime.estimate_time raised before the time model landed
 
 
 def test_an_unknown_card_without_a_profile_is_one_line(tmp_path):
@@ -236,3 +234,18 @@ def test_hardware_profile_that_is_not_one_is_exit_2(tmp_path, capsys):
     bad.write_text("{}")
     assert main(["report", str(_write_job(tmp_path / "run", ranks=1)), "--hardware", str(bad)]) == 2
     assert "not a zeropilot hardware profile" in capsys.readouterr().err
+
+
+def test_the_docs_example_is_what_the_command_prints(capsys, monkeypatch):
+    """docs/report.md quotes the first lines of the report of a committed real CPU run (bench/report/runs)."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "report.md").read_text(encoding="utf-8")
+    block = re.search(r"```\n\$ zeropilot report (bench/report/runs/hf-trainer-cpu-time)\n(.*?)```", doc, re.S)
+    assert block, "docs/report.md quotes the step time of a real run"
+    run, quoted = block.groups()
+    monkeypatch.chdir(root)
+    assert main(["report", run]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(quoted) and "time per optimizer step: median" in quoted

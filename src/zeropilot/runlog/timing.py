@@ -407,9 +407,9 @@ def predicted(records: RunRecords, ranks: List[Dict[str, Any]], m: Dict[str, Any
         return {**none, "reason": "this build has no time model (zeropilot.memory.steptime.estimate_time)"}
     except _CANNOT as exc:
         return {**none, "reason": nz.text(f"the time model cannot take this run: {exc}")}
-    model = rec["setup"].get("model")
-    if isinstance(model, dict) and model.get("dtype") == "float32":
-        notes.append("the model trains in fp32: the time model counts bf16 matrix products")
+    train = rec["setup"].get("train")
+    if isinstance(train, dict) and train.get("precision") == "fp32":
+        notes.append("the run trains in fp32: the time model counts bf16 matrix products")
     return {"predicted": out, "reason": None, "slower_than_predicted": _slower(m, out), "faster": faster,
             "notes": [nz.text(n) for n in notes + more]}
 
@@ -421,4 +421,5 @@ def section(records: RunRecords, ranks: List[Dict[str, Any]], predictor: Optiona
     m = measured(records)
     pred = predicted(records, ranks, m, predictor or Predictor())
     ratio = nz.num(m["step_s"] / pred["predicted"]["step_s"]) if pred["predicted"] else None
-    return {"measured": m, **pred, "ratio": ratio}
+    return {"measured": m, "predicted": pred["predicted"], "reason": pred["reason"], "ratio": ratio,
+            "slower_than_predicted": pred["slower_than_predicted"], "faster": pred["faster"], "notes": pred["notes"]}
