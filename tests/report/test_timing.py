@@ -156,8 +156,8 @@ def _inputs(rep):
     records = read_run(Path(rep["run_dir"]))
     setup = records.ranks[0].of("setup")[-1]
     inputs, why, _ = plan_inputs({"setup": setup, "batch": rep["time"]["measured"]["batch"]}, 80 * GiB)
-    assert why is None
-    return inputs.with_(grad_accum=2)
+    assert why is None and inputs.grad_accum == 2
+    return inputs
 
 
 def test_a_configuration_already_fastest_is_not_named(tmp_path):
@@ -212,6 +212,23 @@ def test_a_setup_the_plan_cannot_take_is_one_line(tmp_path, validate):
     rep = summarize(read_run(root), _gpu_predictor())
     assert validate(rep) == [] and rep["time"]["predicted"] is None
     assert rep["time"]["reason"].startswith("the plan cannot size this model")
+
+
+def test_a_model_larger_than_any_run_is_refused_not_planned(tmp_path, validate):
+    """A stranger's setup record claiming a billion layers (the plan's work grows with them) gets one line, at once."""
+    import time
+
+    root = _write_job(tmp_path / "run", ranks=1)
+    lines = (root / "rank-0.jsonl").read_text().splitlines()
+    setup = json.loads(lines[1])
+    setup["model"]["config"]["num_hidden_layers"] = 10**9
+    lines[1] = json.dumps(setup)
+    (root / "rank-0.jsonl").write_text("\n".join(lines) + "\n")
+    t0 = time.monotonic()
+    rep = summarize(read_run(root), _gpu_predictor())
+    assert time.monotonic() - t0 < 5 and validate(rep) == [] and rep["time"]["predicted"] is None
+    assert rep["time"]["reason"] == ("the plan cannot take this run's settings: layers 1000000000 (at most 512): "
+                                     "larger than any run the plan models")
 
 
 def test_old_run_directories_give_the_step_time_without_its_split(tmp_path, validate):

@@ -17,6 +17,13 @@ from zeropilot.memory.inputs import Hardware, PlanInputs
 from zeropilot.models.arch import from_config
 
 
+#: sizes beyond any model or batch a run trains (the largest models have about 130 layers, 256 experts, a 256k
+#: vocabulary): a record claiming more is refused rather than planned, since the plan's work grows with layers,
+#: experts and the samples per step (a stranger's record must not keep the report busy for hours)
+LIMITS = {"layers": 512, "hidden": 1 << 17, "intermediate": 1 << 19, "vocab": 1 << 22, "heads": 1 << 12,
+          "experts": 1 << 12, "samples_per_step": 1 << 14, "seq_len": 1 << 22, "world_size": 1 << 17}
+
+
 def num(value: Any) -> Optional[int]:
     """A recorded number as an int, or None (absent, not a number, a boolean, NaN or infinite)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -50,7 +57,8 @@ def plan_inputs(record: Dict[str, Any], budget: Optional[int]) -> Tuple[Optional
 
     Args:
         record: ``setup`` (a rank's setup record), ``batch`` (``micro_batch_size``, ``seq_len``: the batch to plan
-            at), ``allocator_settings`` (a start or OOM record's).
+            at; ``micro_batches``: the micro batches of an optimizer step, else the setup's accumulation),
+            ``allocator_settings`` (a start or OOM record's).
         budget: one GPU's memory for the plan's verdict (:func:`budget`), None when unknown.
 
     Returns:
@@ -68,6 +76,9 @@ def plan_inputs(record: Dict[str, Any], budget: Optional[int]) -> Tuple[Optional
                            source="the rank's model.config")
     except (InputError, KeyError, TypeError, ValueError, ArithmeticError) as exc:
         return None, f"the plan cannot size this model: {exc}", []
+    big = _too_large(arch)
+    if big:
+        return None, f"the plan cannot take this run's settings: {big}", []
     batch = _dict(record.get("batch"))
     mb = num(batch.get("micro_batch_size")) or num(train.get("micro_batch")) or 1
     seq = num(batch.get("seq_len"))
@@ -86,7 +97,8 @@ def plan_inputs(record: Dict[str, Any], budget: Optional[int]) -> Tuple[Optional
         gc = train.get("gradient_checkpointing_arg")
     values: Dict[str, Any] = dict(
         arch=arch, hardware=Hardware(world, budget) if budget else None, world=world, stage=stage, micro_batch=mb,
-        seq_len=max(seq, 1), grad_accum=num(train.get("grad_accum")) or 1, gradient_checkpointing=bool(gc),
+        seq_len=max(seq, 1), grad_accum=num(batch.get("micro_batches")) or num(train.get("grad_accum")) or 1,
+        gradient_checkpointing=bool(gc),
         lora_rank=lora_rank, expandable_segments=expandable_in(record), attn=model.get("attn") or "sdpa",
         torch_adam="torch.optim" in str(train.get("optimizer") or ""),
         offload_optimizer=str(zero.get("offload_optimizer") or "none") if stage else "none",
@@ -100,9 +112,22 @@ def plan_inputs(record: Dict[str, Any], budget: Optional[int]) -> Tuple[Optional
         values["overlap_comm"] = zero["overlap_comm"]
     if values.get("hpz_partition_size", 1) > 1 and world % values["hpz_partition_size"]:
         values["hpz_partition_size"] = 1
+    big = _too_large(None, values["micro_batch"] * values["grad_accum"], values["seq_len"], world)
+    if big:
+        return None, f"the plan cannot take this run's settings: {big}", []
     try:
         inputs = PlanInputs(**values)
         inputs.validate()
     except (InputError, TypeError) as exc:
         return None, f"the plan cannot take this run's settings: {exc}", []
     return inputs, None, notes
+
+
+def _too_large(arch: Any, samples: int = 1, seq_len: int = 1, world: int = 1) -> Optional[str]:
+    """What exceeds :data:`LIMITS`, in words, or None."""
+    sizes = {"samples_per_step": samples, "seq_len": seq_len, "world_size": world}
+    if arch is not None:
+        sizes.update(layers=arch.layers, hidden=arch.hidden, intermediate=arch.intermediate, vocab=arch.vocab,
+                     heads=arch.heads, experts=arch.moe.experts if arch.moe else 0)
+    over = [f"{k} {v} (at most {LIMITS[k]})" for k, v in sizes.items() if v > LIMITS[k]]
+    return "; ".join(over) + ": larger than any run the plan models" if over else None

@@ -395,7 +395,6 @@ def predicted(records: RunRecords, ranks: List[Dict[str, Any]], m: Dict[str, Any
     if inputs is None:
         return {**none, "reason": nz.text(why)}
     try:
-        inputs = inputs.with_(grad_accum=m["batch"]["micro_batches"])
         speed, why = _speed(card, backend, inputs.world_size, p)
         if speed is None:
             return {**none, "reason": nz.text(why)}
