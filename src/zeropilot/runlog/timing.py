@@ -24,10 +24,12 @@ Pure functions of the records and of a :class:`Predictor` (each part of the pred
 from __future__ import annotations
 
 import bisect
+import itertools
 import statistics
+from array import array
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from zeropilot.errors import InputError
 from zeropilot.runlog import normalize as nz
@@ -57,24 +59,25 @@ def _median(values: List[float]) -> Optional[float]:
     return statistics.median(values) if values else None
 
 
-def _windows(rec: RankRecords, kind: str) -> Tuple[List[float], List[float]]:
-    """The rank's ``kind`` records (save, load) as spans: their starts in order, and the latest end among the spans
-    up to each (so that whether a span overlaps an interval is one bisection)."""
-    spans = sorted((t - (nz.num(e.get("seconds")) or 0.0), t) for e in rec.of(kind)
-                   for t in [nz.num(e.get("t"))] if t is not None)
-    ends: List[float] = []
-    for _, end in spans:
-        ends.append(max(end, ends[-1]) if ends else end)
-    return [start for start, _ in spans], ends
+def _rows_in_spans(rec: RankRecords, kind: str) -> Set[int]:
+    """The step rows whose interval (from the previous step's end to theirs) overlaps one of the rank's ``kind``
+    records (save, load), whose span is ``t - seconds`` to ``t``: two bisections per record where the step times
+    are in order (a save per hundreds of steps: far fewer records than steps), else one bisection per row."""
+    t = rec.steps["t"]
+    spans = sorted((end - (nz.num(e.get("seconds")) or 0.0), end) for e in rec.of(kind)
+                   for end in [nz.num(e.get("t"))] if end is not None)
+    if not spans:
+        return set()
+    if all(a <= b for a, b in zip(t, itertools.islice(t, 1, None))):  # NaN compares false: not in order
+        return {i for start, end in spans
+                for i in range(max(bisect.bisect_right(t, start), 1), min(bisect.bisect_left(t, end), len(t) - 1) + 1)
+                if t[i - 1] < end and t[i] > start}
+    starts, reach = [start for start, _ in spans], list(itertools.accumulate((end for _, end in spans), max))
+    return {i for i in range(1, len(t))  # a span starting before this step ended and reaching past the previous end
+            for j in [bisect.bisect_left(starts, t[i])] if j and reach[j - 1] > t[i - 1]}
 
 
-def _overlaps(windows: Tuple[List[float], List[float]], lo: float, hi: float) -> bool:
-    starts, ends = windows
-    j = bisect.bisect_left(starts, hi)
-    return j > 0 and ends[j - 1] > lo
-
-
-def _steady(rec: RankRecords) -> Tuple[List[int], List[int], Dict[str, int], Dict[str, List[float]]]:
+def _steady(rec: RankRecords) -> Tuple[array, array, Dict[str, int], Dict[str, List[float]]]:
     """The rank's steady steps (row indices), those of them with phase times, how many were left out and why, and
     the seconds of the held phases (saves, loads) of the steps left out for them.
 
@@ -82,12 +85,10 @@ def _steady(rec: RankRecords) -> Tuple[List[int], List[int], Dict[str, int], Dic
     it recorded them) is left out when a save or load record's span falls between the previous step and it.
     """
     cols = rec.steps
-    windows = {name: _windows(rec, name) for name, _ in HELD}
-    keep: List[int] = []
-    with_phases: List[int] = []
+    spans: Optional[Dict[str, Set[int]]] = None  # worked out once a step without phase times needs them
+    keep, with_phases = array("l"), array("l")  # row numbers: 8 bytes each, for runs of millions of steps
     left = {"warmup": min(WARMUP_STEPS, rec.n_steps), "save": 0, "load": 0, "other": 0, "unrecorded": 0}
     seconds_held: Dict[str, List[float]] = {name: [] for name, _ in HELD}
-    t = cols["t"]
     # one pass over the columns (a run may hold millions of steps); values are finite or NaN (``runlog.read``)
     rows = zip(cols["seconds"], *(cols[c] for _, c in SPLIT), cols["save_seconds"], cols["load_seconds"],
                cols[OTHER_PHASES])
@@ -99,7 +100,8 @@ def _steady(rec: RankRecords) -> Tuple[List[int], List[int], Dict[str, int], Dic
             continue
         total = idle + forward + backward + step + save + load + other
         if total != total:  # no phase times: a save's or load's span between the previous step and this one
-            why = next((name for name in windows if _overlaps(windows[name], t[i - 1], t[i])), None)
+            spans = spans if spans is not None else {name: _rows_in_spans(rec, name) for name, _ in HELD}
+            why = "save" if i in spans["save"] else "load" if i in spans["load"] else None
             if why is not None:
                 left[why] += 1
             else:
@@ -116,7 +118,7 @@ def _steady(rec: RankRecords) -> Tuple[List[int], List[int], Dict[str, int], Dic
     return keep, with_phases, left, seconds_held
 
 
-def _split(rows: List[Tuple[RankRecords, List[int], List[int]]]) -> Dict[str, Any]:
+def _split(rows: List[Tuple[RankRecords, array, array]]) -> Dict[str, Any]:
     """Medians of the step over the given steady rows, and of each phase over those with phase times."""
     secs = [rec.steps["seconds"][i] for rec, idx, _ in rows for i in idx]
     timed = sum(len(idx) for _, _, idx in rows)
@@ -124,13 +126,14 @@ def _split(rows: List[Tuple[RankRecords, List[int], List[int]]]) -> Dict[str, An
     return {"step_s": _median(secs), "phases": phases if timed else {}, "steps": len(secs), "phase_steps": timed}
 
 
-def _batch(rows: List[Tuple[RankRecords, List[int], List[int]]]) -> Optional[Dict[str, int]]:
+def _batch(rows: List[Tuple[RankRecords, array, array]]) -> Optional[Dict[str, int]]:
     """The median micro batch, padded length and micro batches per step of the steady steps (None: not recorded)."""
     out = {}
     for key in ("micro_batch_size", "seq_len", "micro_batches"):
-        counts = Counter(rec.steps[key][i] for rec, idx, _ in rows for i in idx)  # a few values, many times each
-        values = sorted(v for v in counts if v == v)  # NaN keys (not recorded) are each their own
-        n = sum(counts[v] for v in values)
+        col = [(rec.steps[key], idx) for rec, idx, _ in rows]
+        counts = Counter(v for c, idx in col for i in idx for v in (c[i],) if v == v)  # NaN: not recorded
+        values = sorted(counts)  # a few values, many times each
+        n = sum(counts.values())
         if not n:
             return None
         below, median = 0, values[-1]
