@@ -3,9 +3,9 @@
     deepspeed --num_gpus 2 examples/raw-deepspeed/train.py --deepspeed_config examples/raw-deepspeed/ds_config.json
 
 Runs on GPUs, or on CPU with DS_ACCELERATOR=cpu (gloo). A tiny Qwen2-shaped model (transformers'
-``from_config``, no download) is trained on random tokens for --steps optimizer steps and saved
-with ``engine.save_checkpoint`` every --save-every steps and at the end. Nothing here knows
-about zeropilot.
+``from_config``, no download; ``--size small`` or ``qwen0.5b`` for larger ones, ``--gradient-checkpointing`` to
+recompute each layer) is trained on random tokens for --steps optimizer steps and saved with
+``engine.save_checkpoint`` every --save-every steps and at the end. Nothing here knows about zeropilot.
 """
 
 import argparse
@@ -20,6 +20,8 @@ SIZES = {
                  num_key_value_heads=2, vocab_size=256),
     "small": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
                   num_key_value_heads=2, vocab_size=32000),
+    "qwen0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                     num_key_value_heads=2, vocab_size=151936),  # Qwen2.5-0.5B's shape: one GPU, a real step
 }
 
 
@@ -30,6 +32,7 @@ def parse():
     p.add_argument("--save-dir", default="raw-deepspeed-out")
     p.add_argument("--size", choices=sorted(SIZES), default="tiny")
     p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--gradient-checkpointing", action="store_true", help="recompute each decoder layer in the backward")
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     p = deepspeed.add_config_arguments(p)
     return p.parse_args()
@@ -41,6 +44,8 @@ def main():
     torch.manual_seed(0)
     config = AutoConfig.for_model("qwen2", max_position_embeddings=max(args.seq, 64), **SIZES[args.size])
     model = AutoModelForCausalLM.from_config(config)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
     gen = torch.Generator().manual_seed(1 + engine.global_rank)
     last = engine.global_steps

@@ -49,6 +49,44 @@ def test_healthy_real_runs(capsys, validate, make, steps, saved_at):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("make", [runjobs.hf_trainer, runjobs.raw_deepspeed], ids=["hf_trainer", "raw_deepspeed"])
+def test_real_runs_split_the_step_into_phases_and_predict_it(capsys, validate, make):
+    """The guard's phase times add up to each step; their medians to the median step; on the CPU the report says
+    why nothing is predicted, and with speed figures passed in (this CPU's matmul rate, measured now, and the time
+    model's stand-in: tests/report/timeparts.py) the prediction for the launch the setup record describes is there."""
+    from tests.report import timeparts
+    from zeropilot.runlog import read_run, summarize
+    from zeropilot.runlog.read import OTHER_PHASES
+    from zeropilot.runlog.text import render
+    from zeropilot.runlog.timing import SPLIT, Predictor
+
+    job = make()
+    records = read_run(job.run_dir)
+    for rec in records.ranks.values():  # every step after the first: its phases add up to its seconds
+        cols = rec.steps
+        for i in range(1, rec.n_steps):
+            parts = sum(cols[c][i] for _, c in SPLIT) + cols["save_seconds"][i] + cols["load_seconds"][i] \
+                + cols[OTHER_PHASES][i]
+            assert parts == pytest.approx(cols["seconds"][i], abs=2e-3), (rec.rank, i)
+    rep = _report(capsys, job.run_dir)
+    assert validate(rep) == []
+    m, t = rep["time"]["measured"], rep["time"]
+    assert m["steps"] >= 6 and m["phase_steps"] == m["steps"] and m["left_out"]["save"] >= 2
+    assert sum(m["phases"].values()) == pytest.approx(m["step_s"], rel=0.2)
+    assert t["predicted"] is None and t["reason"].startswith("the run trained on the CPU")
+    assert f"no prediction: {t['reason']}" in _report(capsys, job.run_dir, "text")
+    rep = summarize(records, Predictor(speed=timeparts.cpu_speed(), estimate=timeparts.standin_estimate))
+    assert validate(rep) == []
+    p = rep["time"]["predicted"]
+    assert p["card"] == "cpu" and p["estimated"] == [] and p["inputs"]["world_size"] == 2
+    assert p["inputs"]["micro_batch"] == m["batch"]["micro_batch_size"] and p["inputs"]["seq_len"] == m["batch"]["seq_len"]
+    assert rep["time"]["ratio"] == pytest.approx(m["step_s"] / p["step_s"])
+    text = render(rep)
+    assert f"predicted for {p['inputs']['config']}, {p['inputs']['seq_len']} tokens, on cpu (measured figures)" in text
+    assert "note: the run trains in fp32: the time model counts bf16 matrix products" in text
+
+
+@pytest.mark.slow
 def test_killed_rank_is_named_not_the_rank_that_noticed(capsys, validate):
     job = runjobs.killed_in_save()
     rep = _report(capsys, job.run_dir)
@@ -97,6 +135,7 @@ def test_committed_real_runs(capsys, validate, name, kind, ranks):
     assert validate(rep) == [] and rep["verdict"]["kind"] == kind and rep["verdict"]["ranks"] == ranks
     text = _report(capsys, RUNS / name, "text")
     assert text.startswith(f"verdict: {kind.upper()}") and "rank   steps   host RSS\n" in text
+    assert "time per optimizer step" in text  # written before the guard recorded phase times: the step time only
 
 
 

@@ -27,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", metavar="PATH", nargs="?", const="last",
                    help="check a checkpoint with `ckpt inspect`'s reader and say on which world size the job can "
                         "resume from it: PATH, or without PATH the last save the run recorded (that path is read)")
+    p.add_argument("--hardware", metavar="FILE",
+                   help="hardware profile from `zeropilot calibrate` whose speed figures predict the step time (default: "
+                        "the profile found for the run's card, as `plan` finds it, else the card table's estimates)")
     p.set_defaults(func=run, compare_first=False)
 
 
@@ -60,8 +63,9 @@ def _render(args: argparse.Namespace) -> str:
     from zeropilot.runlog import text as text_render
     from zeropilot.runlog.job import checkpoint_section, read_job
 
+    predictor = _predictor(args)
     records = read_job(args.run_dir)
-    summary = summarize(records)
+    summary = summarize(records, predictor)
     if args.checkpoint:  # only when asked: the document is otherwise the one `run --format json` prints
         summary["checkpoint"] = checkpoint_section(summary, args.checkpoint)
     if args.compare is None:
@@ -74,7 +78,7 @@ def _render(args: argparse.Namespace) -> str:
     from zeropilot.runlog.summary import compare
 
     other = read_job([args.compare])
-    pair = [(records, summary), (other, summarize(other))]
+    pair = [(records, summary), (other, summarize(other, predictor))]
     if args.compare_first:
         pair.reverse()
     (rec_a, sum_a), (rec_b, sum_b) = pair
@@ -85,6 +89,17 @@ def _render(args: argparse.Namespace) -> str:
         from zeropilot.runlog.report_html import render_compare
         return render_compare(rec_a, rec_b, cmp)
     return text_render.render_compare(cmp)
+
+
+def _predictor(args: argparse.Namespace):
+    """How the step time is predicted: with the speed figures of ``--hardware FILE`` where given."""
+    from zeropilot.runlog.timing import Predictor
+
+    if not args.hardware:
+        return Predictor()
+    from zeropilot.memory.profile import load
+
+    return Predictor(profile=load(args.hardware))
 
 
 def render_json(obj: Dict[str, Any]) -> str:

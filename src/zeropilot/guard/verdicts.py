@@ -188,9 +188,9 @@ def _evidence_fixes(kind: str, f: Dict[str, Optional[int]], record: Dict[str, An
 
 
 def _expandable_in(record: Dict[str, Any]) -> bool:
-    from zeropilot.guard.whatif import _expandable
+    from zeropilot.memory.from_run import expandable_in
 
-    return _expandable(record)
+    return expandable_in(record)
 
 
 def _save_line(record: Dict[str, Any]) -> Optional[str]:

@@ -4,8 +4,8 @@ Pure (no torch, no I/O): an OOM record in, ranked fix records out. The record ca
 rank (``setup``: the model's config sizes, LoRA, the ZeRO and batch settings in force; ``batch``: the failing micro
 batch; ``batch_history``: the padded lengths of the steps before; ``mem``/``baseline``: the allocator's counters
 and memory outside PyTorch; ``allocator_limit_bytes``). From it :func:`situation` builds the
-:class:`~zeropilot.memory.PlanInputs` of *this* run (memory outside PyTorch as measured on this rank, not the
-H200 figure), and :func:`what_ifs` plans each change the launch does not already have:
+:class:`~zeropilot.memory.PlanInputs` of *this* run (:func:`zeropilot.memory.from_run.plan_inputs`; memory outside
+PyTorch as measured on this rank, not the H200 figure), and :func:`what_ifs` plans each change the launch does not already have:
 
 - a shorter maximum length (``cutoff_len`` / ``max_length``): the longest that fits, and whether the failing batch
   is an outlier against the run's median length;
@@ -29,10 +29,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from zeropilot.errors import InputError
 from zeropilot.memory.constants import DEFAULT, GIB, Constants
+from zeropilot.memory.from_run import budget as budget_of, expandable_in, num as _num, plan_inputs
 from zeropilot.memory.inputs import Hardware, PlanInputs
 from zeropilot.memory.plan import SAFE_MARGIN, make_plan
 from zeropilot.memory.profile import with_outside_torch
-from zeropilot.models.arch import from_config
 
 #: a batch this many times longer than the run's median length is an outlier
 OUTLIER_RATIO = 4.0
@@ -43,12 +43,6 @@ TIERS = {"expandable_segments": 0, "gather_16bit_on_save": 0, "outside_torch": 0
          "seq_len_outlier": 0, "micro_batch": 1, "gradient_checkpointing": 2, "stage": 2, "seq_len": 3,
          "offload_optimizer": 3, "offload_param": 4, "world_size": 4}
 SEQ_STEP = 128
-
-
-def _num(value: Any) -> Optional[int]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return int(value)
 
 
 def _g(n: Optional[float]) -> str:
@@ -94,77 +88,12 @@ class Situation:
     injected_tokens: Optional[int] = None  # an injected OOM's law (guard.inject): fits iff micro batch x length < this
 
 
-def _expandable(record: Dict[str, Any]) -> bool:
-    settings = record.get("allocator_settings") if isinstance(record.get("allocator_settings"), dict) else {}
-    texts = [str(v) for v in (settings.get("environment") or {}).values()] + [str(settings.get("in_force") or "")]
-    return any("expandable_segments:true" in t.lower().replace(" ", "") or "'expandable_segments': true"
-               in t.lower() for t in texts)
-
-
 def _flavour(record: Dict[str, Any], plan: Optional[Dict[str, Any]]) -> str:
     inputs = plan.get("inputs") if isinstance(plan, dict) and isinstance(plan.get("inputs"), dict) else {}
     if inputs.get("flavour") in ("llamafactory", "hf"):
         return str(inputs["flavour"])
     train = ((record.get("setup") or {}).get("train") or {})
     return "hf" if train.get("gradient_checkpointing_arg") is not None else "deepspeed"
-
-
-def plan_inputs(record: Dict[str, Any], budget: Optional[int]) -> Tuple[Optional[PlanInputs], Optional[str], List[str]]:
-    """This run's plan inputs at the failing batch, or (None, why not, [])."""
-    setup = record.get("setup") if isinstance(record.get("setup"), dict) else {}
-    model = setup.get("model") if isinstance(setup.get("model"), dict) else {}
-    zero = setup.get("zero") if isinstance(setup.get("zero"), dict) else {}
-    train = setup.get("train") if isinstance(setup.get("train"), dict) else {}
-    cfg = model.get("config")
-    notes: List[str] = []
-    if not isinstance(cfg, dict):
-        return None, ("the guard saw no model config in this rank (the job built neither a DeepSpeed engine nor a "
-                      "Trainer around a Hugging Face model)"), []
-    try:
-        arch = from_config(cfg, name=str(cfg.get("_name_or_path") or cfg.get("model_type") or "model"),
-                           source="the rank's model.config")
-    except (InputError, KeyError, TypeError, ValueError) as exc:
-        return None, f"the plan cannot size this model: {exc}", []
-    batch = record.get("batch") if isinstance(record.get("batch"), dict) else {}
-    mb = _num(batch.get("micro_batch_size")) or _num(train.get("micro_batch")) or 1
-    seq = _num(batch.get("seq_len"))
-    if seq is None:
-        seq = 1
-        notes.append("no batch reached the model before the failure: activations sized for 1 token")
-    lora = model.get("lora") if isinstance(model.get("lora"), dict) else None
-    lora_rank = _num(lora.get("r")) if lora and str(lora.get("type", "LORA")).upper() == "LORA" else None
-    if lora and lora.get("target_modules") not in ("all-linear", None) and lora_rank:
-        notes.append(f"LoRA on {lora.get('target_modules')} planned as LoRA on every linear layer (a few MB more)")
-    stage = _num(zero.get("stage"))
-    stage = 0 if stage is None else stage
-    world = _num(train.get("world_size")) or 1
-    gc = model.get("gradient_checkpointing")
-    if gc is None:
-        gc = train.get("gradient_checkpointing_arg")
-    values: Dict[str, Any] = dict(
-        arch=arch, hardware=Hardware(world, budget) if budget else None, world=world, stage=stage, micro_batch=mb,
-        seq_len=max(seq, 1), grad_accum=_num(train.get("grad_accum")) or 1, gradient_checkpointing=bool(gc),
-        lora_rank=lora_rank, expandable_segments=_expandable(record), attn=model.get("attn") or "sdpa",
-        torch_adam="torch.optim" in str(train.get("optimizer") or ""),
-        offload_optimizer=str(zero.get("offload_optimizer") or "none") if stage else "none",
-        offload_param=str(zero.get("offload_param") or "none") if stage == 3 else "none",
-        zero_init=bool(zero.get("zero_init", True)), gather_16bit_on_save=bool(zero.get("gather_16bit_on_save")))
-    for key, name in (("reduce_bucket_size", "reduce_bucket_size"), ("prefetch_bucket_size", "prefetch_bucket_size"),
-                      ("param_persistence_threshold", "param_persistence_threshold"),
-                      ("max_live_parameters", "max_live_parameters"), ("max_reuse_distance", "max_reuse_distance"),
-                      ("sub_group_size", "sub_group_size"), ("hpz_partition_size", "hpz_partition_size")):
-        if _num(zero.get(key)) is not None:
-            values[name] = _num(zero[key])
-    if isinstance(zero.get("overlap_comm"), bool):
-        values["overlap_comm"] = zero["overlap_comm"]
-    if values.get("hpz_partition_size", 1) > 1 and world % values["hpz_partition_size"]:
-        values["hpz_partition_size"] = 1
-    try:
-        inputs = PlanInputs(**values)
-        inputs.validate()
-    except (InputError, TypeError) as exc:
-        return None, f"the plan cannot take this run's settings: {exc}", []
-    return inputs, None, notes
 
 
 def situation(record: Dict[str, Any], plan: Optional[Dict[str, Any]] = None,
@@ -174,9 +103,7 @@ def situation(record: Dict[str, Any], plan: Optional[Dict[str, Any]] = None,
     base = record.get("baseline") if isinstance(record.get("baseline"), dict) else {}
     total, outside = _num(mem.get("device_total_bytes")), _num(mem.get("outside_torch_bytes"))
     limit = _num(record.get("allocator_limit_bytes"))
-    budget = total
-    if limit is not None:
-        budget = limit + (outside or 0) if total is None else min(limit + (outside or 0), total)
+    budget = budget_of(total, limit, outside)
     allocated, request = _num(mem.get("allocated_bytes")), _num(record.get("request_bytes"))
     need = allocated + request if allocated is not None and request is not None else None
     constants = DEFAULT if outside is None else with_outside_torch(DEFAULT, outside, "measured on this rank at the OOM")
@@ -184,7 +111,7 @@ def situation(record: Dict[str, Any], plan: Optional[Dict[str, Any]] = None,
     injected = record.get("injected") if isinstance(record.get("injected"), dict) else {}
     common = dict(constants=constants, budget=budget, limit=limit, total=total, need=need, outside=outside,
                   injected_tokens=_num(injected.get("tokens_limit")),
-                  outside_base=_num(base.get("outside_torch_bytes")), expandable=_expandable(record),
+                  outside_base=_num(base.get("outside_torch_bytes")), expandable=expandable_in(record),
                   expandable_ok=expandable_ok, flavour=_flavour(record, plan), notes=notes)
     if inputs is None:
         return Situation(None, reason, **common)

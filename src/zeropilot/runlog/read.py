@@ -26,16 +26,25 @@ from zeropilot.runlog.layout import RunDir
 
 MAX_LINE = 1 << 20
 MAX_SIDE_FILE = 64 << 20
-MAX_STEP_ROWS = 4_000_000  # all ranks together: 14 columns of 8 bytes and 4 of 4, about 510 MB at most
+MAX_STEP_ROWS = 4_000_000  # all ranks together: 14 columns of 8 bytes and 10 of 4, about 610 MB at most
 MAX_EVENTS = 200_000  # non-step records, all ranks together
 MAX_STACK = 1 << 20
 #: the phases of a step record's ``phase_seconds`` (``guard.rank``) kept as columns, as ``(phase, column)``: the
 #: time before the forward (loading data) and in it (stragglers, ``runlog.stragglers``), in saves and loads
-#: (learned timeouts, ``runlog.timeouts``); float32 (``array('f')``): seconds need no more
+#: (learned timeouts, ``runlog.timeouts``), in the backward and the optimizer step (the step's split,
+#: ``runlog.timing``); float32 (``array('f')``): seconds need no more
 PHASE_COLUMNS = (("idle", "idle_seconds"), ("forward", "forward_seconds"), ("save", "save_seconds"),
-                 ("load", "load_seconds"))
-STEP_COLUMNS = ("t", "step", "seconds") + MEMORY_FIELDS + tuple(c for _, c in PHASE_COLUMNS)
-_FLOAT32 = frozenset(c for _, c in PHASE_COLUMNS)
+                 ("load", "load_seconds"), ("backward", "backward_seconds"), ("step", "step_phase_seconds"))
+#: the seconds of every other phase a step record holds (``init``, ``startup``, ``collective``), summed: with the
+#: columns above they add up to the step's ``seconds``
+OTHER_PHASES = "other_phase_seconds"
+#: a step record's ``batch`` (``guard.rank``) kept as columns, as ``(key, column)``: the micro batches of the step,
+#: the largest micro batch and padded length among them (``runlog.timing``: the batch the plan is asked about)
+BATCH_COLUMNS = (("micro_batches", "micro_batches"), ("micro_batch_size", "micro_batch_size"), ("seq_len", "seq_len"))
+STEP_COLUMNS = (("t", "step", "seconds") + MEMORY_FIELDS + tuple(c for _, c in PHASE_COLUMNS) + (OTHER_PHASES,)
+                + tuple(c for _, c in BATCH_COLUMNS))
+_FLOAT32 = frozenset(c for _, c in PHASE_COLUMNS + BATCH_COLUMNS) | {OTHER_PHASES}
+_NAMED_PHASES = frozenset(p for p, _ in PHASE_COLUMNS)
 NAN = float("nan")
 _decode = json.JSONDecoder().decode
 _EMPTY: Dict[str, Any] = {}
@@ -168,6 +177,8 @@ def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budg
     t_col, step_col, secs_col = cols["t"], cols["step"], cols["seconds"]
     mem_cols = [(name, cols[name]) for name in MEMORY_FIELDS]
     phase_cols = [(phase, cols[name]) for phase, name in PHASE_COLUMNS]
+    other_col = cols[OTHER_PHASES]
+    batch_cols = [(key, cols[name]) for key, name in BATCH_COLUMNS]
     for rec in _lines(path, problems):
         if rec.get("event") != "step":
             if budget.events <= 0:
@@ -188,9 +199,32 @@ def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budg
         for name, col in mem_cols:
             col.append(_number(get(name)))
         phases = rec.get("phase_seconds")
-        for name, col in phase_cols:  # a phase the step did not enter took 0 s; no phase_seconds: unknown
-            col.append(_number(phases.get(name, 0.0)) if isinstance(phases, dict) else NAN)
+        if type(phases) is dict:  # a phase the step did not enter took 0 s; no phase_seconds: unknown
+            get = phases.get
+            for name, col in phase_cols:
+                col.append(_number(get(name, 0.0)))
+            other_col.append(0.0 if phases.keys() <= _NAMED_PHASES else _other(phases))
+        else:
+            for name, col in phase_cols:
+                col.append(NAN)
+            other_col.append(NAN)
+        batch = rec.get("batch")
+        get = batch.get if type(batch) is dict else _EMPTY.get
+        for name, col in batch_cols:
+            col.append(_number(get(name)))
     return records
+
+
+def _other(phases: Dict[str, Any]) -> float:
+    """The seconds of a step's phases that have no column of their own, summed (NaN when one of them is not a
+    number: a sum that would not add up)."""
+    total = 0.0
+    for i, (name, value) in enumerate(phases.items()):
+        if i >= 64:  # the guard records a handful of phases; a stranger's thousands are not read
+            return NAN
+        if name not in _NAMED_PHASES:
+            total += _number(value)
+    return total if -LIMIT < total < LIMIT else NAN
 
 
 def read_side_json(path: Path, problems: List[str]) -> Optional[Dict[str, Any]]:

@@ -15,7 +15,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional
 
-from zeropilot.runlog import job, normalize as nz, stragglers, timeouts
+from zeropilot.runlog import job, normalize as nz, stragglers, timeouts, timing
 from zeropilot.runlog.events import MEMORY_FIELDS
 from zeropilot.runlog.frames import display
 from zeropilot.runlog.heal import section as heal_section
@@ -359,8 +359,9 @@ def _stacks(records: RunRecords) -> List[Dict[str, Any]]:
     return [{"rank": r, "text": text, "main_frames": main_frames(text)} for r, text in sorted(records.stacks.items())]
 
 
-def summarize(records: RunRecords) -> Dict[str, Any]:
-    """The report of a run: verdict, steps, per-rank peaks against the plan, saves, loads."""
+def summarize(records: RunRecords, predictor: Optional[timing.Predictor] = None) -> Dict[str, Any]:
+    """The report of a run: verdict, steps, per-rank peaks against the plan, saves, loads, the step time against
+    the plan's prediction (``predictor``: how it is predicted, :class:`zeropilot.runlog.timing.Predictor`)."""
     run = records.run or {}
     plan = run.get("plan") if isinstance(run.get("plan"), dict) else None
     plan_bytes = nz.size(plan.get("peak_bytes_per_rank")) if plan else None
@@ -379,6 +380,7 @@ def summarize(records: RunRecords) -> Dict[str, Any]:
         "verdict": verdict,
         "steps": max((r["steps"] for r in ranks), default=0),
         "step_seconds": _step_seconds(records),
+        "time": timing.section(records, ranks, predictor),
         "ranks": ranks,
         "saves": _checkpoint_ops(records, "save"),
         "loads": _checkpoint_ops(records, "load"),

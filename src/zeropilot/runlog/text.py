@@ -54,6 +54,103 @@ def _steps(summary: Dict[str, Any]) -> List[str]:
     return [line]
 
 
+def _pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def time_rows(summary: Dict[str, Any]) -> List[tuple]:
+    """The step and its phases as rows ``(label, measured, predicted, {rank: measured})`` for the text and HTML
+    tables: the job's medians, the prediction, and each rank whose split differs (``runlog.timing``)."""
+    from zeropilot.runlog.timing import LABELS, SPLIT
+
+    t = summary["time"]
+    m, p = t["measured"], t.get("predicted") or {}
+    ranks = {r["rank"]: r for r in m["ranks"] if r["rank"] in m["ranks_differ"]}
+    rows = [("step", m["step_s"], p.get("step_s"), {r: x["step_s"] for r, x in ranks.items()})]
+    if m["phase_steps"]:
+        for name, _ in SPLIT:
+            rows.append((LABELS[name], m["phases"].get(name), (p.get("phases") or {}).get(name),  # idle: no term
+                         {r: x["phases"].get(name) for r, x in ranks.items()}))
+    return rows
+
+
+def time_findings(summary: Dict[str, Any]) -> List[str]:
+    """The prediction's lines for people: what it is for, slower than predicted (and where), a faster
+    configuration, or why there is no prediction; then the notes."""
+    from zeropilot.runlog.timing import LABELS
+
+    t = summary["time"]
+    m, p = t["measured"], t.get("predicted")
+    lines = []
+    if p is None:
+        lines.append(f"no prediction: {t.get('reason') or 'unknown'}")
+    else:
+        est = f" (estimated figures: {', '.join(p['estimated'])})" if p["estimated"] else " (measured figures)"
+        lines.append(f"predicted for {p['inputs']['config']}, {p['inputs']['seq_len']} tokens, on {p['card']}{est}")
+        tps = m.get("tokens_per_s")
+        lines.append(f"tokens/s per GPU: {'-' if tps is None else f'{tps:,.0f}'} measured, "
+                     f"{'-' if p['tokens_per_s'] is None else format(p['tokens_per_s'], ',.0f')} predicted; "
+                     f"MFU {_pct(p.get('measured_mfu'))} measured, {_pct(p['mfu'])} predicted")
+    slow = t.get("slower_than_predicted")
+    if slow:
+        where = (f"; most of the difference is in {LABELS[slow['phase']]} (+{secs(slow['phase_excess_s'])} of "
+                 f"+{secs(slow['excess_s'])})" if slow["phase"] else "")
+        lines.append(f"SLOWER than predicted: {slow['ratio']:.2f}x ({secs(m['step_s'])} against {secs(p['step_s'])})"
+                     + where)
+    fast = t.get("faster")
+    if fast:
+        lines.append(f"faster: {fast['config']}: predicted {secs(fast['step_s'])} per step against "
+                     f"{secs(m['step_s'])} measured, {fast['gain']:.2f}x ({fast['gain_predicted']:.2f}x against "
+                     "this launch's prediction)")
+    return lines + [f"note: {n}" for n in t.get("notes") or []]
+
+
+def batch_text(m: Dict[str, Any]) -> Optional[str]:
+    """The steady steps' batch and throughput: ``micro batch 2 x 1 of 16 tokens (padded), 849 tokens/s per GPU``."""
+    b = m.get("batch")
+    if not b:
+        return None
+    tps = m.get("tokens_per_s")
+    return (f"micro batch {b['micro_batch_size']} x {b['micro_batches']} of {b['seq_len']} tokens (padded)"
+            + ("" if tps is None else f", {tps:,.0f} tokens/s per GPU"))
+
+
+def _time(summary: Dict[str, Any]) -> List[str]:
+    """The step time split into the phases the guard sees, beside the plan's prediction (``runlog.timing``)."""
+    from zeropilot.runlog.timing import left_out_text
+
+    t = summary.get("time")
+    if not t:
+        return []
+    m = t["measured"]
+    if m["step_s"] is None:
+        return [f"time per optimizer step: {clean(m['reason'])}"]
+    lines = [f"time per optimizer step: median {secs(m['step_s'])} over {m['steps']} steady steps "
+             f"(left out: {left_out_text(m)})"]
+    if batch_text(m):
+        lines.append(f"  {batch_text(m)}")
+    rows = time_rows(summary)
+    pred = t.get("predicted") is not None
+    differ = sorted(rows[0][3])
+    if len(rows) > 1 or pred:
+        lines.append(f"  {'':22}{'measured':>10}" + (f"{'predicted':>11}" if pred else "")
+                     + "".join(f"{'rank ' + str(r):>10}" for r in differ))
+        for label, meas, guess, per_rank in rows:
+            lines.append(f"  {label:22}{secs(meas):>10}" + (f"{secs(guess):>11}" if pred else "")
+                         + "".join(f"{secs(per_rank[r]):>10}" for r in differ))
+        if t.get("ratio") is not None:
+            lines[-len(rows)] += f"   measured {t['ratio']:.2f}x the prediction"
+    if differ:
+        lines.append(f"  {'rank' if len(differ) == 1 else 'ranks'} {', '.join(map(str, differ))}: "
+                     f"{'its' if len(differ) == 1 else 'their'} own medians, where they differ from the job's")
+    for name, h in m["held"].items():
+        lines.append(f"  {h['steps']} step(s) holding a {name}: {secs(h['median_s'])} of {name} each (median), "
+                     "left out above")
+    if m.get("reason"):
+        lines.append(f"  {clean(m['reason'])}")
+    return lines + [f"  {clean(x)}" for x in time_findings(summary)]
+
+
 def _peak_at(at: Optional[Dict[str, Any]]) -> str:
     if not at:
         return "-"
@@ -282,7 +379,8 @@ def render(summary: Dict[str, Any]) -> str:
     lines: List[str] = []
     if summary.get("heal"):
         lines += timeline(summary["heal"], clean) + [f"report of {clean(summary['run_dir'])}:"]
-    lines += _verdict(summary) + _steps(summary) + stragglers(summary) + _ranks(summary) + nodes(summary)
+    lines += _verdict(summary) + _steps(summary) + _time(summary) + stragglers(summary) + _ranks(summary)
+    lines += nodes(summary)
     lines += _ops("save", summary["saves"]) + _ops("load", summary["loads"])
     for o in summary["ooms"]:
         lines += _oom(o)

@@ -112,6 +112,7 @@ def render(records: RunRecords, summary: Dict[str, Any]) -> str:
         section("nodes", "Nodes", sections.nodes(summary)),
         section("oom", "Out of memory", sections.oom(summary) if summary["ooms"] else None),
         section("hang", "Hang", sections.hang(summary) if summary["hang"] else None),
+        section("time", "Time per optimizer step, measured and predicted", sections.step_time(summary)),
         section("stragglers", "Stragglers", sections.stragglers(summary)),
         section("builds", "Op builds and locks", sections.machine(summary)),
         section("memory", "Memory, all ranks", overview),

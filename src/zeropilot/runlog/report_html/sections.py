@@ -364,3 +364,33 @@ def deadlines(summary: Dict[str, Any]) -> Optional[str]:
     runs = f", runs: {esc(', '.join(t['runs']))}" if t.get("runs") else ""
     head = ["section", "seen", "median", "longest", "stopped at", "deadline", "source", "set by"]
     return f"<p>durations from {esc(t.get('source'))}{runs}</p>" + table(head, rows, "deadlines")
+
+
+def step_time(summary: Dict[str, Any]) -> Optional[str]:
+    """The step split into the phases the guard sees, beside the plan's prediction (``runlog.timing``): the text
+    report's table and lines (``runlog.text``), as a table and paragraphs."""
+    from zeropilot.runlog.text import batch_text, time_findings, time_rows
+    from zeropilot.runlog.timing import left_out_text
+
+    t = summary.get("time")
+    if not t:
+        return None
+    m = t["measured"]
+    if m["step_s"] is None:
+        return f"<p>{esc(m['reason'])}</p>"
+    head = f"<p>medians of {m['steps']} steady steps (left out: {esc(left_out_text(m))})"
+    head += (f"; {esc(batch_text(m))}" if batch_text(m) else "") + "</p>"
+    rows = time_rows(summary)
+    pred = t.get("predicted") is not None
+    differ = sorted(rows[0][3])
+    cells = [[esc(label), secs(meas)] + ([secs(guess)] if pred else []) + [secs(per_rank[r]) for r in differ]
+             for label, meas, guess, per_rank in rows]
+    if t.get("ratio") is not None:
+        cells[0][2] += f" <span class=why>(measured {t['ratio']:.2f}×)</span>"
+    body = table(["per optimizer step", "measured"] + (["predicted"] if pred else [])
+                 + [f"rank {r}" for r in differ], cells, "time")
+    notes = [f"{h['steps']} step(s) holding a {name}: {secs(h['median_s'])} of {name} each (median), left out above"
+             for name, h in m["held"].items()]
+    notes += ([m["reason"]] if m.get("reason") else []) + time_findings(summary)
+    items = "".join(f"<li>{esc(n)}</li>" for n in notes)
+    return head + body + (f"<ul>{items}</ul>" if items else "")
