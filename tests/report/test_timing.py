@@ -169,9 +169,7 @@ def test_a_configuration_already_fastest_is_not_named(tmp_path):
 
 @pytest.mark.parametrize("predictor,why", [
     (Predictor(), "the run trained on the CPU: the time model has speed figures for GPUs only"),
-    (Predictor(speed=timeparts.speed("cpu", 1e11), estimate=lambda inputs, sp: _not_yet()),
-     "this build has no time model"),
-], ids=["no-speed-figures", "no-time-model"])
+], ids=["no-speed-figures"])
 def test_a_cpu_run_says_in_one_line_why_nothing_is_predicted(tmp_path, predictor, why):
     rep = summarize(read_run(_write_job(tmp_path / "run", device="cpu", backend="cpu")), predictor)
     t = rep["time"]
@@ -179,10 +177,6 @@ def test_a_cpu_run_says_in_one_line_why_nothing_is_predicted(tmp_path, predictor
     assert t["measured"]["step_s"] == pytest.approx(0.4, abs=0.01)
     lines = [ln for ln in render(rep).splitlines() if "no prediction" in ln]
     assert lines == [f"  no prediction: {t['reason']}"]
-
-
-def _not_yet():
-    raise NotImplementedError  # what memory.steptime.estimate_time raised before the time model landed
 
 
 def test_an_unknown_card_without_a_profile_is_one_line(tmp_path):

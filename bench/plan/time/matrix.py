@@ -83,6 +83,30 @@ TRACE = [
                                                alloc_conf="expandable_segments:True", trace="call1_q15_mts_z2_exp",
                                                trace_frames=True), "expandable segments, LoRA with modules_to_save"),
 ]
+#: call 2's held-out search (issue 40: a model, a GPU memory cap, a global batch): Qwen2.5-1.5B full fine-tuning on
+#: one whole H100 (the cap is the card: DeepSpeed's autotuner, run on the same case in the same call, cannot honour
+#: another), 16 samples of 1024 tokens per optimizer step, the HF Trainer with Liger installed. ``plan --search``'s
+#: first choice, its tie partner (ZeRO-1), its best with checkpointing, and the fixed order's first choice (the
+#: search before issue 40, and what the autotuner can find: no Liger), each measured
+SEARCH = [
+    ("s1_z2_liger_mb16", "qwen2.5-1.5b", dict(stage=2, mb=16, seq=1024, ga=1, liger=True), "the search's first"),
+    ("s1_z1_liger_mb16", "qwen2.5-1.5b", dict(stage=1, mb=16, seq=1024, ga=1, liger=True), "ZeRO-1 beside it"),
+    ("s1_z2_gc_liger_mb16", "qwen2.5-1.5b", dict(stage=2, mb=16, seq=1024, ga=1, gc=True, liger=True),
+     "the first with checkpointing"),
+    ("s1_z2_mb8_ga2", "qwen2.5-1.5b", dict(stage=2, mb=8, seq=1024, ga=2),
+     "the fixed order's first: no Liger, the largest micro batch that fits"),
+    ("s1_z2_gc_mb16", "qwen2.5-1.5b", dict(stage=2, mb=16, seq=1024, ga=1, gc=True), "checkpointing without Liger"),
+]
+#: call 2's held-out rows: levers and shapes the fit rows did not have
+HOLDOUT = [
+    ("h_l8_lora_z3_gc", "llama-3.1-8b", dict(stage=3, mb=2, seq=2048, lora=16, gc=True), "8 B ZeRO-3 LoRA"),
+    ("h_l1_full_z3_mlp_high", "llama-3.2-1b", dict(stage=3, mb=2, seq=2048),
+     "stage3_max_live_parameters at its default, against fit row f_l1_full_z3_mlp"),
+    ("h_l3_lora_z2_liger", "llama-3.2-3b", dict(stage=2, mb=8, seq=1024, lora=16, liger=True), "Liger on Llama"),
+    ("h_q05_full_z2_off_torch", "qwen2.5-0.5b", dict(stage=2, mb=2, seq=1024, offload=True, adam="torch"),
+     "optimizer offload with torch's AdamW on the host (torch_adam)"),
+    ("h_q7_lora_z2_mb1", "qwen2.5-7b", dict(stage=2, mb=1, seq=2048, lora=16), "7 B LoRA without recomputation"),
+]
 #: seconds a row's process takes beyond its steps (start-up, imports, the model's build, deepspeed.initialize)
 START_S = 25
 
@@ -107,6 +131,34 @@ def spec(row: str, model: str, settings: dict, split: str, why: str = "") -> dic
     return out
 
 
+def holdout_rows(profile: str) -> list:
+    """Call 2's rows, each with its predicted step time written before the run: on an H100 with the speed figures
+    call 1's ``calibrate`` measured (``pred_step_s``), and on an H200 with the card table's estimate from them
+    (``pred_step_s_h200``, in case the call gets an H200)."""
+    from fit import inputs_of
+    from zeropilot.memory.profile import load
+    from zeropilot.memory.speed import speed_for, speed_of
+    from zeropilot.memory.steptime import estimate_time
+
+    h100 = speed_for(None, load(profile))
+    h200 = speed_of("H200", None)
+    rows = []
+    for split, table in (("search", SEARCH), ("holdout", HOLDOUT)):
+        for row, model, settings, why in table:
+            s = spec(row, model, settings, split, why)
+            s["pred_step_s"] = round(estimate_time(inputs_of(s, 79.1), h100).step_s, 4)
+            s["pred_step_s_h200"] = round(estimate_time(inputs_of(s, 139.8), h200).step_s, 4)
+            rows.append(s)
+    order = {row: i for i, row in enumerate(PRIORITY)}
+    return sorted(rows, key=lambda r: order.get(r["row"], len(order)))
+
+
+#: call 2 runs its rows in this order (the budget may not reach the last): the search's first, the fixed order's
+#: first and the first with checkpointing, then the held-out rows, then the rest of the search's candidates
+PRIORITY = ["s1_z2_liger_mb16", "s1_z2_mb8_ga2", "s1_z2_gc_liger_mb16", "h_q7_lora_z2_mb1", "h_l3_lora_z2_liger",
+            "h_l1_full_z3_mlp_high", "h_l8_lora_z3_gc", "s1_z1_liger_mb16", "s1_z2_gc_mb16", "h_q05_full_z2_off_torch"]
+
+
 def fit_rows() -> list:
     return ([spec(row, model, settings, "fit", why) for row, model, settings, why in FIT]
             + [spec(row, model, settings, "trace", why) for row, model, settings, why in TRACE])
@@ -114,10 +166,11 @@ def fit_rows() -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=["fit"])
+    ap.add_argument("which", choices=["fit", "holdout"])
     ap.add_argument("out")
+    ap.add_argument("--profile", help="holdout: the profile call 1's calibrate wrote")
     args = ap.parse_args(argv)
-    rows = fit_rows()
+    rows = fit_rows() if args.which == "fit" else holdout_rows(args.profile)
     Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"{len(rows)} rows -> {args.out}")
     return 0

@@ -292,12 +292,12 @@ def _auto_stage(inputs, speed):
 
 def _speed(args: argparse.Namespace, inputs):
     """The card's speed figures: ``--card``, else the card ``--gpus`` named, else the hardware profile's GPU (a
-    profile's measured figures win for its own card); a card the table does not know has a stand-in, said in the
-    figures' notes."""
-    from zeropilot.memory.speed import speed_for
+    profile's measured figures win for its own card, and a card's own profile is found where none is given); a card
+    the table does not know has a stand-in, said in the figures' notes."""
+    from zeropilot.memory.speed import speed_of
 
     card = args.card or (inputs.hardware.card if inputs.hardware is not None else None)
-    return speed_for(card, args._profile)
+    return speed_of(card, args._profile, inputs.world_size)
 
 
 def _gpu_hour_cost(args: argparse.Namespace):
@@ -311,12 +311,12 @@ def _gpu_hour_cost(args: argparse.Namespace):
 
 def _fused_losses(args: argparse.Namespace, inputs):
     """The fused losses --search may propose: Liger where the launch's framework offers it (LLaMA-Factory's
-    ``enable_liger_kernel``, the Trainer's ``use_liger_kernel``) and it is installed here or ``--liger`` says it
-    will be; ``--no-liger`` never."""
-    if args.liger is False or inputs.flavour not in ("llamafactory", "hf"):
+    ``enable_liger_kernel``, the Trainer's ``use_liger_kernel``) and it is installed here; ``--liger`` says it will
+    be (and the launch can take it), ``--no-liger`` never."""
+    if args.liger is not None:
+        return ("liger",) if args.liger else ()
+    if inputs.flavour not in ("llamafactory", "hf"):
         return ()
-    if args.liger:
-        return ("liger",)
     import importlib.util
 
     return ("liger",) if importlib.util.find_spec("liger_kernel") is not None else ()

@@ -8,7 +8,8 @@ fits when its predicted peak leaves :data:`~zeropilot.memory.plan.SAFE_MARGIN` o
 
 With the card's speed figures (:class:`~zeropilot.memory.speed.Speed`) the fitting candidates are ranked by their
 predicted step time (the global batch is the same, so step time is time per sample), one per family (stage, offload,
-recomputation, fused loss): the fastest of its micro batches and bucket settings that fits. Candidates are tried in
+recomputation, fused loss): the fastest of its micro batches and bucket settings that fits (a change from the launch
+must be predicted faster by :data:`PER_CHANGE` per changed setting to rank above it). Candidates are tried in
 the order of their predicted time and each family stops at its first fit, so the allocator replays run only on
 candidates that could be shown. Without speed figures the search says so and ranks by the fixed order of
 :data:`FIXED_ORDER` (no offload, ZeRO-2, no recomputation, the largest micro batch first), which nothing measured.
@@ -31,6 +32,9 @@ FIXED_ORDER = "no offload, then optimizer offload, then parameter offload; ZeRO-
               "first; the largest micro batch first"
 #: ZeRO-3's ``stage3_max_live_parameters`` and prefetch bucket a candidate may lower them to (elements): fewer
 #: gathered parameters alive at once, less prefetched ahead
+#: a change from the launch must be predicted faster by this much per changed setting to rank above it: within
+#: the model's error, the launch's own settings win (ZeRO-1 and ZeRO-2 on one GPU, optimizer offload with LoRA)
+PER_CHANGE = 0.01
 LOW_LIVE = 100_000_000
 LOW_PREFETCH = 10_000_000
 SMALL_BUCKET = 50_000_000
@@ -100,6 +104,15 @@ def _variants(inputs: PlanInputs, fused_losses: Sequence[str] = ()) -> Iterator[
                                                        prefetch_bucket_size=min(inputs.prefetch_bucket_size, rbs))
 
 
+_LEVERS = ("stage", "offload_optimizer", "offload_param", "gradient_checkpointing", "fused_loss", "micro_batch",
+           "reduce_bucket_size", "max_live_parameters", "prefetch_bucket_size", "overlap_comm")
+
+
+def changes(p: PlanInputs, launch: PlanInputs) -> int:
+    """How many of the search's levers a candidate sets otherwise than the launch."""
+    return sum(getattr(p, name) != getattr(launch, name) for name in _LEVERS)
+
+
 def _fixed_rank(p: PlanInputs) -> Tuple:
     return (_OFFLOAD_ORDER[(p.offload_optimizer, p.offload_param)], _STAGE_ORDER[p.stage],
             int(p.gradient_checkpointing), -p.micro_batch, -p.reduce_bucket_size)
@@ -157,7 +170,8 @@ def search(inputs: PlanInputs, limit: int = 5, constants: Constants = DEFAULT, s
                bool(v.overlap_comm))
         variants.setdefault(key, v)
     if speed is not None:
-        order = sorted(variants, key=lambda k: (estimate_time(variants[k], speed, tc).step_s,
+        order = sorted(variants, key=lambda k: (estimate_time(variants[k], speed, tc).step_s
+                                                * (1 + PER_CHANGE * changes(variants[k], inputs)),
                                                 _fixed_rank(variants[k])))
     else:
         order = sorted(variants, key=lambda k: _fixed_rank(variants[k]))

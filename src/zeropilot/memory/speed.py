@@ -360,3 +360,25 @@ def speed_for(card: Optional[str] = None, profile: Optional[Profile] = None,
     return Speed(card=name, **_gpu_figures(own, where, est), **_host_figures(profile, reference),
                  launch_s=_launch(own, where, reference), **_links(profile, est), notes=tuple(notes),
                  card_key=entry.key if entry else None)
+
+
+def speed_of(card: Optional[str], profile: Optional[Profile], world_size: int = 1) -> Speed:
+    """The speed figures ``plan`` and ``report`` use: ``card`` is a name of the card table or a device's name as torch
+    reports it; without ``profile``, the hardware profile found for that card (``calibrate``'s, in the places
+    :func:`zeropilot.memory.profile.find` looks, the shipped ones last) measures it where one exists; the estimate
+    ratios come from :func:`reference_profile`.
+
+    Raises:
+        InputError: ``card`` is neither in the table nor a device the table knows and no profile names it.
+    """
+    from zeropilot.memory.cards import is_card, match_device
+    from zeropilot.memory.profile import find
+
+    entry = match_device(card) if card and not is_card(card) else None
+    key = entry.key if entry is not None else card
+    if profile is None and key is not None and is_card(key):
+        names = CARDS[lookup(key).key].device_names
+        profile = find(names[0], world_size) if names else None
+    if profile is not None and key is not None and not is_card(key):
+        key = None
+    return speed_for(key, profile, reference_profile())

@@ -197,21 +197,19 @@ def left_out_text(m: Dict[str, Any]) -> str:
 
 
 def card_speed(card: Optional[str], profile: Any) -> Any:
-    """The speed figures of ``card`` (the run's device name): a profile's measured figures, else the card table's
-    (:func:`zeropilot.memory.speed.speed_for`)."""
-    from zeropilot.memory import speed
+    """The speed figures of ``card`` (the run's device name, as torch names it): a profile's measured figures, else
+    the card table's entry for that device (:func:`zeropilot.memory.speed.speed_for`)."""
+    from zeropilot.memory.speed import speed_of
 
-    speed_for = getattr(speed, "speed_for", None)
-    if speed_for is None:  # issue 40: the card table lands beside this module
-        raise LookupError("this build has no card table (zeropilot.memory.speed.speed_for)")
-    return speed_for(card, profile)
+    return speed_of(card, profile)
 
 
-def search_candidates(inputs: Any, constants: Any) -> List[Any]:
-    """The fitting configurations ``plan --search`` finds for ``inputs`` (same global batch), as plan inputs."""
+def search_candidates(inputs: Any, constants: Any, speed: Any = None) -> List[Any]:
+    """The fitting configurations ``plan --search`` finds for ``inputs`` (same global batch, fastest first by the
+    card's ``speed``), as plan inputs."""
     from zeropilot.memory.search import search
 
-    ranked, _ = search(inputs, limit=CANDIDATES, constants=constants)
+    ranked, _ = search(inputs, limit=CANDIDATES, constants=constants, speed=speed)
     return [c.plan.inputs for c in ranked if c.fits]
 
 
@@ -231,7 +229,7 @@ class Predictor:
         speed: speed figures to use as they are (no card table, no profile): a test's, a CPU's.
         estimate: the time model, ``(PlanInputs, Speed) -> StepTime``.
         speed_for: the card's figures, ``(card, profile) -> Speed``.
-        candidates: the configurations to compare, ``(PlanInputs, Constants) -> [PlanInputs]``.
+        candidates: the configurations to compare, ``(PlanInputs, Constants, Speed) -> [PlanInputs]``.
     """
 
     profile: Any = None
@@ -239,11 +237,11 @@ class Predictor:
     find_profile: bool = True
     estimate: Callable[[Any, Any], Any] = _estimate
     speed_for: Callable[[Optional[str], Any], Any] = card_speed
-    candidates: Callable[[Any, Any], List[Any]] = search_candidates
+    candidates: Callable[..., List[Any]] = search_candidates
 
 
 #: what a prediction may raise on a stranger's record, or before the time model lands: a reason, never a traceback
-_CANNOT = (InputError, LookupError, ValueError, TypeError, ArithmeticError, NotImplementedError)
+_CANNOT = (InputError, LookupError, ValueError, TypeError, ArithmeticError)
 
 
 def _device(ranks: List[Dict[str, Any]]) -> Tuple[Optional[str], Optional[str]]:
@@ -353,7 +351,7 @@ def _faster(inputs: Any, step_s_now: float, measured_s: float, speed: Any, ranks
     outside = _outside(ranks)
     constants = DEFAULT if outside is None else with_outside_torch(DEFAULT, outside, "measured in this run")
     best: Optional[Tuple[float, Any, Any]] = None
-    for cand in p.candidates(inputs, constants):
+    for cand in p.candidates(inputs, constants, speed):
         if not _changes(inputs, cand):
             continue
         try:
@@ -405,8 +403,6 @@ def predicted(records: RunRecords, ranks: List[Dict[str, Any]], m: Dict[str, Any
         out.update(card=out["card"] or nz.text(getattr(speed, "card", None)) or card, inputs=_inputs_dict(inputs),
                    measured_mfu=nz.num(out["mfu"] * out["step_s"] / m["step_s"]) if out["mfu"] is not None else None)
         faster, more = _faster(inputs, out["step_s"], m["step_s"], speed, ranks, p)
-    except NotImplementedError:  # issue 40: the time model lands beside this module
-        return {**none, "reason": "this build has no time model (zeropilot.memory.steptime.estimate_time)"}
     except _CANNOT as exc:
         return {**none, "reason": nz.text(f"the time model cannot take this run: {exc}")}
     train = rec["setup"].get("train")
