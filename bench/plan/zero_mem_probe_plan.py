@@ -38,7 +38,7 @@ issue 26's settings (``settings/device.sh``; ``settings/specs.py`` ``inputs_of``
                  ``modules_to_save`` copies then share one dtype, which ZeRO-3's ``defragment`` asserts
   optim          "adamw_8bit": bitsandbytes' ``AdamW8bit`` as a client optimizer (what the HF Trainer makes of
                  ``optim: adamw_bnb_8bit``; ``zero_allow_untested_optimizer``)
-issue 40's timing (``time/run_rows.py`` runs them one at a time; ``time/specs.py`` checks a spec file):
+issue 40's timing (``time/run_rows.py`` runs them one at a time; ``time/spec_check.py`` checks a spec file):
   steps          optimizer steps after ``deepspeed.initialize`` (default 3); ``step_s`` stays the median of all of
                  them, the first included (the memory rows' field)
   warmup         the first ``warmup`` steps (default 0) are left out of ``step_median_s``
@@ -83,7 +83,7 @@ if sys.argv[1] == "--save-random":
     sys.exit(0)
 spec = json.loads(sys.argv[1])
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "time"))
-from specs import problems  # noqa: E402  (no torch: a bad spec is refused before the GPU is touched)
+from spec_check import problems  # noqa: E402  (no torch: a bad spec is refused before the GPU is touched)
 
 if problems(spec):
     sys.exit("zero_mem_probe_plan: " + "; ".join(problems(spec)))

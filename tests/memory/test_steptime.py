@@ -80,7 +80,7 @@ def test_what_every_launch_shows():
     assert t(stage=3) > 1.5 * t(stage=2)  # ZeRO-3's hooks on every module on one GPU
     full = dict(lora_rank=None, gradient_checkpointing=False)
     assert t(offload_optimizer="cpu", **full) > 5 * t(**full)  # full fine-tuning: CPU Adam over 7.6 B elements
-    assert t(offload_optimizer="cpu") < 1.1 * t()  # LoRA: a few million elements
+    assert t(offload_optimizer="cpu") > t()  # LoRA: nothing to gain, DeepSpeed's per-tensor offload work to pay
     assert t(fused_loss="liger") < t()  # the 152k-vocabulary logits never written in fp32
     assert t(micro_batch=1, grad_accum=4) == pytest.approx(4 * t(micro_batch=1) - 3 * estimate_time(
         _inputs(micro_batch=1), CARD).terms[-1].seconds, rel=1e-6)  # accumulation repeats the passes, not the step

@@ -24,7 +24,7 @@ def _load(name):
         sys.path.remove(str(TIME))
 
 
-specs = _load("specs")
+specs = _load("spec_check")
 run_rows = _load("run_rows")
 autotune = _load("autotune")
 

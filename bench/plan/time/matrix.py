@@ -4,7 +4,7 @@ held-out rows, each held-out row with its predicted step time written before it 
 ``python bench/plan/time/matrix.py fit OUT.jsonl`` writes call 1's fit rows; ``python bench/plan/time/matrix.py
 holdout OUT.jsonl --profile PROFILE`` writes the held-out rows with ``pred_step_s`` (the model and constants as
 committed, the speed figures of the profile ``calibrate`` measured in call 1). Each spec is a
-``../zero_mem_probe_plan.py`` spec (``specs.py`` checks them) with ``row``, ``split``, ``est_wall_s``.
+``../zero_mem_probe_plan.py`` spec (``spec_check.py`` checks them) with ``row``, ``split``, ``est_wall_s``.
 
 The protocol (issue 40): the median of 5 steps after 2 warm-up steps (``warmup`` 2, ``steps`` 7), one row at a time
 on one GPU (``run_rows.py``). The optimizer is the one a launch gets: the HF Trainer's default (``adam: client``,

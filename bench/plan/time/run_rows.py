@@ -17,10 +17,10 @@ the GPU while a row is timed. In the file's order, each row:
   device returns 8 files).
 Before the rows, ``OUT/machine.json``: versions (package metadata, no import), ``nvidia-smi`` (GPU, clocks, power,
 ``-q`` text), CPU count, the environment that matters; ``after`` the same clocks at the end. The DeepSpeed ops the
-rows' optimizers need (FusedAdam, CPUAdam: ``specs.op_builds``) are built once first, side by side
+rows' optimizers need (FusedAdam, CPUAdam: ``spec_check.op_builds``) are built once first, side by side
 (``--build-cmd``; default ``build_op.py``) into the ``TORCH_EXTENSIONS_DIR`` all rows share (default
 ``/tmp/zp_torch_extensions``), each build's time in ``machine.json`` ``op_builds``.
-The spec file is checked first (``specs.py``, timing rules); any problem stops the call before the GPU is touched.
+The spec file is checked first (``spec_check.py``, timing rules); any problem stops the call before the GPU is touched.
 Usage: python3 run_rows.py SPECS.jsonl OUT [--budget-s 480] [--margin-s 15] [--gpu 0] [--probe CMD]
        python3 run_rows.py SPECS.jsonl --check      (the spec check alone, no GPU: run it before a call)
 """
@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import specs as specs_mod  # noqa: E402
+import spec_check as specs_mod  # noqa: E402
 
 PROBE = [sys.executable, os.path.join(os.path.dirname(HERE), "zero_mem_probe_plan.py")]
 BUILD = [sys.executable, os.path.join(HERE, "build_op.py")]

@@ -115,8 +115,8 @@ def _checkpointing(r: _Reader, doc: Document) -> None:
 
 
 def _length(r: _Reader, doc: Document) -> None:
-    """How long the run is: ``max_steps`` (positive: it wins over epochs, as in the Trainer), ``num_train_epochs`` (the
-    Trainer's default 3.0 when unsaid) and LLaMA-Factory's ``max_samples``."""
+    """How long the run is: ``max_steps`` (positive: it wins over epochs, as in the Trainer), ``num_train_epochs`` and
+    LLaMA-Factory's ``max_samples`` (the Trainer's default epochs are the time model's, ``steptime.run_time``)."""
     r.key("max_steps", positive_int(doc.value("max_steps")), doc, "max_steps")
     epochs = doc.value("num_train_epochs")
     if isinstance(epochs, str) and len(epochs) < 30:  # a flag's value: "2" or "2.0"
@@ -126,8 +126,6 @@ def _length(r: _Reader, doc: Document) -> None:
             epochs = "not a number"
     if isinstance(epochs, (int, float)) and not isinstance(epochs, bool) and 0 < epochs < 1e6:
         r.key("epochs", float(epochs), doc, "num_train_epochs")
-    elif epochs is None:
-        r.set("epochs", 3.0, implied(doc.path, "the Trainer's default num_train_epochs"))
     r.key("max_samples", positive_int(doc.value("max_samples")), doc, "max_samples")
 
 

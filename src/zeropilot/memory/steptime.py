@@ -35,6 +35,8 @@ from zeropilot.memory.speed import Speed
 from zeropilot.models.params import attention_linears, count_params, dense_mlp_linears
 from zeropilot.models.trainable import named_parameters
 
+#: ``num_train_epochs`` of the HF Trainer's (and LLaMA-Factory's) TrainingArguments when a launch leaves it out
+TRAINER_EPOCHS = 3.0
 #: the guard's phases (``runlog`` step records' ``phase_seconds``) a term's time falls in
 PHASES = ("forward", "backward", "step")
 
@@ -617,25 +619,29 @@ def run_time(step: StepTime, inputs: PlanInputs, gpu_hour_cost: Optional[float] 
     samples in micro batches, then optimizer steps of ``grad_accum`` micro batches, rounded up; epochs times that,
     rounded up). LLaMA-Factory's ``max_samples`` bounds the samples when they are not given."""
     steps: Optional[int] = None
+    epochs, epochs_from = inputs.epochs, inputs.sources.get("epochs", "given")
+    if epochs is None and inputs.flavour in ("hf", "llamafactory"):
+        epochs, epochs_from = TRAINER_EPOCHS, "the Trainer's default num_train_epochs"
     if inputs.max_steps:
         steps, why = inputs.max_steps, f"max_steps {inputs.max_steps} ({inputs.sources.get('max_steps', 'given')})"
-    elif inputs.epochs is not None and (inputs.samples or inputs.max_samples):
+    elif epochs is not None and (inputs.samples or inputs.max_samples):
         samples = inputs.samples or inputs.max_samples
         assert samples is not None
         ws = inputs.world_size
         batches = math.ceil(math.ceil(samples / ws) / inputs.micro_batch)
         per_epoch = max(math.ceil(batches / inputs.grad_accum), 1)
-        steps = math.ceil(inputs.epochs * per_epoch)
+        steps = math.ceil(epochs * per_epoch)
         given = (f"{samples} samples (--samples)" if inputs.samples else
                  f"at most {samples} samples (max_samples, {inputs.sources.get('max_samples', 'given')}: the dataset "
                  "may hold fewer; --samples N says how many)")
-        why = (f"{inputs.epochs:g} epoch(s) ({inputs.sources.get('epochs', 'given')}) over {given}: {per_epoch} "
+        why = (f"{epochs:g} epoch(s) ({epochs_from}) over {given}: {per_epoch} "
                f"optimizer steps per epoch of {inputs.micro_batch} x {inputs.grad_accum} x {ws} samples")
-    elif inputs.epochs is not None:
-        why = (f"the launch trains {inputs.epochs:g} epoch(s) ({inputs.sources.get('epochs', 'given')}) over a dataset "
+    elif epochs is not None:
+        why = (f"the launch trains {epochs:g} epoch(s) ({epochs_from}) over a dataset "
                "whose size the plan does not know: pass --samples N (training samples) for the run's time")
     else:
-        why = "the launch says neither max_steps nor epochs: pass --samples N with a launch, or plan a launch"
+        why = ("neither max_steps nor epochs given: pass --max-steps N, or --epochs E with --samples N (or plan a "
+               "launch that says them)")
     if steps is None:
         return RunTime(None, None, None, None, why, gpu_hour_cost)
     seconds = steps * step.step_s
