@@ -40,6 +40,12 @@ MODELS = {
     "llama-3.2-3b": {"model_type": "llama", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
                      "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 128256,
                      "tie_word_embeddings": True, "max_position_embeddings": 131072},
+    "mistral-7b": {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32768,
+                   "tie_word_embeddings": False, "max_position_embeddings": 32768, "sliding_window": None},
+    "qwen3-4b": {"model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                 "tie_word_embeddings": True, "max_position_embeddings": 40960},
     "llama-3.1-8b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                      "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
                      "tie_word_embeddings": False, "max_position_embeddings": 131072},
@@ -153,10 +159,40 @@ def holdout_rows(profile: str) -> list:
     return sorted(rows, key=lambda r: order.get(r["row"], len(order)))
 
 
+#: call 3 (the next session's): held-out rows new to the model, after call 2's five host-bound rows again; predictions
+#: are written twice before it runs: with call 1's profile (``pred_step_s``), and as a procedure, the committed model
+#: with the profile ``calibrate`` measures at the start of the same call (``bench/plan/time/fit.py ROWS PROFILE``)
+HOLDOUT3 = [
+    ("h3_m7_lora_z2_gc", "mistral-7b", dict(stage=2, mb=4, seq=2048, lora=16, gc=True), "Mistral 7B LoRA"),
+    ("h3_q4_lora_z3_gc", "qwen3-4b", dict(stage=3, mb=2, seq=2048, lora=16, gc=True), "Qwen3 4B LoRA, ZeRO-3"),
+    ("h3_l3_full_z2_off", "llama-3.2-3b", dict(stage=2, mb=4, seq=1024, offload=True, adam="cpu"),
+     "full fine-tuning with CPUAdam"),
+    ("h3_q15_full_z3_offp", "qwen2.5-1.5b", dict(stage=3, mb=4, seq=1024, offload=True, offload_param=True,
+                                                  adam="cpu"), "both offloads, full fine-tuning"),
+    ("h3_l1_lora_z2_ga8", "llama-3.2-1b", dict(stage=2, mb=1, seq=1024, lora=16, ga=8), "LoRA, accumulation 8"),
+    ("h3_q7_lora_z3_liger", "qwen2.5-7b", dict(stage=3, mb=4, seq=1024, lora=16, gc=True, liger=True),
+     "ZeRO-3 LoRA with Liger"),
+]
 #: call 2 runs its rows in this order (the budget may not reach the last): the search's first, the fixed order's
 #: first and the first with checkpointing, then the held-out rows, then the rest of the search's candidates
 PRIORITY = ["s1_z2_liger_mb16", "s1_z2_mb8_ga2", "s1_z2_gc_liger_mb16", "h_q7_lora_z2_mb1", "h_l3_lora_z2_liger",
             "h_l1_full_z3_mlp_high", "h_l8_lora_z3_gc", "s1_z1_liger_mb16", "s1_z2_gc_mb16", "h_q05_full_z2_off_torch"]
+
+
+def call3_rows(profile: str) -> list:
+    """Call 3's rows: HOLDOUT3, then call 2's held-out rows (not the search's) again, with call 1's predictions."""
+    from fit import inputs_of
+    from zeropilot.memory.profile import load
+    from zeropilot.memory.speed import speed_for
+    from zeropilot.memory.steptime import estimate_time
+
+    h100 = speed_for(None, load(profile))
+    rows = []
+    for row, model, settings, why in HOLDOUT3 + [h for h in HOLDOUT]:
+        s = spec(row if row.startswith("h3_") else row + "_again", model, settings, "holdout", why)
+        s["pred_step_s"] = round(estimate_time(inputs_of(s, 79.1), h100).step_s, 4)
+        rows.append(s)
+    return rows
 
 
 def fit_rows() -> list:
@@ -166,11 +202,12 @@ def fit_rows() -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=["fit", "holdout"])
+    ap.add_argument("which", choices=["fit", "holdout", "call3"])
     ap.add_argument("out")
     ap.add_argument("--profile", help="holdout: the profile call 1's calibrate wrote")
     args = ap.parse_args(argv)
-    rows = fit_rows() if args.which == "fit" else holdout_rows(args.profile)
+    rows = (fit_rows() if args.which == "fit" else holdout_rows(args.profile) if args.which == "holdout"
+            else call3_rows(args.profile))
     Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"{len(rows)} rows -> {args.out}")
     return 0
