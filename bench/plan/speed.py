@@ -42,11 +42,13 @@ def compare_search(argv):
     """Seconds of search() with and without early stops (best of three, the replay cache emptied each time), and
     whether both give the same candidates and peaks."""
     from zeropilot.cli import build_parser
-    from zeropilot.cli.plan import build_inputs
+    from zeropilot.cli.plan import _speed, build_inputs
     from zeropilot.memory import gpu
 
     search = importlib.import_module("zeropilot.memory.search")  # the module (the package exports the function)
-    inputs = build_inputs(build_parser().parse_args([a for a in argv if a not in ("--format", "json")]))
+    args = build_parser().parse_args([a for a in argv if a not in ("--format", "json")])
+    inputs = build_inputs(args)
+    speed = _speed(args, inputs)
     runs = {}
     for mode in ("stopped", "every"):
         search.exceeds = gpu.exceeds if mode == "stopped" else (lambda *args: False)
@@ -54,7 +56,7 @@ def compare_search(argv):
         for _ in range(3):
             gpu._REPLAYS.clear()
             t = time.perf_counter()
-            ranked, closest = search.search(inputs)
+            ranked, closest = search.search(inputs, speed=speed)
             best = min(best, time.perf_counter() - t)
         runs[mode] = best, [(c.rank_key, c.plan.gpu_peak_bytes) for c in ranked + [closest] if c is not None]
     search.exceeds = gpu.exceeds

@@ -46,6 +46,35 @@ def test_seed_scenario_gets_a_verdict_and_a_search_result(capsys, tmp_path):
     assert data["sources"]["seq_len"].endswith("cutoff_len") and data["checkpoint"]["frozen_bytes"] > 0
 
 
+def test_the_seed_launch_prints_its_step_time_tokens_mfu_and_with_samples_its_run(capsys):
+    """Issue 40's done criterion: step time, tokens/s, MFU, the run's time with --samples, each term explained; JSON
+    time.step_s and time.tokens_per_s; a card the table does not know is said to be stood in for."""
+    assert main(["plan", SEED, "--model", "Qwen/Qwen2-7B", "--gpus", "4x16GiB", "--samples", "20000",
+                 "--gpu-hour-cost", "2.5"]) == 0
+    text = capsys.readouterr().out
+    for words in ("Time per optimizer step", "  forward ", "  backward ", "  collectives ", "  optimizer ",
+                  "tokens/s", "MFU", "626 optimizer steps", "GPU-hours", "at 2.5 per GPU-hour", "stand in"):
+        assert words in text, words
+    data = _json(capsys, SEED, "--model", "Qwen/Qwen2-7B", "--gpus", "4x16GiB", "--samples", "20000")
+    t = data["time"]
+    assert t["step_s"] > 0 and t["tokens_per_s"] == pytest.approx(t["tokens_per_step"] / t["step_s"])
+    assert sum(term["seconds"] for term in t["terms"]) == pytest.approx(t["step_s"])
+    assert t["run"]["steps"] == 626 and t["run"]["seconds"] == pytest.approx(626 * t["step_s"])
+    assert "matmul_flops_per_s" in t["estimated"]
+    unknown = _json(capsys, SEED, "--model", "Qwen/Qwen2-7B", "--gpus", "4x16GiB")["time"]["run"]
+    assert unknown["steps"] is None and "--samples" in unknown["reason"]
+
+
+def test_a_card_by_name_takes_its_measured_profile(capsys):
+    data = _json(capsys, "--model", "qwen2.5-7b", "--gpus", "1xH100", "--stage", "2", "--lora-rank", "16",
+                 "--micro-batch", "4", "--seq-len", "2048", "--gradient-checkpointing")
+    figures = data["time"]["figures"]
+    assert figures["matmul_flops_per_s"]["measured"] and "matmul_flops_per_s" not in data["time"]["estimated"]
+    assert data["hardware"]["gpu_bytes"] == 81559 * 2**20
+    h200 = _json(capsys, "--model", "qwen2.5-7b", "--gpus", "1xH200", "--stage", "2", "--lora-rank", "16")
+    assert "matmul_flops_per_s" in h200["time"]["estimated"]  # the H100's ratio on the H200's datasheet
+
+
 def test_flags_override_the_launch(capsys):
     data = _json(capsys, SEED, "--model", "Qwen/Qwen2-7B", "--gpus", "4x16GiB", "--stage", "2", "--seq-len", "512")
     assert data["inputs"]["stage"] == 2 and data["inputs"]["seq_len"] == 512
@@ -64,6 +93,11 @@ def test_stage_auto_picks_zero2_when_it_fits(capsys):
     (["--gpus", "4x16GiB"], "no model"),
     (["--model", "qwen2.5-7b", "--micro-batch", "0"], "micro_batch 0"),
     (["--model", "qwen2.5-7b", "--write-ds-config", "x.json"], "--search"),
+    ([SEED, "--model", "Qwen/Qwen2-7B", "--samples", "0"], "--samples 0"),
+    ([SEED, "--model", "Qwen/Qwen2-7B", "--samples", "-5"], "--samples -5"),
+    ([SEED, "--model", "Qwen/Qwen2-7B", "--gpu-hour-cost", "nan"], "--gpu-hour-cost nan"),
+    ([SEED, "--model", "Qwen/Qwen2-7B", "--gpu-hour-cost", "-2"], "--gpu-hour-cost -2"),
+    (["--model", "qwen2.5-7b", "--gpus", "4xH1000"], "a card of the table: H100-SXM"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, match):
     assert main(["plan", *argv]) == 2

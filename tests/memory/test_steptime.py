@@ -98,3 +98,12 @@ def test_the_run_is_counted_as_the_hf_trainer_counts_it():
     assert run_time(step, _inputs(max_steps=10, epochs=3.0, samples=5)).steps == 10  # max_steps wins
     unknown = run_time(step, _inputs(epochs=2.0))
     assert unknown.steps is None and "--samples" in unknown.reason
+
+
+def test_the_committed_time_accuracy_is_what_the_rows_give():
+    """bench/plan/time/results/time.md, every figure docs/plan.md quotes about the time model, recomputed from the
+    committed GPU rows with the model as it is."""
+    spec = importlib.util.spec_from_file_location("time_accuracy", ROOT / "bench" / "plan" / "time" / "accuracy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--check"]) == 0
