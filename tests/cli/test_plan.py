@@ -225,3 +225,11 @@ def test_the_kv_cache_changes_the_replayed_peak_of_a_call3_row():
     assert with_cache.kv_cache is True and with_cache.freeze is not None
     without = replace(with_cache, kv_cache=False)
     assert estimate_gpu(with_cache).reserved_peak_bytes != estimate_gpu(without).reserved_peak_bytes
+
+
+@pytest.mark.parametrize("flag,value", [("--gpu-hour-cost", "abc"), ("--samples", "ten"), ("--epochs", "x")])
+def test_a_flag_that_is_not_a_number_is_one_line_and_exit_2(capsys, flag, value):
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--model", "qwen2.5-7b", flag, value])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and flag in err and "--help" in err

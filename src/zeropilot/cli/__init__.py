@@ -19,8 +19,16 @@ from zeropilot.errors import InputError
 _COMMANDS = ("check", "rules", "plan", "ckpt", "report", "top", "run", "repro", "calibrate")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors are one line (a bad value of a flag is bad input like any other: one clear line
+    and exit 2), with where to read the usage; subcommands' parsers are of this class too."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="zeropilot",
         description="Check, plan and export DeepSpeed ZeRO training launches.",
     )
