@@ -568,21 +568,22 @@ def kept_input(inputs: PlanInputs) -> float:
     return 2.0 * inputs.arch.hidden * inputs.micro_batch * inputs.seq_len
 
 
-def _gradient_units(inputs: PlanInputs, trainable: int) -> List[Tuple[float, Optional[int]]]:
-    """The trainable tensors in the order DeepSpeed flattens them (the model's), as (elements, decoder layer or None):
-    every tensor of full fine-tuning, the freeze-tuned ones, or LoRA's ``modules_to_save`` copies beside its adapters
-    (each layer's adapters counted as one tensor of that layer)."""
+def _gradient_units(inputs: PlanInputs, trainable: int) -> List[Tuple[float, Optional[int], bool]]:
+    """The trainable tensors in the order DeepSpeed flattens them (the model's), as (elements, decoder layer or None,
+    whether it is one tensor): every tensor of full fine-tuning, the freeze-tuned ones, or LoRA's ``modules_to_save``
+    copies beside its adapters (each layer's adapters counted as one unit of that layer, not one tensor)."""
     a = inputs.arch
     listed = tuning.trainable_list(inputs)
     if listed is None:
-        edge = [(float(a.vocab * a.hidden), None)]
-        return edge + [(float(x), i) for i in range(a.layers) for x in layer_tensor_sizes(a, i)] + edge[:not a.tied]
-    units = [(float(p.numel), p.layer) for p in listed]
+        edge = [(float(a.vocab * a.hidden), None, True)]
+        return edge + [(float(x), i, True) for i in range(a.layers) for x in layer_tensor_sizes(a, i)] \
+            + edge[:not a.tied]
+    units = [(float(p.numel), p.layer, True) for p in listed]
     adapters = trainable - sum(p.numel for p in listed)
     if inputs.lora_rank and adapters > 0:
         per = adapters / a.layers
         tail = 1 if len(units) > 1 and units[-1][1] is None else 0  # the output layer's copy comes last
-        units = units[:len(units) - tail] + [(per, i) for i in range(a.layers)] + units[len(units) - tail:]
+        units = units[:len(units) - tail] + [(per, i, False) for i in range(a.layers)] + units[len(units) - tail:]
     return units
 
 
@@ -603,11 +604,11 @@ def _first_reduction(inputs: PlanInputs, trainable: int) -> Tuple[int, float]:
         return a.layers, flat(trainable)
     units = _gradient_units(inputs, trainable)
     offsets, offset = [], 0.0
-    for size, _ in units:
+    for size, _, _ in units:
         offsets.append(offset)
         offset += size
     arrival = [(size, a.layers if layer is None and k == 0 else 0 if layer is None else a.layers - 1 - layer, at)
-               for k, ((size, layer), at) in reversed(list(enumerate(zip(units, offsets))))]
+               for k, ((size, layer, _), at) in reversed(list(enumerate(zip(units, offsets))))]
     part, bucket, held, mine = trainable / n, float(inputs.reduce_bucket_size), 0.0, False
     for size, done, at in arrival:
         if held and held + size > bucket:
@@ -617,6 +618,35 @@ def _first_reduction(inputs: PlanInputs, trainable: int) -> Tuple[int, float]:
         held += size
         mine = mine or at < part
     return a.layers, flat(held)
+
+
+def _rank0_partition(inputs: PlanInputs, trainable: int, trained: List[int],
+                     listed: Optional[list]) -> Tuple[List[float], float]:
+    """Rank 0's partition of ZeRO-1/2's flattened trainable tensors (the first 1/N, in the model's order): the elements
+    of each listed tensor in it, whose gradient norms DeepSpeed takes in fp64 one tensor at a time, and the elements of
+    the gradient partition ``copy_grads_in_partition`` allocates, every trainable tensor that reaches into it, whole
+    (``grads_in_partition``: the sum of ``numel()`` over ``params_in_partition``; stage_1_and_2.py, 0.19.8).
+
+    With LoRA and ``modules_to_save`` the adapters train beside the copies and are flattened with them, in the model's
+    order (:func:`_gradient_units`), so they are in that partition too: at world size 1 it is every trainable
+    element (call 1's trace ``call1_y9_mts_z2``, event 39818: 1103.9 MiB, the copies' 1000 MiB and the adapters'
+    104 MiB). Their norms are left out of the pieces: each adapter is a small tensor (rank x width), its fp64 copy
+    taken and released at once."""
+    part = trainable / inputs.world_size
+    if listed is not None and inputs.lora_rank:  # the copies and each layer's adapters, in the model's order
+        units = [(size, one) for size, _, one in _gradient_units(inputs, trainable)]
+    else:
+        units = [(float(n), True) for n in trained]
+    owned: List[float] = []
+    whole, start = 0.0, 0.0
+    for n, own in units:
+        if start >= part:
+            break
+        if own:
+            owned.append(min(n, part - start))
+        whole += n
+        start += n
+    return owned, whole
 
 
 def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[dict]:
@@ -648,14 +678,7 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
     no_grad_layer = layer_tensors(inputs, no_grad=True)
     h2 = kept_input(inputs)
     edges = (h2, final_norm(inputs))  # the embedding's output; the final norm
-    part = trainable / inputs.world_size
-    owned, whole, start = [], 0.0, 0.0  # rank 0's partition: the first 1/N of the flattened trainable tensors
-    for n in trained:
-        if start >= part:
-            break
-        owned.append(min(n, part - start))
-        whole += n  # the gradient partition holds every tensor that reaches into it, whole
-        start += n
+    owned, whole = _rank0_partition(inputs, trainable, trained, listed)
     first = _first_reduction(inputs, trainable)
     front = tuning.first_saving_layer(inputs)  # freeze tuning: the frozen layers before the first trainable one
     trains = tuning.output_trains(inputs)
