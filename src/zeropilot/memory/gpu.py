@@ -694,7 +694,8 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
                 embedding_grad=2.0 * a.vocab * a.hidden if embedding else 0.0, tied=a.tied,
                 softcap=a.logit_softcap, norm_pieces=owned, grad_partition=2.0 * whole, first_reduction=first,
                 eight_bit=inputs.optimizer == "adamw_8bit", frozen_layers=front,
-                front_layer=front_layer(inputs) if front else None)
+                front_layer=front_layer(inputs) if front else None,
+                second_group=tuning.second_param_group(inputs), foreach=inputs.torch_adam)
 
 
 def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[int]:
@@ -789,7 +790,7 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
                 flat=2.0 * part if on_gpu else 0.0,
                 side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0,
                 init_order=order if inputs.zero_init else [], frozen_layers=front,
-                front_layer=front_layer(inputs) if front else None)
+                front_layer=front_layer(inputs) if front else None, foreach=inputs.torch_adam)
 
 
 def zero3_segments(inputs: PlanInputs, steps: int = 2) -> Optional[int]:

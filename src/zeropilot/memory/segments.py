@@ -322,7 +322,8 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
                     steps: int = 2,
                     no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
                     ceiling: float = float("inf"), eight_bit: bool = False, frozen_layers: int = 0,
-                    front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> int:
+                    front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
+                    second_group: bool = False, foreach: bool = True) -> int:
     """Bytes the caching allocator reserves for ZeRO-1/2's large tensors over ``steps`` training steps.
 
     Raises:
@@ -358,6 +359,13 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         eight_bit: the optimizer is bitsandbytes' 8-bit AdamW (a client optimizer): its first step makes two one-byte
             states and their fp32 absmax per 256 elements (``Optimizer2State.init_state``), and its fused kernel
             updates in place (no temporary); otherwise AdamW's two fp32 states and one foreach temporary.
+        second_group: DeepSpeed has a second parameter group (the HF Trainer's biases and norm weights, without
+            weight decay, ``memory.tuning.second_param_group``): the loop over groups empties the cache again before
+            flattening it, once the first group's fp32 master is made (``stage_1_and_2.py``, 0.19.8; call 1's trace
+            ``call1_q3_freeze_z2_exp``, events 712-713); its own tensors are small and left out.
+        foreach: the optimizer is torch's foreach AdamW (``torch_adam``), whose step makes one fp32 temporary of the
+            partition (the square root of ``exp_avg_sq``); DeepSpeed's FusedAdam and the HF Trainer's default
+            ``adamw_torch_fused`` update in place (call 1's traces: no such tensor).
     """
     pool = Allocator()
     part = trainable / world_size
@@ -369,7 +377,6 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         pool.alloc(size)
     built = [pool.alloc(size) for size in build]
     pool.empty_cache()  # stage_1_and_2.py calls empty_cache() before it flattens each group
-    pool.ceiling = ceiling  # nothing empties the cache from here on
     pool.alloc(2 * trainable)  # the aligned 16-bit flat buffer the parameters become views of
     for b in built:
         pool.free(b)
@@ -381,6 +388,11 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
     if gpu_optimizer:
         pool.alloc(4 * part)  # fp32 master partition
     pool.free(clone)
+    if second_group:  # the next group's empty_cache(); its own tensors are small
+        pool.empty_cache()
+    pool.ceiling = ceiling  # nothing empties the cache from here on
+    if pool.reserved > ceiling:
+        raise Exceeded(pool.reserved)
     if gpu_optimizer:
         pool.free(pool.alloc(4 * part))  # initialize_optimizer_states' zeroed fp32 gradient
     states = 0
@@ -443,7 +455,7 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
             for size in first_step[states:]:  # the optimizer's states, on the first step
                 pool.alloc(size)
             states = len(first_step)
-            if not eight_bit:
+            if not eight_bit and foreach:
                 pool.free(pool.alloc(4 * part))  # foreach temporary (sqrt of exp_avg_sq)
             pool.free(g32)
         for b in grads:
@@ -462,7 +474,8 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
                    no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
                    ceiling: float = float("inf"), init_order: Sequence[Tuple[float, bool]] = (),
                    frozen_layers: int = 0,
-                   front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> int:
+                   front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
+                   foreach: bool = True) -> int:
     """Bytes the caching allocator reserves for ZeRO-3: parameters offloaded with the optimizer on the GPU (full
     fine-tuning) or offloaded too (LoRA, at world size 1), or parameters on the GPU at world size 1 (where nothing is
     gathered) with the optimizer on the GPU or offloaded.
@@ -519,7 +532,7 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
         init_gathers: zero.Init with offload_param: per parameter gathered while the model is built, the bytes of
             the whole and of this rank's partition (transformers' weight initialisation gathers the embedding twice;
             call 35's traces).
-        ceiling: as :func:`zero12_reserved`'s.
+        ceiling, foreach: as :func:`zero12_reserved`'s (``foreach``: one temporary per sub-group).
 
     Raises:
         Exceeded: it would reserve more than ``ceiling`` (checked once the set-up has emptied the cache).
@@ -612,7 +625,8 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
             if step == 0:  # AdamW's exp_avg and exp_avg_sq, kept
                 pool.alloc(size)
                 pool.alloc(size)
-            pool.free(pool.alloc(size))  # foreach temporary (sqrt of exp_avg_sq)
+            if foreach:
+                pool.free(pool.alloc(size))  # foreach temporary (sqrt of exp_avg_sq)
             pool.free(fp32_grad)
     side = Allocator()  # the reduction stream's blocks, from the first backward on
     side.alloc(side_stream if steps else 0)
