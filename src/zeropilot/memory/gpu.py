@@ -305,7 +305,8 @@ def _non_torch(inputs: PlanInputs, c: Constants) -> Component:
 
 def _gap(inputs: PlanInputs, optimizer_bytes: int, transient: int, step_bytes: int, largest: int,
          c: Constants) -> Component:
-    """Reserved but unallocated memory of the caching allocator at the peak (fitted).
+    """Reserved but unallocated memory of the caching allocator at the peak (fitted), where no allocator replay
+    applies (with ``expandable_segments`` scaled by ``gap_expandable``, set by hand).
 
     ZeRO-1/2 and ZeRO-3 at world size 1 scale with the optimizer state on the GPU; ZeRO-3 at world size
     > 1 frees and re-allocates each sub-group's step temporaries (the gap scales with them, not with the
@@ -651,15 +652,15 @@ def _rank0_partition(inputs: PlanInputs, trainable: int, trained: List[int],
 
 def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[dict]:
     """ZeRO-1/2: the arguments of :func:`~zeropilot.memory.segments.zero12_reserved` for this launch: its large
-    tensors, from the same activation and logits sizes as the estimate. None for ZeRO-3, and with
-    ``expandable_segments`` (blocks grow in place; segments are not what sets the peak).
+    tensors, from the same activation and logits sizes as the estimate, replayed through the expandable-segments
+    allocator under ``expandable_segments``. None for ZeRO-3.
 
     Freeze tuning and LoRA's ``modules_to_save`` train a subset: only those tensors are built, flattened and
     released, the rest stay where they were built; the output layer's and the embedding's gradients exist only when
     they train; the frozen layers before the first trainable one run without autograd and keep nothing for the
     backward, each one's input released once its output exists (:func:`front_layer`: the checkpointed first forward's
     tensors, and the key/value cache's copies where the run keeps one, until the logits go)."""
-    if inputs.stage not in (1, 2) or inputs.expandable_segments or not tuning.replayed(inputs, zero12=True):
+    if inputs.stage not in (1, 2) or not tuning.replayed(inputs, zero12=True):
         return None  # tuning.replayed: quantization, fused losses ... were never traced
     a = inputs.arch
     tokens = inputs.micro_batch * inputs.seq_len
@@ -694,7 +695,7 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
                 embedding_grad=2.0 * a.vocab * a.hidden if embedding else 0.0, tied=a.tied,
                 softcap=a.logit_softcap, norm_pieces=owned, grad_partition=2.0 * whole, first_reduction=first,
                 eight_bit=inputs.optimizer == "adamw_8bit", frozen_layers=front,
-                front_layer=front_layer(inputs) if front else None,
+                front_layer=front_layer(inputs) if front else None, expandable=inputs.expandable_segments,
                 second_group=tuning.second_param_group(inputs), foreach=inputs.torch_adam)
 
 
@@ -725,7 +726,7 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
     else:
         replayed = (not lora and gpu_optimizer) or (lora and not gpu_optimizer and inputs.world_size == 1)
     listed = tuning.trainable_list(inputs)  # freeze tuning, modules_to_save: replayed with the parameters on the GPU
-    if inputs.stage != 3 or inputs.expandable_segments or not replayed \
+    if inputs.stage != 3 or not replayed \
             or not tuning.replayed(inputs, zero12=on_gpu and inputs.world_size == 1) \
             or inputs.optimizer != "adamw":  # ZeRO-3's sub-group steps with the 8-bit states: never replayed
         return None
@@ -790,7 +791,8 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
                 flat=2.0 * part if on_gpu else 0.0,
                 side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0,
                 init_order=order if inputs.zero_init else [], frozen_layers=front,
-                front_layer=front_layer(inputs) if front else None, foreach=inputs.torch_adam)
+                front_layer=front_layer(inputs) if front else None, expandable=inputs.expandable_segments,
+                foreach=inputs.torch_adam)
 
 
 def zero3_segments(inputs: PlanInputs, steps: int = 2) -> Optional[int]:
@@ -915,9 +917,14 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
             what = ("" if inputs.zero_init else "the whole-model build's blocks stay cached (no zero.Init), and ") + (
                 "the optimizer step's fp32 blocks, one sub-group at a time, take new segments once smaller "
                 "sub-groups' states have split the cached ones")
-        gap = Component(gap.name, segs - allocated, gap.phase,
-                        f"caching-allocator segments: replaying the run's large tensors through the allocator's "
-                        f"best-fit policy reserves {_gib(segs)}: {what} (memory/segments.py)")
+        if inputs.expandable_segments:  # one address range, 20 MiB pages mapped as needed: no whole-block demand
+            why = (f"expandable segments: replaying the run's large tensors through the allocator's policy maps "
+                   f"{_gib(segs)} of pages; the blocks freed inside the mapped range are what a later request does "
+                   "not fit (memory/segments.py ExpandableAllocator)")
+        else:
+            why = (f"caching-allocator segments: replaying the run's large tensors through the allocator's best-fit "
+                   f"policy reserves {_gib(segs)}: {what} (memory/segments.py)")
+        gap = Component(gap.name, segs - allocated, gap.phase, why)
         reserved = segs
     params = counts.total + (trainable if inputs.lora_rank else 0)
     comps = resident + backward + [step] + adjust + [gap, non_torch]
