@@ -77,7 +77,8 @@ def _h100_records() -> list:
         kind = ("fused loss" if r.inputs.fused_loss else "gradient accumulation" if r.inputs.grad_accum > 1
                 else "replayed" if _replayed(r.inputs) else "fitted")
         rec = {"call": r.source, "row": s["row"], "split": r.split, "adam": s.get("adam", "torch"), "kind": kind,
-               "measured_gib": round(meas, 2), "predicted_gib": round(pred, 2), "error_pct": round(100 * (pred / meas - 1), 1)}
+               "measured_gib": round(meas, 2), "predicted_gib": round(pred, 2),
+               "error_pct": round(100 * (pred / meas - 1), 1)}
         if "pred_gib" in s:
             rec["preregistered_gib"] = s["pred_gib"]
             rec["preregistered_error_pct"] = round(100 * (s["pred_gib"] / meas - 1), 1)
@@ -129,11 +130,12 @@ def _summary(recs) -> dict:
 
 
 def _h100_markdown(recs, summary) -> list:
-    lines = ["", "Issue 40's runs on one H100 (`time/data/call1`, `call2`: torch 2.11, DeepSpeed 0.19.8; the HF Trainer's "
-             "optimizer, `adam: client`, unless the row says `torch` or `cpu`), each row's peak against today's plan "
-             "(`rows.timing_inputs`). Not held out: the ZeRO-1/2 gradient partition of LoRA with `modules_to_save` "
-             "was read off `t_y9_mts_z2`'s history, the Trainer's second parameter group off `t_q3_freeze_z2_exp`'s, "
-             "and the fused step (no foreach temporary) off both and these rows (HISTORY.md, thirteenth pass). "
+    lines = ["", "Issue 40's runs on one H100 (`time/data/call1`, `call2`: torch 2.11, DeepSpeed 0.19.8; the HF "
+             "Trainer's optimizer, `adam: client`, unless the row says `torch` or `cpu`), each row's peak against "
+             "today's plan (`rows.timing_inputs`). Not held out: the ZeRO-1/2 gradient partition of LoRA with "
+             "`modules_to_save` was read off `t_y9_mts_z2`'s history, the Trainer's second parameter group off "
+             "`t_q3_freeze_z2_exp`'s, and the fused step (no foreach temporary) off both and these rows (HISTORY.md, "
+             "thirteenth pass). "
              "Fused losses take the fitted components; gradient accumulation is not replayed (each step's first micro "
              "batch only). `split` is the time matrix's (its `fit` rows fit the time model, not this one).", "",
              "| rows | count | median abs error | max abs error | worst under-prediction |", "|---|---|---|---|---|"]

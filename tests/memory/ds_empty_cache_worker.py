@@ -48,7 +48,8 @@ def main(port: str) -> None:
         engine.destroy()
     from transformers import Trainer
 
-    for name, trains in (("zero2_trainer_groups", lambda n: True), ("zero2_matrices_only", lambda n: n.endswith("proj.weight"))):
+    cases = (("zero2_trainer_groups", lambda n: True), ("zero2_matrices_only", lambda n: n.endswith("proj.weight")))
+    for name, trains in cases:
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
         for n, p in model.named_parameters():
             p.requires_grad_(trains(n))

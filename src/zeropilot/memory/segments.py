@@ -803,6 +803,6 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
             if foreach:
                 pool.free(pool.alloc(size))  # foreach temporary (sqrt of exp_avg_sq)
             pool.free(fp32_grad)
-    side = make()  # the reduction stream's blocks (its own segment with expandable segments), from the first backward on
+    side = make()  # the reduction stream's blocks (its own address range when expandable), from the first backward on
     side.alloc(side_stream if steps else 0)
     return pool.reserved + side.reserved
