@@ -87,6 +87,10 @@ def test_plan_across_nodes_is_judged_with_a_profile_measured_across_them(tmp_pat
     assert any("on 2 nodes" in n for n in judged["notes"])
     comm = judged["step_comm"]
     assert comm["link"] == "every rank, measured across 2 nodes" and comm["seconds"] > 0
+    # the time model's ring across the nodes: the world group's slower collective, measured
+    ring = judged["time"]["collectives"]
+    assert ring["link"] == "across 2 nodes" and ring["busbw"]["measured"] and ring["busbw"]["value"] == 10e9
+    assert "over every rank across 2 nodes" in ring["busbw"]["source"]
     # the same profile for 4 nodes: memory not judged (measured across 2), the bandwidth assumed to hold
     four = _plan("--nodes", "4", "--hardware", str(path))
     assert four["verdict"]["kind"] == "unknown" and "--hardware PROFILE" in four["verdict"]["message"]

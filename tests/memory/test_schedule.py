@@ -114,3 +114,26 @@ def test_rings_across_nodes_take_the_slower_link_and_nccls_latency():
     assert ring(with_inter_node(h100, 100), 16, 2).basis == "given"
     assert latency_s(8, 1, "nvlink") == pytest.approx(8.4e-6 + 7 * 3.4e-6)
     assert latency_s(16, 2, "nvlink") == pytest.approx(8.4e-6 + 14 * 3.4e-6 + 14.0e-6)
+
+
+def test_the_plan_says_which_link_figure_it_assumed(capsys):
+    """Across nodes with nothing measured, the plan's time names the assumed network in its notes and JSON; the
+    user's --inter-node-gbps replaces it; a figure that is not a speed is one line and exit 2."""
+    import json
+
+    from zeropilot.cli import main
+
+    argv = ["plan", "--model", "qwen2.5-7b", "--gpus", "8xH100", "--nodes", "2", "--stage", "3", "--lora-rank", "16",
+            "--host-mem", "256", "--outside-torch", "3", "--format", "json"]
+    assert main(argv) == 0
+    time = json.loads(capsys.readouterr().out)["time"]
+    link = time["collectives"]
+    assert link["link"] == "across 2 nodes" and link["ranks"] == 16 and link["exposed_s"] >= 0
+    assert link["busbw"]["source"].startswith("assumed") and link["busbw"]["measured"] is False
+    assert time["figures"]["inter_busbw_bytes_per_s"]["source"].startswith("assumed")
+    assert "inter_busbw_bytes_per_s" in time["estimated"] and any("assumed" in n for n in time["notes"])
+    assert main(argv + ["--inter-node-gbps", "800"]) == 0
+    given = json.loads(capsys.readouterr().out)["time"]["collectives"]["busbw"]
+    assert given["value"] == 100e9 and given["source"].startswith("flag --inter-node-gbps 800")
+    assert main(argv + ["--inter-node-gbps", "-1"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
