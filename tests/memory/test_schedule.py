@@ -137,3 +137,30 @@ def test_the_plan_says_which_link_figure_it_assumed(capsys):
     assert given["value"] == 100e9 and given["source"].startswith("flag --inter-node-gbps 800")
     assert main(argv + ["--inter-node-gbps", "-1"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def _flip():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "plan" / "time" / "flip.py"
+    spec = importlib.util.spec_from_file_location("flip_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["flip_bench"] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod, path.parent / "results" / "flip.md"
+
+
+def test_the_flip_table_is_what_the_search_chooses():
+    """bench/plan/time/flip.py: a change of family is bisected to where it happens; its first case's two ends are
+    the committed table's rows."""
+    flip, committed = _flip()
+    pick = lambda x: ("a", 1.0, "", 1.0, "a") if x < 42 else ("b", 1.0, "", 1.0, "b")  # noqa: E731
+    _, flips = flip.flip_points((10, 30, 100), pick)
+    assert [(a, b) for _, a, b in flips] == [("a", "b")] and flips[0][0] == pytest.approx(42, rel=0.01)
+    got, flips = flip.intra_case(flip.LAUNCHES[0], (16, 361), tol=10)  # one bisection: the ends are what count
+    table = committed.read_text()
+    for gbs, (first, step, *_rest) in got.items():
+        assert f"| {gbs:g} | {first} | {step:.3f} |" in table
+    assert got[16][4] != got[361][4] and len(flips) == 1
