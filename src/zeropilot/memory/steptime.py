@@ -19,8 +19,9 @@ and the host's work is one eager launch per kernel (PyTorch's dispatch, autograd
 ZeRO-1/2's per gradient tensor, ZeRO-3's per module on every pass. The GPU runs behind the host, so a pass takes the
 longer of the two. Then the optimizer step (memory-bound over the trainable partition on the GPU; DeepSpeed's CPUAdam
 or torch's AdamW on the host with optimizer offload, with the gradient and parameter copies over PCIe), ZeRO-3's
-parameter gathers (copies, collectives at world size > 1, host-to-device copies with parameter offload), and the
-collectives of ZeRO-1/2 at the bus bandwidth, overlapped with the backward where ``overlap_comm`` is on.
+parameter gathers (copies, host-to-device copies with parameter offload), and at world size 2 or more ZeRO's
+collectives over the ring of the job's ranks (:mod:`zeropilot.memory.links`), laid use by use over each micro
+batch's compute as DeepSpeed issues them (:mod:`zeropilot.memory.schedule`): what the compute does not hide counts.
 """
 
 from __future__ import annotations
