@@ -18,8 +18,8 @@ batches (the assumed model of DeepSpeed 0.19.8's collectives, not measured here)
 
 Seconds = bytes x (n - 1) / n / busbw per collective: the time a ring moves them at that bus bandwidth. Across nodes
 the ``world`` figure (every rank, as ZeRO's groups are) measured across the profile's nodes is used; on one node the
-``intra_node`` one. Compute, and how much of the communication overlaps it (``overlap_comm``, prefetching), are not
-modelled: the step takes at least this long only where nothing overlaps.
+``intra_node`` one. This is the bound without overlap: the step takes at least this long only where nothing
+overlaps; the step time (:mod:`zeropilot.memory.schedule`) lays the same collectives over the compute.
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def step_comm(inputs: PlanInputs, profile=None) -> StepComm:
     bytes_ = traffic(inputs)
     assumed = [f"traffic per optimizer step: the ZeRO-{inputs.stage} model of memory/comm.py (16-bit parameters and "
                f"gradients, {inputs.grad_accum} micro batch(es) per step)",
-               "compute and its overlap with communication: not modelled (the step takes at least this long only "
-               "where nothing overlaps)"]
+               "no overlap with the compute here (the step takes at least this long only where nothing overlaps); "
+               "the step time's collectives (time.collectives) lay them over the compute"]
     base = dict(gathered_bytes=bytes_["all_gather"], reduced_bytes=bytes_["reduce_scatter"], assumed=assumed)
     if n < 2:
         return StepComm(seconds=0.0, link=None, reason="one rank: no collective", **base)

@@ -514,7 +514,7 @@ def estimate_time(inputs: PlanInputs, speed: Speed, c: TimeConstants = TIME_DEFA
     # the optimizer step
     _optimizer(inputs, speed, c, trainable, grad_tensors, ga, terms)
 
-    step_s = sum(t.seconds for t in terms)
+    step_s = _ns(sum(t.seconds for t in terms))
     tokens = inputs.micro_batch * inputs.seq_len * ga
     model_flops = ga * (pf.flops + pb.flops)
     figures = tuple((name, f.value, f.source, f.measured) for name, f in speed.figures())
@@ -554,6 +554,12 @@ class Collectives:
     reason: Optional[str] = None
 
 
+def _ns(seconds: float) -> float:
+    """Seconds to the nanosecond: times that are equal but summed in another order tie exactly, so the search and
+    ``--stage auto`` take their documented order between them, not a float's last bit."""
+    return round(seconds, 9)
+
+
 def _compute(mb: _MicroBatch, c: TimeConstants, gpu_f: float, gpu_b: float, host_f: float,
              host_b: float) -> schedule.Compute:
     """One micro batch's GPU seconds by part and host seconds by pass, for the schedule: the passes' kernels, with
@@ -591,15 +597,16 @@ def _collectives(inputs: PlanInputs, speed: Speed, ga: int, comp: schedule.Compu
                  f"collective ({links.NCCL_TUNING})")
     moved = traffic(inputs) if inputs.stage != 3 else {}
     plan = schedule.settings(inputs, reduce=inputs.stage >= 2 or (inputs.stage == 1 and inputs.overlap))
-    stepwise = 0.0 if inputs.stage == 3 else moved["all_gather"] + (
-        moved["reduce_scatter"] if inputs.stage == 0 or (inputs.stage == 1 and not plan.reduce) else 0)
-    at_step = ring.seconds(stepwise, 1 if inputs.stage == 2 or plan.reduce else 2) if stepwise else 0.0
+    at_step_bytes = [] if inputs.stage == 3 else [moved["all_gather"]] + (
+        [moved["reduce_scatter"]] if inputs.stage == 0 or (inputs.stage == 1 and not plan.reduce) else [])
+    stepwise = sum(at_step_bytes)
+    at_step = sum(_ns(ring.seconds(b)) for b in at_step_bytes)
     sched, runs = None, 0
     if inputs.stage >= 2 or plan.reduce:
         sched = schedule.simulate(schedule.trace(inputs), comp, ring if inputs.stage == 3 else None, ring, plan)
         runs = ga if inputs.stage >= 2 else 1  # ZeRO-1 reduces in the last micro batch's backward only
-    fwd = runs * sched.forward_exposed_s if sched else 0.0
-    exposed = runs * sched.exposed_s if sched else 0.0
+    fwd = _ns(runs * sched.forward_exposed_s) if sched else 0.0
+    exposed = _ns(runs * sched.exposed_s) if sched else 0.0
     how = (f"prefetch bucket {inputs.prefetch_bucket_size / 1e6:.0f} M, max live {inputs.max_live_parameters / 1e6:.0f}"
            f" M elements, " if inputs.stage == 3 else "") + f"reduce bucket {inputs.reduce_bucket_size / 1e6:.0f} M, " \
         f"overlap_comm {'on' if inputs.overlap else 'off'}"
@@ -612,7 +619,7 @@ def _collectives(inputs: PlanInputs, speed: Speed, ga: int, comp: schedule.Compu
         if inputs.stage == 3:
             terms.append(Term("gathers", fwd, "forward", f"{runs} x {fwd / runs * 1e3:.1f} ms the forward waited "
                                                          f"for ZeRO-3's all-gathers: " + per))
-        terms.append(Term("collectives", exposed - fwd, "backward",
+        terms.append(Term("collectives", _ns(exposed - fwd), "backward",
                           f"{runs} x {(exposed - fwd) / runs * 1e3:.1f} ms the backward waited for "
                           + ("ZeRO-3's all-gathers and " if inputs.stage == 3 else "")
                           + "the gradients' reduce-scatters" + (" (as above)" if inputs.stage == 3 else ": " + per)))
