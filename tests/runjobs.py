@@ -120,12 +120,12 @@ def hf_trainer() -> Job:
 
 @once
 def hf_slow_loader() -> Job:
-    """HF Trainer + ZeRO-2, torchrun, 2 ranks, 8 steps, one save at the end; rank 1's dataset takes 0.4 s more to
+    """HF Trainer + ZeRO-2, torchrun, 2 ranks, 10 steps, one save at the end; rank 1's dataset takes 0.4 s more to
     hand over each batch (``--data-sleep 1:0.4``); ``report_to=["tensorboard"]`` logging every step (event files
     under ``ckpt/runs``)."""
     ckpt = root() / "hf_slow_loader" / "ckpt"
     cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "hf_train.py"),
-           str(ckpt), "--stage", "2", "--steps", "8", "--save-steps", "8", "--data-sleep", "1:0.4",
+           str(ckpt), "--stage", "2", "--steps", "10", "--save-steps", "10", "--data-sleep", "1:0.4",
            "--report-to", "tensorboard", "--logging-steps", "1"]
     return zeropilot_run("hf_slow_loader", cmd, ["--no-check"])
 
