@@ -127,7 +127,7 @@ def screen(live, now: float) -> List[str]:
     elapsed = f"  {_secs(end - started)} elapsed" if isinstance(started, (int, float)) else ""
     lines = [clean(f"zeropilot top  {live.root}  {time.strftime('%H:%M:%S', time.localtime(now))}{elapsed}"),
              clean(f"  {command}")[:400], verdict_line(live.verdict_so_far())]
-    lines += straggler_lines(live.stragglers()) + ["", _row(list(COLUMNS))]
+    lines += straggler_lines(live.stragglers() + live.gpu_stragglers()) + ["", _row(list(COLUMNS))]
     lines += [rank_row(live.ranks[r], now) for r in sorted(live.ranks)]
     lines += [clean(f"note: {p}") for p in live.problems[:3]]
     return lines
@@ -171,7 +171,7 @@ def document(live, now: float, final: Optional[Dict[str, Any]] = None) -> Dict[s
         "command": [str(c) for c in command] if isinstance(command, list) else [],
         "ended": live.ended, "verdict_so_far": live.verdict_so_far(),
         "ranks": [rank_json(live.ranks[r], now) for r in sorted(live.ranks)], "stragglers": live.stragglers(),
-        "final": final, "problems": list(live.problems)})
+        "gpu_stragglers": live.gpu_stragglers(), "final": final, "problems": list(live.problems)})
 
 
 def _json_line(doc: Dict[str, Any]) -> str:
@@ -235,9 +235,10 @@ def run(args: argparse.Namespace) -> int:
                 if verdict != last_verdict:
                     out.write(verdict + "\n")
                     last_verdict = verdict
-                named = [s["rank"] for s in live.stragglers()]
+                found = live.stragglers() + live.gpu_stragglers()
+                named = [(s["rank"], s.get("evidence")) for s in found]
                 if named != last_named:  # a straggler appears or goes: said once, not at every step
-                    out.write("".join(ln + "\n" for ln in straggler_lines(live.stragglers())) if named else
+                    out.write("".join(ln + "\n" for ln in straggler_lines(found)) if named else
                               "stragglers: none now\n")
                     last_named = named
             out.flush()

@@ -26,7 +26,7 @@ from zeropilot.runlog.layout import RunDir
 
 MAX_LINE = 1 << 20
 MAX_SIDE_FILE = 64 << 20
-MAX_STEP_ROWS = 4_000_000  # all ranks together: 14 columns of 8 bytes and 10 of 4, about 610 MB at most
+MAX_STEP_ROWS = 4_000_000  # all ranks together: 14 columns of 8 bytes and 12 of 4, about 640 MB at most
 MAX_EVENTS = 200_000  # non-step records, all ranks together
 MAX_STACK = 1 << 20
 #: the phases of a step record's ``phase_seconds`` (``guard.rank``) kept as columns, as ``(phase, column)``: the
@@ -41,9 +41,12 @@ OTHER_PHASES = "other_phase_seconds"
 #: a step record's ``batch`` (``guard.rank``) kept as columns, as ``(key, column)``: the micro batches of the step,
 #: the largest micro batch and padded length among them (``runlog.timing``: the batch the plan is asked about)
 BATCH_COLUMNS = (("micro_batches", "micro_batches"), ("micro_batch_size", "micro_batch_size"), ("seq_len", "seq_len"))
+#: a step record's own-time fields (``guard.rank``) kept as columns: the seconds its DataLoader took to hand over the
+#: step's batches (``guard.data_time``) and the GPU probe read at its end (``guard.gpu_probe``): stragglers
+OWN_COLUMNS = ("data_seconds", "gpu_probe_seconds")
 STEP_COLUMNS = (("t", "step", "seconds") + MEMORY_FIELDS + tuple(c for _, c in PHASE_COLUMNS) + (OTHER_PHASES,)
-                + tuple(c for _, c in BATCH_COLUMNS))
-_FLOAT32 = frozenset(c for _, c in PHASE_COLUMNS + BATCH_COLUMNS) | {OTHER_PHASES}
+                + tuple(c for _, c in BATCH_COLUMNS) + OWN_COLUMNS)
+_FLOAT32 = frozenset(c for _, c in PHASE_COLUMNS + BATCH_COLUMNS) | {OTHER_PHASES} | frozenset(OWN_COLUMNS)
 _NAMED_PHASES = frozenset(p for p, _ in PHASE_COLUMNS)
 NAN = float("nan")
 _decode = json.JSONDecoder().decode
@@ -179,6 +182,7 @@ def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budg
     phase_cols = [(phase, cols[name]) for phase, name in PHASE_COLUMNS]
     other_col = cols[OTHER_PHASES]
     batch_cols = [(key, cols[name]) for key, name in BATCH_COLUMNS]
+    own_cols = [(name, cols[name]) for name in OWN_COLUMNS]
     for rec in _lines(path, problems):
         if rec.get("event") != "step":
             if budget.events <= 0:
@@ -212,6 +216,8 @@ def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budg
         get = batch.get if type(batch) is dict else _EMPTY.get
         for name, col in batch_cols:
             col.append(_number(get(name)))
+        for name, col in own_cols:
+            col.append(_number(rec.get(name)))
     return records
 
 

@@ -401,6 +401,7 @@ def summarize(records: RunRecords, predictor: Optional[timing.Predictor] = None)
         "locks_removed": nz.locks(run.get("locks_removed")),
         "builds": nz.builds(run.get("builds")),
         "stragglers": stragglers.from_records(records),
+        "gpu_stragglers": stragglers.gpu_from_records(records),
         "timeouts": timeouts.report(records),
         "problems": records.problems,
         "nodes": nodes,

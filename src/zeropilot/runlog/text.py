@@ -369,7 +369,8 @@ def stragglers(summary: Dict[str, Any]) -> List[str]:
     """One line per straggler (``runlog.stragglers``)."""
     from zeropilot.runlog.stragglers import describe
 
-    return [f"straggler: {clean(describe(s))}" for s in summary.get("stragglers") or []]
+    found = (summary.get("stragglers") or []) + (summary.get("gpu_stragglers") or [])
+    return [f"straggler: {clean(describe(s))}" for s in found]
 
 
 def render(summary: Dict[str, Any]) -> str:
