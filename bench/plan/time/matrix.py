@@ -195,6 +195,38 @@ def call3_rows(profile: str) -> list:
     return rows
 
 
+#: call 5 (issue 40): held-out rows new to the model; predictions written before it runs with call 4's host
+#: (``data/call4/profile_host.json``: call 3's card figures, call 4's launch and CPUAdam at 2^28 elements) and as a
+#: procedure, the committed model with the host figures ``host_figures.py`` measures at the start of the same call
+#: (``host_predict.py data/call5``)
+HOLDOUT5 = [
+    ("h5_q3_full_z3_gc", "qwen2.5-3b", dict(stage=3, mb=4, seq=2048, gc=True), "3 B full fine-tuning, ZeRO-3"),
+    ("h5_l1_full_z1_mb8", "llama-3.2-1b", dict(stage=1, mb=8, seq=1024), "1 B full fine-tuning, ZeRO-1"),
+    ("h5_l8_lora_z2_liger", "llama-3.1-8b", dict(stage=2, mb=2, seq=2048, lora=16, liger=True), "8 B LoRA, Liger"),
+    ("h5_q15_lora_z3_mlp_low", "qwen2.5-1.5b", dict(stage=3, mb=4, seq=1024, lora=16, mlp=int(1e7)),
+     "ZeRO-3 LoRA, stage3_max_live_parameters 1e7"),
+    ("h5_q05_full_z2_off", "qwen2.5-0.5b", dict(stage=2, mb=8, seq=1024, offload=True, adam="cpu"),
+     "optimizer offload with CPUAdam, a small model"),
+    ("h5_m7_lora_z2_ga4", "mistral-7b", dict(stage=2, mb=1, seq=2048, lora=16, ga=4), "7 B LoRA, accumulation 4"),
+]
+
+
+def call5_rows(profile: str) -> list:
+    """Call 5's rows: HOLDOUT5 with predictions from ``profile`` (call 4's host figures)."""
+    from fit import inputs_of
+    from zeropilot.memory.profile import load
+    from zeropilot.memory.speed import speed_for
+    from zeropilot.memory.steptime import estimate_time
+
+    host = speed_for(None, load(profile))
+    rows = []
+    for row, model, settings, why in HOLDOUT5:
+        s = spec(row, model, settings, "holdout", why)
+        s["pred_step_s"] = round(estimate_time(inputs_of(s, 79.1), host).step_s, 4)
+        rows.append(s)
+    return rows
+
+
 def fit_rows() -> list:
     return ([spec(row, model, settings, "fit", why) for row, model, settings, why in FIT]
             + [spec(row, model, settings, "trace", why) for row, model, settings, why in TRACE])
@@ -202,12 +234,12 @@ def fit_rows() -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=["fit", "holdout", "call3"])
+    ap.add_argument("which", choices=["fit", "holdout", "call3", "call5"])
     ap.add_argument("out")
     ap.add_argument("--profile", help="holdout: the profile call 1's calibrate wrote")
     args = ap.parse_args(argv)
     rows = (fit_rows() if args.which == "fit" else holdout_rows(args.profile) if args.which == "holdout"
-            else call3_rows(args.profile))
+            else call3_rows(args.profile) if args.which == "call3" else call5_rows(args.profile))
     Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"{len(rows)} rows -> {args.out}")
     return 0
