@@ -91,3 +91,128 @@ def test_the_same_two_heal_runs_again_resume_both_nodes_from_the_shared_stop_ste
         assert second["resumed"]["really"] is True and second["steps_redone"] == 0
         steps = [r["step"] for r in records(n.out / second["dir"], "step")]
         assert steps[0] == stop + 1 and steps[-1] == 16
+
+
+# -- node 1 lost: an HF Trainer job shrunk to node 0, or waiting for a replacement -------------------------------
+
+def _lose_node_1(outs, after: Path, rejoin=None):
+    """Freeze every process of node 1 once ``after`` exists (a machine gone without closing its connections), end
+    them once node 0 named it lost; with ``rejoin(nodes)``: once node 0's next attempt waits for it, start a new
+    node 1 (a replacement machine) after 3 s."""
+    def during(nodes, deadline):
+        from tests.guard.test_watch_nodes import _signal_all, _tree
+
+        until(after.exists, deadline, f"{after} written", nodes)
+        frozen = _tree(nodes[1].proc.pid)
+        _signal_all(frozen, signal.SIGSTOP)
+        until((outs[0] / "hang.json").exists, deadline, "node 0 names node 1 lost", nodes[:1])
+        _signal_all(frozen, signal.SIGKILL)
+        nodes[1].proc.wait()
+        if rejoin is not None:
+            until(lambda: (outs[0] / "attempt-2" / "launch.sh").exists(), deadline, "node 0 restarts", nodes[:1])
+            time.sleep(3.0)
+            rejoin(nodes)
+    return during
+
+
+@functools.lru_cache(maxsize=None)
+def _shrunk() -> dict:
+    base = runjobs.root() / "nodes_shrink_hf"
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "z2.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+                                              "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+                                              "zero_optimization": {"stage": 2},
+                                              "zero_allow_untested_optimizer": True}))
+    port = runjobs.free_port()
+
+    def script(out, ga):
+        return _hf(out, 10, "--save-steps", "2", "--step-sleep", "0.5", "--gradient_accumulation_steps", str(ga),
+                   "--deepspeed", str(base / "z2.json"))
+
+    # the reference: one node, one rank, 1 x 2 accumulated = the 2-node job's 1 x 1 x 2 samples per step
+    ref = runjobs.zeropilot_run("nodes_shrink_hf_ref", ["torchrun", "--nproc_per_node", "1", "--master_port",
+                                                        str(runjobs.free_port()), *script(base / "ref", 2)],
+                                ["--no-check"])
+    outs = [base / "node0", base / "node1"]
+    commands = [torchrun(2, k, port, 1, script(base / "ckpt", 1)) for k in (0, 1)]
+    flags = [*HEAL, "--heal-allow", "shrink", "--hang-timeout", "300"]
+    nodes = run_nodes("nodes_shrink_hf", commands, flags, outs,
+                      _lose_node_1(outs, base / "ckpt" / "checkpoint-2" / "trainer_state.json"))
+    return {"ref": ref, "nodes": nodes, "base": base, "outs": outs}
+
+
+def _losses(folder: Path) -> dict:
+    state = json.loads((folder / "trainer_state.json").read_text())
+    return {e["step"]: e["loss"] for e in state["log_history"] if "loss" in e}
+
+
+def test_an_hf_trainer_job_shrunk_to_one_node_keeps_the_samples_per_step_and_its_losses():
+    job = _shrunk()
+    node0, base = job["nodes"][0], job["base"]
+    assert job["ref"].returncode == 0 and node0.proc.returncode == 0, node0.log[-4000:]
+    doc = node0.heal()
+    first, second = doc["attempts"][0], doc["attempts"][-1]
+    assert (first["failure"]["kind"], first["failure"]["class"]) == ("hang", "node_lost")
+    assert doc["outcome"]["status"] == "healed" and len(doc["attempts"]) == 2
+    s = second["shrink"]
+    assert s["world_size"] == [2, 1] and s["grad_accum"] == [1, 2] and s["samples_per_step"] == [2, 2]
+    cmd = second["command"]
+    assert cmd[cmd.index("--nnodes") + 1] == "1" and "--standalone" in cmd
+    assert cmd[cmd.index("--gradient_accumulation_steps") + 1] == "2"
+    copy = Path(cmd[cmd.index("--deepspeed") + 1])
+    assert json.loads(copy.read_text())["checkpoint"] == {"load_universal": True}
+    chosen = second["resume"]["chosen"]
+    assert chosen["path"] == str(node0.out / "attempt-2" / "universal") and chosen["step"] >= 2
+    load = records(node0.out / "attempt-2", "load")[-1]
+    assert load["universal"] is True and load["step"] == chosen["step"] and not load.get("error")
+    after = records(node0.out / "attempt-2", "setup")[-1]["train"]
+    assert (after["micro_batch"], after["grad_accum"], after["world_size"]) == (1, 2, 1)
+    assert second["resumed"]["really"] is True
+    # the losses: 2 nodes x 1 rank up to the save, 1 rank x 2 accumulated after, against one rank x 2 throughout
+    ref, got = _losses(base / "ref" / "checkpoint-10"), _losses(base / "ckpt" / "checkpoint-10")
+    assert sorted(got) == sorted(ref) == list(range(1, 11))
+    worst = max(abs(got[k] - ref[k]) / abs(ref[k]) for k in ref)
+    assert worst < 1e-5, (got, ref)  # measured: 0 (equal to the last bit, steps 1-10)
+
+
+@functools.lru_cache(maxsize=None)
+def _waited() -> dict:
+    base = runjobs.root() / "nodes_wait_hf"
+    base.mkdir(parents=True, exist_ok=True)
+    port = runjobs.free_port()
+    script = _hf(base / "ckpt", 8, "--save-steps", "2", "--step-sleep", "0.5")
+    outs = [base / "node0", base / "node1"]
+    commands = [torchrun(2, k, port, 1, script) for k in (0, 1)]
+    flags = [*HEAL, "--hang-timeout", "300"]  # no --heal-allow shrink: the survivors wait for the node
+    came = {}
+
+    def rejoin(nodes):
+        from tests.heal.nodes import Node
+
+        came["t"] = time.time()
+        nodes[1] = Node("nodes_wait_hf", outs[1], flags, commands[1])  # the replacement: the same heal run again
+
+    nodes = run_nodes("nodes_wait_hf", commands, flags, outs,
+                      _lose_node_1(outs, base / "ckpt" / "checkpoint-2" / "trainer_state.json", rejoin))
+    return {"nodes": nodes, "base": base, "outs": outs, "came": came}
+
+
+def test_without_shrink_node_0_waits_for_a_replacement_node_and_both_go_on_from_the_last_save():
+    job = _waited()
+    node0, node1 = job["nodes"]
+    assert node0.proc.returncode == 0 and node1.proc.returncode == 0, node0.log[-3000:] + node1.log[-3000:]
+    doc = node0.heal()
+    first, second = doc["attempts"][0], doc["attempts"][-1]
+    assert (first["failure"]["kind"], first["failure"]["class"]) == ("hang", "node_lost")
+    wait = second["node_wait"]
+    assert wait["nodes"] == [1] and wait["timeout_s"] == 300 and "not allowed" in wait["why"]
+    assert doc["outcome"]["status"] == "healed"
+    step = second["resume"]["chosen"]["step"]
+    again = node1.heal()["attempts"][-1]  # the replacement's heal run chose the same save
+    assert again["resume"]["chosen"]["step"] == step and again["resumed"]["really"] is True
+    for n in (node0, node1):
+        steps = [r["step"] for r in records(n.out / n.heal()["attempts"][-1]["dir"], "step")]
+        assert steps[0] == step + 1 and steps[-1] == 8
+    # node 0's ranks started only once the replacement came: its torchrun waited for it at the rendezvous
+    began = records(node0.out / second["dir"], "start")
+    assert began and min(r["t"] for r in began) > job["came"]["t"] - 0.5
