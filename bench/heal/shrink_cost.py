@@ -53,7 +53,6 @@ class Assumed:
     gpus_per_node: int = 8
     micro_batch: int = 1  # sequences per GPU per micro step
     global_batch: int = 1024  # sequences per optimizer step (4 M tokens at 4096: Llama 2's)
-    step_s: float = 10.0  # one optimizer step on 128 nodes (for steps lost; the costs are in job-hours)
     fs_gbps: float = 50.0  # the shared file system's aggregate read+write rate, GB/s, for the conversion and the load
     detect_s: float = 25.0  # the watchdog naming the node lost: SILENT_S 10 s + 3 beats + reading (measured ~13-20 s)
     start_s: float = 300.0  # a restart of 1024 ranks up to the first step, before the load: rendezvous, NCCL, init
@@ -149,6 +148,7 @@ def measure(size: str, work: Path) -> Dict[str, object]:
     written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     return {"size": size, "spec": spec, "build_s": build_s, "checkpoint_bytes": total, "universal_bytes": written,
             "wall_s": round(wall, 3), "peak_rss_bytes": rss, "rate_gbps": total / wall / GB,
+            "command": f"python bench/heal/shrink_cost.py --measure {size} --work {work} RESULTS",
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                         "load_avg": os.getloadavg()}, "warm_cache": "the checkpoint was just written (page cache)"}
 
@@ -172,8 +172,11 @@ def render(doc: Dict[str, object]) -> str:
     for name, m in doc["measured"].items():
         if m:
             lines.append(f"- {name}: {m['checkpoint_bytes'] / GB:.2f} GB converted by `zeropilot ckpt universal` in "
-                         f"{m['wall_s']:.1f} s, one process: **{m['rate_gbps']:.3f} GB/s** ({m.get('from') or ''}"
-                         f"{m['machine'].get('cpus')} CPUs)")
+                         f"{m['wall_s']:.1f} s, one process: **{m['rate_gbps']:.3f} GB/s** ({m.get('from') + ', ' if m.get('from') else ''}"
+                         f"{m['machine'].get('cpus')} CPUs"
+                         + (f", load average {m['machine']['load_avg'][0]:.0f}-{max(m['machine']['load_avg']):.0f} from "
+                            f"other jobs; {m['warm_cache']}; `{m['command']}`" if m['machine'].get('load_avg') else
+                            ", ZeRO-2, SGD: no Adam moments") + ")")
     c0 = doc["paper"][0]
     s = c0["sizes"]
     to = c0["shrink_to"]
@@ -205,7 +208,8 @@ def render(doc: Dict[str, object]) -> str:
     return "\n".join(lines)
 
 
-NOTES = ("Table cells: minutes of the full 128-node job's throughput lost. kept_N: shrunk to N nodes with the "
+NOTES = ("zeropilot's converter is one process today: `split` is what a conversion split by parameters over the "
+         "surviving nodes would take at the same per-process rate (not built). Table cells: minutes of the full 128-node job's throughput lost. kept_N: shrunk to N nodes with the "
          "samples per step kept (zeropilot's rule), the conversion by one process (one) or split by parameters over "
          "the surviving nodes (split); batch_changed_127: the bound if the batch could change (zeropilot refuses it). "
          " Wait: detection + the replacement's arrival + the "
