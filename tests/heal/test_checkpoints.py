@@ -69,3 +69,17 @@ def test_a_trainer_checkpoint_without_its_state_file_is_unfinished(checkpoints, 
 def test_no_save_recorded_means_nothing_to_resume(tmp_path):
     assert choice.choose([], world=2).chosen is None
     assert choice.choose([dict(path=str(tmp_path), tag="16bit_model", rank=0)], world=2).folders == []
+
+
+def test_one_node_of_several_judges_its_own_ranks_records_and_the_files_for_the_others(checkpoints, tmp_path):  # noqa: F811,E501
+    """A job across nodes: node 1's run directory holds rank 1's records only (``here``); the save is whole when every
+    rank of this node recorded it and every rank's files are there."""
+    save, old = _raw(checkpoints, tmp_path)
+    got = choice.choose(_saves(save, [old, "global_step9"], ranks=(1,), here=[1]), world=2)
+    assert got.chosen.tag == "global_step9" and got.skipped == []
+    got = choice.choose(_saves(save, [old], ranks=(1,), here=[1]) + _saves(save, ["global_step9"], ranks=(), here=[1])
+                        + [dict(path=str(save), tag="global_step9", rank=2, attempt=1, here=[1, 3])], world=4)
+    assert got.chosen is None or got.chosen.tag != "global_step9"
+    next(p for p in (save / "global_step9").iterdir() if "rank_0" in p.name and "optim" in p.name).unlink()
+    got = choice.choose(_saves(save, [old, "global_step9"], ranks=(1,), here=[1]), world=2)
+    assert got.chosen.tag == old and got.skipped[0].why_not.startswith("incomplete:")

@@ -5,7 +5,8 @@ is, a sequence number) under ``zeropilot/hb/<global rank>`` in the ``TCPStore`` 
 ``MASTER_ADDR:MASTER_PORT`` (torchrun's agent store, DeepSpeed's and accelerate's launchers alike), from a daemon
 thread of its own, through a client connection of its own: one ``set`` every :data:`STORE_BEAT_S` seconds, never a
 collective, nothing the training loop waits for. The watchdog of every node (:mod:`zeropilot.runner.peers`) reads
-all of them and writes the first verdict under :data:`VERDICT_KEY` (``compare_set``: one verdict for the job).
+all of them and writes the first verdict under :data:`VERDICT_KEY` (``compare_set``: one verdict for the job), and
+a preempted node's supervisor the job's stop step under :data:`STOP_KEY` the same way (:mod:`zeropilot.runner.preempt`).
 
 ``ZEROPILOT_STORE=HOST:PORT`` names another store; ``ZEROPILOT_STORE=off`` turns it off (then only a shared run
 directory gives a node's watchdog the other nodes' heartbeats). On one node the store is not used.
@@ -24,6 +25,7 @@ STORE_ENV = "ZEROPILOT_STORE"
 PREFIX = "zeropilot/hb/"
 VERDICT_KEY = "zeropilot/verdict"
 SEEN_PREFIX = "zeropilot/verdict-seen/"  # + node rank: that node's watchdog has taken the verdict
+STOP_KEY = "zeropilot/stop"  # a preemption's stop step, one for the job (runner.preempt: compare_set)
 STORE_BEAT_S = 1.0  # one set per rank per second: the rate limit (bench/guard/store_beat.py measures its cost)
 CONNECT_TIMEOUT_S = 10.0
 RETRY_S = 5.0

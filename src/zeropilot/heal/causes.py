@@ -109,8 +109,11 @@ def failure_of(summary: Dict[str, Any], events_by_rank: Dict[int, List[Dict[str,
     reason = str(verdict.get("reason") or "")
     if preempted:
         saved = preempted.get("saved_step")
-        reason = (f"{preempted.get('signal')} to zeropilot run: every rank saved at step {saved} and stopped"
-                  if saved is not None else f"{preempted.get('signal')} to zeropilot run: {preempted.get('why')}")
+        shared = preempted.get("shared") if isinstance(preempted.get("shared"), dict) else {}
+        who = ("zeropilot run" if not shared or shared.get("own") else
+               f"node {shared.get('by_node')}'s zeropilot run (its stop step, shared through the job's store)")
+        reason = (f"{preempted.get('signal')} to {who}: every rank saved at step {saved} and stopped"
+                  if saved is not None else f"{preempted.get('signal')} to {who}: {preempted.get('why')}")
         return Failure("preempted", preempted.get("signal"), step, ranks, reason, False,
                        f"stopped by {preempted.get('signal')}" + (f" after a save at step {saved}" if saved is not None
                                                                    else " with no save (" + str(preempted.get("why"))

@@ -10,7 +10,9 @@ sizes and each rank file's zip directory, no torch, no unpickling) and the recor
   on another world size; a universal checkpoint resumes on any) — skipped;
 - weights only (no optimizer state) — skipped: resuming from it is not the same training;
 - a Trainer checkpoint without ``trainer_state.json`` (the Trainer writes it last) — skipped;
-- a save some rank recorded with an error, or that fewer ranks than the world recorded ending — skipped.
+- a save some rank recorded with an error, or that fewer ranks than the world recorded ending — skipped. On one
+  node of a job across nodes (its run directory holds its own ranks' records only: ``here`` in each save record),
+  every rank of this node must have recorded it; the other nodes' ranks are judged by their files above.
 
 The first that passes is chosen; those newer than it are listed with why they were skipped. Never a partial save.
 """
@@ -106,6 +108,11 @@ def _record_problem(saves: List[Dict[str, Any]], world: Optional[int]) -> Option
         s = failed[0]
         return f"rank {s.get('rank')} recorded this save failing: {str(s.get('error'))[:200]}"
     ranks = sorted({s.get("rank") for s in latest if isinstance(s.get("rank"), int)})
+    here = [r for r in latest[0].get("here") or [] if isinstance(r, int)]
+    if world and 0 < len(here) < world:  # one node of several: its own ranks' records, the files for the rest
+        missing = sorted(set(here) - set(ranks))
+        return (f"rank(s) {', '.join(map(str, missing))} of this node did not record the end of this save: they died "
+                "or were stopped inside it") if missing else None
     if world and len(ranks) < world:
         return (f"only rank(s) {', '.join(map(str, ranks))} of {world} recorded the end of this save: the others "
                 "died or were stopped inside it")

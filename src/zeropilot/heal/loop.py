@@ -70,7 +70,8 @@ def attempt_report(folder: Path) -> Tuple[Dict[str, Any], Dict[int, List[Dict[st
 
 
 def saves_so_far(root: Path, doc: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Every rank's ``save`` records of every attempt, each with its ``attempt``."""
+    """Every rank's ``save`` records of every attempt, each with its ``attempt`` and ``here``: the ranks whose records
+    that attempt's directory holds (one node's, in a job across nodes)."""
     from zeropilot.runlog import read_run
 
     out: List[Dict[str, Any]] = []
@@ -80,8 +81,9 @@ def saves_so_far(root: Path, doc: Dict[str, Any]) -> List[Dict[str, Any]]:
             records = read_run(folder)
         except InputError:
             continue
+        here = sorted(records.ranks)
         for r, rec in records.ranks.items():
-            out.extend(dict(e, attempt=a["attempt"], rank=r) for e in rec.of("save"))
+            out.extend(dict(e, attempt=a["attempt"], rank=r, here=here) for e in rec.of("save"))
     return out
 
 

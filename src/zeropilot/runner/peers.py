@@ -39,6 +39,7 @@ class Peers:
         self.beats: Dict[int, Dict[str, Any]] = {}
         self.moved: Dict[int, float] = {}  # rank -> local time its sequence number last changed
         self.verdict: Optional[Dict[str, Any]] = None
+        self.stop: Optional[Dict[str, Any]] = None  # the job's stop request (a preemption on some node), once set
         self.answered: Optional[float] = None  # local time of the last answer
         self.first_failure: Optional[float] = None
         self.error: Optional[str] = None
@@ -78,6 +79,7 @@ class Peers:
             store = self._store
             got = {r: self._read(store, f"{storebeat.PREFIX}{r}") for r in range(self.world_size)}
             verdict = self._read(store, storebeat.VERDICT_KEY)
+            stop = self._read(store, storebeat.STOP_KEY) if self.stop is None else self.stop
             nodes = {hb.get("node_rank") for hb in got.values() if hb is not None}
             seen_by = {n for n in nodes if isinstance(n, int) and store.check([f"{storebeat.SEEN_PREFIX}{n}"])} \
                 if verdict is not None else set()
@@ -101,6 +103,8 @@ class Peers:
                     self.adopted = True
                 self.verdict = verdict
             self.seen_by |= seen_by
+            if self.stop is None and stop is not None:
+                self.stop = stop
             seen = sorted(self.beats)
         if self.status_path and seen != self._status_seen:
             self._status_seen = seen
@@ -182,6 +186,32 @@ class Peers:
             self.confirmed = bool(held) or self.verdict is not None
             self.verdict = got
             return got
+
+    def publish_stop(self, request: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """Write ``request`` (a preemption's ``stop_step``) as the job's stop request unless another node did first;
+        returns the one that holds, or None when the store did not answer (this node then stops alone)."""
+        with self._lock:
+            known = self.stop
+        if known is not None:
+            return known
+        if self.gone_for() >= STORE_GONE_S:
+            return None
+        held: List[Any] = []
+
+        def run(store) -> None:
+            value = json.dumps(request, separators=(",", ":"), default=str)
+            held.append(store.compare_set(storebeat.STOP_KEY, "", value))
+
+        self._in_thread(run, 2 * READER_CONNECT_S + 2)
+        try:
+            got = json.loads(held[0].decode("utf-8", "replace")) if held and held[0] else None
+        except ValueError:
+            got = None
+        if not isinstance(got, dict):
+            return None
+        with self._lock:
+            self.stop = self.stop or got
+            return self.stop
 
     def acknowledge(self, node: Optional[int]) -> None:
         """Mark node ``node`` as having taken the job's verdict (a key in the store; waits at most a few seconds)."""

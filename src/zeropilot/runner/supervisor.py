@@ -171,28 +171,47 @@ def _session_alive(d: RunDir, env: Dict[str, str]) -> bool:
 
 
 class _Preemption:
-    """SIGTERM/SIGUSR1 while the job runs: a stop request to the ranks, or the signal at once (runner.preempt)."""
+    """SIGTERM/SIGUSR1 while the job runs: a stop request to the ranks, or the signal at once (runner.preempt);
+    across nodes, the stop request another node's supervisor published in the store, taken without a signal."""
 
-    def __init__(self, d: RunDir, proc: subprocess.Popen, grace_s: float) -> None:
-        self.d, self.proc, self.grace_s = d, proc, grace_s
+    def __init__(self, d: RunDir, proc: subprocess.Popen, grace_s: float, dog: Optional[Watchdog] = None) -> None:
+        self.d, self.proc, self.grace_s, self.dog = d, proc, grace_s, dog
         self.record: Optional[Dict] = None
         self.deadline: Optional[float] = None
 
+    def _node(self) -> Optional[int]:
+        return self.dog._me()["node_rank"] if self.dog is not None and self.dog.peers is not None else None
+
     def __call__(self, signum, _frame) -> None:
-        if self.record is not None:  # a second signal: no more waiting
+        if self.record is not None and self.record.get("signalled", True):  # a second signal: no more waiting
             _signal_group(self.proc.pid, signum)
             return
-        self.record = preempt.request(self.d.root, signum, self.grace_s)
+        peers = self.dog.peers if self.dog is not None else None
+        self.record = dict(preempt.request(self.d.root, signum, self.grace_s, peers, self._node()), signalled=True)
         name = signal.Signals(signum).name
         if self.record["stop_step"] is None:
             print(f"zeropilot run: {name}: {self.record['why']}", file=sys.stderr, flush=True)
             _signal_group(self.proc.pid, signum)
             return
         self.deadline = time.time() + self.grace_s
-        print(f"zeropilot run: {name}: every rank saves at the end of step {self.record['stop_step']} and stops "
-              f"(within {self.grace_s:g} s; the same signal again stops it now)", file=sys.stderr, flush=True)
+        shared = self.record.get("shared")
+        where = "" if not shared else (" on every node (published in the job's store)" if shared["own"] else
+                                       f" on every node (node {shared['by_node']}'s stop request, in the store)")
+        print(f"zeropilot run: {name}: every rank saves at the end of step {self.record['stop_step']}{where} and "
+              f"stops (within {self.grace_s:g} s; the same signal again stops it now)", file=sys.stderr, flush=True)
 
     def poll(self) -> None:
+        peers = self.dog.peers if self.dog is not None else None
+        if self.record is None and peers is not None and peers.stop is not None:
+            self.record = dict(preempt.adopt(self.d.root, peers.stop, self.grace_s, peers, self._node()),
+                               signalled=False)
+            if self.record["stop_step"] is not None:
+                self.deadline = time.time() + self.grace_s
+                print(f"zeropilot run: node {self.record['shared']['by_node']} was preempted "
+                      f"({self.record['signal']}): every rank saves at the end of step {self.record['stop_step']} "
+                      f"and stops (within {self.grace_s:g} s)", file=sys.stderr, flush=True)
+            else:
+                print(f"zeropilot run: {self.record['why']}", file=sys.stderr, flush=True)
         if self.deadline is not None and time.time() > self.deadline and self.proc.poll() is None:
             self.deadline = None
             self.record["why"] = f"the job did not save and stop within {self.grace_s:g} s: stopped"
@@ -223,13 +242,13 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
     def forward(signum, _frame):
         _signal_group(proc.pid, signum)
 
-    preemption = _Preemption(d, proc, opts.preempt_grace_s)
+    dog = Watchdog(d.root, opts.hang_timeout_s, opts.on_hang, opts.world_size, env, session=proc.pid,
+                   plan=run_record.get("plan"), timeouts_file=opts.timeouts_file)
+    preemption = _Preemption(d, proc, opts.preempt_grace_s, dog)
     for sig in _FORWARDED:
         previous[sig] = signal.signal(sig, forward)
     for sig in preempt.SIGNALS:
         previous[sig] = signal.signal(sig, preemption)
-    dog = Watchdog(d.root, opts.hang_timeout_s, opts.on_hang, opts.world_size, env, session=proc.pid,
-                   plan=run_record.get("plan"), timeouts_file=opts.timeouts_file)
     told: set = set()
     hang = None
     try:
