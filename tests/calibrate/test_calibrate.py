@@ -32,7 +32,8 @@ def test_cpu_run_writes_a_profile_that_says_gpu_fields_are_unmeasured(tmp_path):
     out = tmp_path / "cpu.json"
     env = dict(os.environ, CXX="/bin/false", TORCH_EXTENSIONS_DIR=extensions_dir(tmp_path / "ext"))
     proc = subprocess.run([sys.executable, "-m", "zeropilot", "calibrate", "--nproc", "2", "--out", str(out),
-                           "--checkpoint-dir", str(tmp_path), "--disk-mib", "4", "--network-mib", "1"],
+                           "--checkpoint-dir", str(tmp_path), "--disk-mib", "4", "--network-mib", "1",
+                           "--adam-elems", str(1 << 20)],
                           capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr
     profile = load(str(out))
@@ -43,6 +44,7 @@ def test_cpu_run_writes_a_profile_that_says_gpu_fields_are_unmeasured(tmp_path):
     speed = profile.speed
     assert all(speed[f] is None and "no GPU" in profile.unmeasured[f"speed.{f}"] for f in GPU_SPEED)
     assert speed["torch_cpu_adamw_elems_per_s"] > 0 and 0 < speed["launch_s"] < 1e-3
+    assert speed["cpu_adam_elems"] == 1 << 20  # --adam-elems: the partition both optimizers stepped over
     assert speed["launch_device"] == "cpu" and speed["cpu_adam_threads"] >= 1 and speed["matmul_points"] == []
     assert speed["cpu_adam_elems_per_s"] is None and speed["cpu_adam_build_s"] > 0
     assert "DeepSpeedCPUAdam could not be built" in profile.unmeasured["speed.cpu_adam_elems_per_s"]

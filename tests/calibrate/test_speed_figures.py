@@ -44,3 +44,34 @@ def test_an_impossible_timing_is_dropped_with_its_value_as_the_reason():
     assert out["mem_bytes_per_s"] == 3e12 and [p["m"] for p in out["matmul_points"]] == [2]
     assert "inf" in why["speed.matmul_flops_per_s"] and set(why) == {"speed.matmul_flops_per_s", "speed.launch_s",
                                                                      "speed.seconds"}
+
+
+def _cache(root, index: int, level: int, kind: str, size: str) -> None:
+    d = root / f"index{index}"
+    d.mkdir(parents=True)
+    (d / "level").write_text(f"{level}\n")
+    (d / "type").write_text(f"{kind}\n")
+    (d / "size").write_text(f"{size}\n")
+
+
+def test_the_host_optimizers_partition_is_sized_past_the_last_level_cache(tmp_path):
+    """Call 4's host (300 MiB L3): 4 x 300 MiB / 16 B = 78.6 M elements, rounded up to 2^27; a small cache still
+    steps 2^26; a host short of memory halves it; a cache sysfs does not give is taken as 256 MiB."""
+    _cache(tmp_path, 0, 1, "Data", "48K")
+    _cache(tmp_path, 1, 1, "Instruction", "32K")
+    _cache(tmp_path, 2, 2, "Unified", "2048K")
+    _cache(tmp_path, 3, 3, "Unified", "300M")
+    assert speed.last_level_cache(str(tmp_path)) == 300 << 20
+    assert speed.adam_elems(300 << 20, 512 << 30) == 1 << 27
+    assert speed.adam_elems(32 << 20, None) == 1 << 26
+    assert speed.adam_elems(300 << 20, 4 << 30) == 1 << 26  # 2^27 x 16 B = 2 GiB > a quarter of 4 GiB
+    assert speed.adam_elems(None, None) == 1 << 26 and speed.last_level_cache(str(tmp_path / "none")) is None
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       1000 kB\nMemFree:         10 kB\nMemAvailable:    2048 kB\n")
+    assert speed.mem_available(str(meminfo)) == 2048 * 1024
+
+
+def test_the_host_figures_record_the_partition_they_stepped_over():
+    out, why = speed.measure(torch, "not measured here", elems=1 << 12)
+    assert out["cpu_adam_elems"] == 1 << 12 and out["torch_cpu_adamw_elems_per_s"] > 0
+    assert speed_fields(out, "test")["cpu_adam_elems"] == 1 << 12

@@ -31,7 +31,8 @@ from zeropilot.memory.speed import Speed, speed_for  # noqa: E402
 from zeropilot.memory.steptime import TIME_DEFAULT, TimeConstants, estimate_time  # noqa: E402
 from zeropilot.models.arch import from_config  # noqa: E402
 
-FITTED = ("host_forward", "host_backward", "grad_hook", "step_tensor", "offload_hook", "zero3_fetch", "zero3_module")
+FITTED = ("host_forward", "host_backward", "grad_hook", "step_tensor", "offload_hook", "zero3_fetch", "zero3_module",
+          "zero3_fetch_backward", "zero3_module_backward")
 #: the probe's CUDA-event phases (``phase_ms``) and the model's
 PHASES = {"fwd": "forward", "bwd": "backward", "opt": "step"}
 

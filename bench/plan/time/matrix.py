@@ -49,6 +49,9 @@ MODELS = {
     "llama-3.1-8b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                      "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
                      "tie_word_embeddings": False, "max_position_embeddings": 131072},
+    "qwen3-8b": {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                 "tie_word_embeddings": False, "max_position_embeddings": 40960},
     # the 9 B shape with a 64k vocabulary of issue 40's 6%-low memory row (Yi-1.5-9B's config.json)
     "yi-9b-shape": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 48,
                     "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 64000,
@@ -227,6 +230,43 @@ def call5_rows(profile: str) -> list:
     return rows
 
 
+#: call 7 (issue 40): held-out rows new to the model (shapes and settings calls 1-5 did not run), after the terms of
+#: branch timeterms (ZeRO-3's forward-type hooks apart from the backward's, the step's float64 norm and copies, one
+#: GPU's parameter offload waited for by the host); predictions written before it runs with call 5's host
+#: (``data/call5/profile_host.json``: call 3's card figures, call 5's launch and CPUAdam past the cache) and as the
+#: procedure with the call's own host figures (``host_predict.py data/call7``)
+HOLDOUT7 = [
+    ("h7_q8_lora_z3_gc", "qwen3-8b", dict(stage=3, mb=2, seq=2048, lora=16, gc=True), "Qwen3 8B LoRA, ZeRO-3"),
+    ("h7_q15_full_z1_ga4", "qwen2.5-1.5b", dict(stage=1, mb=2, seq=1024, ga=4),
+     "full fine-tuning, ZeRO-1, accumulation 4 (Llama-3.2-3B's states alone leave an 80 GB card no room at ZeRO-1)"),
+    ("h7_q3_full_z3_mb2", "qwen2.5-3b", dict(stage=3, mb=2, seq=1024),
+     "3 B full fine-tuning, ZeRO-3 without checkpointing"),
+    ("h7_l1_full_z2_s4096", "llama-3.2-1b", dict(stage=2, mb=1, seq=4096), "micro batch 1 x 4096 tokens"),
+    ("h7_q05_lora_z3_gc", "qwen2.5-0.5b", dict(stage=3, mb=4, seq=1024, lora=16, gc=True),
+     "host-bound ZeRO-3 LoRA with recomputation"),
+    ("h7_l3_full_z3_offp", "llama-3.2-3b", dict(stage=3, mb=2, seq=1024, offload=True, offload_param=True, adam="cpu"),
+     "both offloads, a 3 B model"),
+    ("h7_q7_lora_z2_off", "qwen2.5-7b", dict(stage=2, mb=2, seq=1024, lora=16, offload=True, adam="cpu"),
+     "7 B LoRA with CPUAdam offload"),
+]
+
+
+def call7_rows(profile: str) -> list:
+    """Call 7's rows: HOLDOUT7 with predictions from ``profile`` (call 5's host figures)."""
+    from fit import inputs_of
+    from zeropilot.memory.profile import load
+    from zeropilot.memory.speed import speed_for
+    from zeropilot.memory.steptime import estimate_time
+
+    host = speed_for(None, load(profile))
+    rows = []
+    for row, model, settings, why in HOLDOUT7:
+        s = spec(row, model, settings, "holdout", why)
+        s["pred_step_s"] = round(estimate_time(inputs_of(s, 79.1), host).step_s, 4)
+        rows.append(s)
+    return rows
+
+
 def fit_rows() -> list:
     return ([spec(row, model, settings, "fit", why) for row, model, settings, why in FIT]
             + [spec(row, model, settings, "trace", why) for row, model, settings, why in TRACE])
@@ -234,12 +274,13 @@ def fit_rows() -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=["fit", "holdout", "call3", "call5"])
+    ap.add_argument("which", choices=["fit", "holdout", "call3", "call5", "call7"])
     ap.add_argument("out")
     ap.add_argument("--profile", help="holdout: the profile call 1's calibrate wrote")
     args = ap.parse_args(argv)
     rows = (fit_rows() if args.which == "fit" else holdout_rows(args.profile) if args.which == "holdout"
-            else call3_rows(args.profile) if args.which == "call3" else call5_rows(args.profile))
+            else call3_rows(args.profile) if args.which == "call3" else call5_rows(args.profile)
+            if args.which == "call5" else call7_rows(args.profile))
     Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"{len(rows)} rows -> {args.out}")
     return 0

@@ -60,9 +60,10 @@ def _measure_rank(network_bytes: int, iters: int) -> Dict[str, Any]:
 
 
 def calibrate_launched(checkpoint_dir: Path, disk_mib: int, network_mib: int, iters: int = 5,
-                       cpu_adam: bool = True) -> Optional[Profile]:
+                       cpu_adam: bool = True, adam_elems: Optional[int] = None) -> Optional[Profile]:
     """Measure this rank; rank 0 returns the job's profile, the other ranks None (``cpu_adam``: rank 0 times
-    DeepSpeed's CPUAdam, whose op is built on first use).
+    DeepSpeed's CPUAdam, whose op is built on first use; ``adam_elems``: its partition, None for one past the
+    host's last-level cache).
 
     Raises:
         InputError: an unwritable checkpoint directory (rank 0).
@@ -85,7 +86,8 @@ def calibrate_launched(checkpoint_dir: Path, disk_mib: int, network_mib: int, it
 
     from zeropilot.calibrate import speed
 
-    fast, why = speed.measure(torch, None if cpu_adam else "--no-cpu-adam: DeepSpeed's CPUAdam was not measured")
+    fast, why = speed.measure(torch, None if cpu_adam else "--no-cpu-adam: DeepSpeed's CPUAdam was not measured",
+                              adam_elems)
     profile = _profile(gathered, disk_write_speed(checkpoint_dir, disk_mib), str(checkpoint_dir.resolve()),
                        host_mem_bytes(), network.combine([r["network"] for r in gathered]), round(time.time() - t0, 1))
     return replace(profile, speed=speed_fields(fast, "measured by rank 0"), unmeasured={**profile.unmeasured, **why})

@@ -130,10 +130,12 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def measure_speed(cpu_adam: bool = True) -> dict:
-    """The speed worker's report (``speed`` and its ``unmeasured`` reasons), one process on the first GPU."""
+def measure_speed(cpu_adam: bool = True, adam_elems: Optional[int] = None) -> dict:
+    """The speed worker's report (``speed`` and its ``unmeasured`` reasons), one process on the first GPU
+    (``adam_elems``: the host optimizers' partition, None for one past this host's last-level cache)."""
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(cpu_count())}
-    args = ["--speed"] + ([] if cpu_adam else ["--no-cpu-adam"])
+    args = ["--speed"] + ([] if cpu_adam else ["--no-cpu-adam"]) + (
+        [] if adam_elems is None else ["--adam-elems", str(adam_elems)])
     return run_workers(1, env, args, SPEED_TIMEOUT_S)[0]
 
 
@@ -149,9 +151,10 @@ def _network(ranks: List[dict], gpu: bool, unmeasured: Dict[str, str]) -> dict:
 
 
 def calibrate(nproc: int, checkpoint_dir: Path, disk_mib: int = 1024, cpu_adam: bool = True,
-              network_mib: int = 64) -> Profile:
+              network_mib: int = 64, adam_elems: Optional[int] = None) -> Profile:
     """Measure this machine at world size ``nproc`` and return its profile (``cpu_adam``: time DeepSpeed's CPUAdam,
-    whose op is built on first use; ``network_mib``: MiB per collective when several ranks time their links).
+    whose op is built on first use; ``network_mib``: MiB per collective when several ranks time their links;
+    ``adam_elems``: the host optimizers' partition, None for one past the last-level cache).
 
     Raises:
         InputError: bad arguments, a worker that fails or hangs, an unwritable checkpoint directory.
@@ -176,7 +179,7 @@ def calibrate(nproc: int, checkpoint_dir: Path, disk_mib: int = 1024, cpu_adam: 
                           expandable_segments="no GPU: the allocator was not exercised")
     elif alloc.get("expandable_segments") is None:
         unmeasured["expandable_segments"] = alloc.get("how", "not reported")
-    fast = measure_speed(cpu_adam)
+    fast = measure_speed(cpu_adam, adam_elems)
     unmeasured.update(fast.get("unmeasured", {}))
     disk = disk_write_speed(checkpoint_dir, disk_mib)
     return Profile(gpu_name=first.get("gpu_name"), vendor=first["vendor"], world_size=nproc,

@@ -10,9 +10,13 @@ What one GPU and its host do per second, as the time model (:mod:`zeropilot.memo
   backward, 3.5 times in all; ``attention_flops_per_s`` is their median;
 - ``mem_bytes_per_s``: a device-to-device copy of :data:`COPY_BYTES`, bytes read plus written;
 - ``h2d_bytes_per_s`` / ``d2h_bytes_per_s``: copies of :data:`COPY_BYTES` between pinned host memory and the device;
-- ``cpu_adam_elems_per_s``: DeepSpeed's ``DeepSpeedCPUAdam.step`` over :data:`ADAM_ELEMS` fp32 elements on the host
-  (its op is built just in time on first use: ``cpu_adam_build_s`` is how long its constructor took, the build or
-  the load of a cached one included: 53 s and 3.4 s on the 2-core development host);
+- ``cpu_adam_elems_per_s``: DeepSpeed's ``DeepSpeedCPUAdam.step`` over ``cpu_adam_elems`` fp32 elements on the
+  host (:func:`adam_elems`: a partition past the host's last-level cache, whose 16 bytes an element (parameter,
+  gradient, two moments) are at least :data:`ADAM_PAST_CACHE` times its size, at least :data:`ADAM_MIN_ELEMS`, at most
+  a quarter of the host's available memory; a real partition runs at the host's memory bandwidth, not the cache's:
+  issue 40's call 4 timed CPUAdam at 11.4 G elements/s over 2^24 elements, 256 MiB inside its 300 MiB L3, and 6.6
+  and 6.4 at 2^26 and 2^28; its op is built just in time on first use: ``cpu_adam_build_s`` is how long its
+  constructor took, the build or the load of a cached one included: 53 s and 3.4 s on the 2-core development host);
   ``torch_cpu_adamw_elems_per_s``: ``torch.optim.AdamW`` (its default implementation) on the same tensors;
   ``cpu_adam_threads``: the OpenMP threads both ran with (``OMP_NUM_THREADS``, which calibrate sets for this worker,
   else ``torch.get_num_threads()``);
@@ -28,6 +32,7 @@ the GPU figures are None with the reason; the host ones are measured. A figure t
 
 from __future__ import annotations
 
+import glob
 import math
 import os
 import statistics
@@ -43,7 +48,14 @@ MATMUL_KN = ((2048, 2048), (4096, 4096), (4096, 14336), (14336, 4096))
 #: (batch, heads, sequence, head_dim)
 ATTENTION = ((1, 32, 2048, 128), (1, 32, 4096, 128))
 COPY_BYTES = 1 << 30
-ADAM_ELEMS = 1 << 24
+#: the host's optimizer partition: bytes per element (fp32 parameter, gradient, two moments), how many times the
+#: last-level cache they must exceed, the fewest elements, and the share of available memory they may take
+ADAM_BYTES = 16
+ADAM_PAST_CACHE = 4
+ADAM_MIN_ELEMS = 1 << 26
+ADAM_MEM_SHARE = 4
+#: the last-level cache assumed when sysfs does not say (a large server L3)
+ADAM_CACHE_DEFAULT = 256 << 20
 LAUNCH_OPS = 2000
 REPEATS = 5
 #: the work of one timed repeat of a small matrix product (FLOPs): enough calls that the events' resolution and the
@@ -195,33 +207,82 @@ def launch(torch, device) -> Dict[str, float]:
     return {"launch_s": statistics.median(done) / LAUNCH_OPS, "launch_issue_s": statistics.median(issued) / LAUNCH_OPS}
 
 
-def _adam_tensors(torch):
-    p = torch.nn.Parameter(torch.randn(ADAM_ELEMS, dtype=torch.float32))
-    p.grad = torch.randn(ADAM_ELEMS, dtype=torch.float32)
+def _size(text: str) -> Optional[int]:
+    """A sysfs cache size (``32768K``, ``30M``) in bytes, None when it does not read as one."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text[:-1] if text[-1:] in "KMG" else text
+    return int(digits) * scale if digits.isdigit() else None
+
+
+def last_level_cache(cache_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> Optional[int]:
+    """The largest data or unified cache of CPU 0 in bytes (its level 3 on the hosts of issue 40), None when sysfs
+    does not say."""
+    sizes = []
+    for index in sorted(glob.glob(os.path.join(cache_dir, "index*"))):
+        try:
+            with open(os.path.join(index, "type")) as f:
+                if f.read().strip() == "Instruction":
+                    continue
+            with open(os.path.join(index, "size")) as f:
+                size = _size(f.read())
+        except OSError:
+            continue
+        if size:
+            sizes.append(size)
+    return max(sizes) if sizes else None
+
+
+def mem_available(meminfo: str = "/proc/meminfo") -> Optional[int]:
+    """The host's ``MemAvailable`` in bytes, None when ``/proc/meminfo`` does not say."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def adam_elems(cache: Optional[int], available: Optional[int]) -> int:
+    """Elements of the host optimizer's timed partition: a power of two whose :data:`ADAM_BYTES` an element are at
+    least :data:`ADAM_PAST_CACHE` times the last-level cache (:data:`ADAM_CACHE_DEFAULT` when unknown) and at least
+    :data:`ADAM_MIN_ELEMS`; halved while they take more than a 1/:data:`ADAM_MEM_SHARE` of the available memory."""
+    need = max(ADAM_MIN_ELEMS, -(-ADAM_PAST_CACHE * (cache or ADAM_CACHE_DEFAULT) // ADAM_BYTES))
+    n = 1 << (need - 1).bit_length()
+    if available:
+        while n > 1 << 20 and n * ADAM_BYTES > available // ADAM_MEM_SHARE:
+            n >>= 1
+    return n
+
+
+def _adam_tensors(torch, elems: int):
+    p = torch.nn.Parameter(torch.randn(elems, dtype=torch.float32))
+    p.grad = torch.randn(elems, dtype=torch.float32)
     return p
 
 
-def torch_adamw(torch) -> float:
-    """``torch.optim.AdamW`` steps over :data:`ADAM_ELEMS` fp32 host elements, elements/s."""
-    p = _adam_tensors(torch)
+def torch_adamw(torch, elems: int) -> float:
+    """``torch.optim.AdamW`` steps over ``elems`` fp32 host elements, elements/s."""
+    p = _adam_tensors(torch, elems)
     opt = torch.optim.AdamW([p], lr=1e-4)
-    return ADAM_ELEMS / _median_host(opt.step)
+    return elems / _median_host(opt.step)
 
 
-def cpu_adam(torch) -> Tuple[float, float]:
-    """DeepSpeed's CPUAdam over :data:`ADAM_ELEMS` fp32 host elements: (elements/s, seconds its op took to build
-    or load).
+def cpu_adam(torch, elems: int) -> Tuple[float, float]:
+    """DeepSpeed's CPUAdam over ``elems`` fp32 host elements: (elements/s, seconds its op took to build or load).
 
     Raises:
         Exception: whatever DeepSpeed raises when its op cannot be built or loaded (the caller records it).
     """
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-    p = _adam_tensors(torch)
+    p = _adam_tensors(torch, elems)
     t0 = time.perf_counter()
     opt = DeepSpeedCPUAdam([p], lr=1e-4)
     built = time.perf_counter() - t0
-    return ADAM_ELEMS / _median_host(opt.step), built
+    return elems / _median_host(opt.step), built
 
 
 def threads(torch) -> int:
@@ -265,10 +326,12 @@ def device_figures(torch, device, shapes: Shapes = FULL) -> Tuple[dict, Dict[str
     return out, why
 
 
-def _host(torch, out: dict, why: Dict[str, str], with_cpu_adam: Optional[str]) -> None:
-    """CPU figures; ``with_cpu_adam``: None to measure DeepSpeed's CPUAdam, else why it is skipped."""
+def _host(torch, out: dict, why: Dict[str, str], with_cpu_adam: Optional[str], elems: int) -> None:
+    """CPU figures over ``elems`` elements; ``with_cpu_adam``: None to measure DeepSpeed's CPUAdam, else why it is
+    skipped."""
     out["cpu_adam_threads"] = threads(torch)
-    _try("torch's AdamW", lambda: {"torch_cpu_adamw_elems_per_s": torch_adamw(torch)}, out, why,
+    out["cpu_adam_elems"] = elems
+    _try("torch's AdamW", lambda: {"torch_cpu_adamw_elems_per_s": torch_adamw(torch, elems)}, out, why,
          ("torch_cpu_adamw_elems_per_s",))
     if with_cpu_adam is not None:
         out["cpu_adam_elems_per_s"] = None
@@ -276,7 +339,7 @@ def _host(torch, out: dict, why: Dict[str, str], with_cpu_adam: Optional[str]) -
         return
     t0 = time.perf_counter()
     try:
-        rate, built = cpu_adam(torch)
+        rate, built = cpu_adam(torch, elems)
         out.update(cpu_adam_elems_per_s=rate, cpu_adam_build_s=built)
     except Exception as exc:  # no compiler, no ninja, DeepSpeed missing: the figure is unmeasured, with why
         line = (str(exc).strip().splitlines() or [""])[0][:200]
@@ -288,11 +351,13 @@ def _host(torch, out: dict, why: Dict[str, str], with_cpu_adam: Optional[str]) -
                                                 else ""))
 
 
-def measure(torch, skip_cpu_adam: Optional[str] = None) -> Tuple[dict, Dict[str, str]]:
+def measure(torch, skip_cpu_adam: Optional[str] = None, elems: Optional[int] = None) -> Tuple[dict, Dict[str, str]]:
     """Every speed figure of this process's device and host, and why each missing one is missing.
 
     Args:
         skip_cpu_adam: why DeepSpeed's CPUAdam is not measured (``--no-cpu-adam``), None to measure it.
+        elems: the host optimizers' partition (``calibrate --adam-elems``; tests pass a small one), None for
+            :func:`adam_elems` of this host.
 
     Returns:
         (the profile's ``speed`` object, ``unmeasured`` entries keyed ``speed.<field>``).
@@ -310,7 +375,7 @@ def measure(torch, skip_cpu_adam: Optional[str] = None) -> Tuple[dict, Dict[str,
     device = torch.device("cuda" if gpu else "cpu")
     _try("the launch overhead", lambda: launch(torch, device), out, why, ("launch_s", "launch_issue_s"))
     out["launch_device"] = device.type
-    _host(torch, out, why, skip_cpu_adam)
+    _host(torch, out, why, skip_cpu_adam, elems or adam_elems(last_level_cache(), mem_available()))
     out["seconds"] = time.perf_counter() - t0
     _drop_impossible(out, why)
     return out, why

@@ -124,7 +124,8 @@ def _speed(torch, local: int, out: dict) -> None:
         props = torch.cuda.get_device_properties(local)
         out.update(gpu_name=props.name, gpu_total_bytes=int(props.total_memory))
     skip = "--no-cpu-adam: DeepSpeed's CPUAdam was not measured" if "--no-cpu-adam" in sys.argv else None
-    out["speed"], why = speed.measure(torch, skip)
+    elems = int(sys.argv[sys.argv.index("--adam-elems") + 1]) if "--adam-elems" in sys.argv else None
+    out["speed"], why = speed.measure(torch, skip, elems)
     out["unmeasured"].update(why)
 
 

@@ -35,6 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="MiB per all-gather / reduce-scatter when timing the links between ranks (--nproc 2 or "
                         "more, or run as the ranks of a launch across nodes: `torchrun ... -m zeropilot calibrate`; "
                         "default 64)")
+    p.add_argument("--adam-elems", type=int, default=None,
+                   help="fp32 elements of the partition CPUAdam and torch's AdamW step over (default: 16 bytes an "
+                        "element at least 4 times the host's last-level cache, at least 2^26, at most a quarter of "
+                        "its available memory: docs/calibrate.md)")
     p.add_argument("--no-cpu-adam", dest="cpu_adam", action="store_false",
                    help="leave DeepSpeed's CPUAdam rate out (its op is compiled on first use: about a minute)")
     p.add_argument("--format", choices=["text", "json"], default="text")
@@ -86,7 +90,8 @@ def speed_lines(speed) -> list:
            f"  device memory (copy, read + written): {_rate(speed['mem_bytes_per_s'], 1e12, 'TB/s')}; pinned "
            f"host->device {_rate(speed['h2d_bytes_per_s'], 1e9, 'GB/s')}, device->host "
            f"{_rate(speed['d2h_bytes_per_s'], 1e9, 'GB/s')}",
-           f"  host, {speed.get('cpu_adam_threads') or '?'} threads: DeepSpeed CPUAdam "
+           f"  host, {speed.get('cpu_adam_threads') or '?'} threads, {speed.get('cpu_adam_elems') or '?'} elements: "
+           f"DeepSpeed CPUAdam "
            f"{_rate(speed['cpu_adam_elems_per_s'], 1e9, 'G elements/s')}{adam}; torch AdamW "
            f"{_rate(speed['torch_cpu_adamw_elems_per_s'], 1e9, 'G elements/s')}",
            f"  eager launch ({speed.get('launch_device') or '?'}): {_rate(speed['launch_s'], 1e-6, 'us')} per op "
@@ -125,14 +130,16 @@ def run(args: argparse.Namespace) -> int:
                          "--checkpoint-dir: no such folder", args.checkpoint_dir)
     if not 1 <= args.network_mib <= 4096:
         raise InputError(f"--network-mib {args.network_mib}: 1 to 4096")
+    if args.adam_elems is not None and not 1 <= args.adam_elems <= 1 << 34:
+        raise InputError(f"--adam-elems {args.adam_elems}: 1 to 2^34")
     if launched():  # a rank of the user's own launch (across nodes): measure here, rank 0 writes the profile
         profile = calibrate_launched(Path(args.checkpoint_dir), args.disk_mib, args.network_mib,
-                                     cpu_adam=args.cpu_adam)
+                                     cpu_adam=args.cpu_adam, adam_elems=args.adam_elems)
         if profile is None:
             return 0
     else:
         profile = calibrate(args.nproc, Path(args.checkpoint_dir), args.disk_mib, cpu_adam=args.cpu_adam,
-                            network_mib=args.network_mib)
+                            network_mib=args.network_mib, adam_elems=args.adam_elems)
     path = Path(args.out) if args.out else search_dirs()[0] / file_name(profile)
     write_profile(profile, path)
     if args.format == "json":

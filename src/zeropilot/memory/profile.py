@@ -244,7 +244,10 @@ def speed_fields(data, where: str) -> Optional[Dict[str, object]]:
     device = data.get("launch_device")
     if device is not None and device not in _LAUNCH_DEVICES:
         raise InputError(f"hardware profile {where}: speed.launch_device must be cuda, cpu or null")
-    out.update(cpu_adam_threads=threads, launch_device=device)
+    elems = data.get("cpu_adam_elems")
+    if elems is not None and (isinstance(elems, bool) or not isinstance(elems, int) or not 0 < elems <= 1 << 40):
+        raise InputError(f"hardware profile {where}: speed.cpu_adam_elems must be a positive integer or null")
+    out.update(cpu_adam_threads=threads, cpu_adam_elems=elems, launch_device=device)
     return out
 
 

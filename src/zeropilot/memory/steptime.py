@@ -84,30 +84,45 @@ class TimeConstants:
         step_tensor: DeepSpeed's optimizer step per trainable tensor (norms, clipping, the 16-bit copy) (fitted).
         offload_hook: with optimizer offload, DeepSpeed's further work per trainable tensor per micro batch (the
             gradient's norm on the GPU, its copy into the host's fp32 buffer) (fitted).
-        zero3_fetch: ZeRO-3's gather and release of one partitioned parameter on one pass (fitted).
-        zero3_module: ZeRO-3's hooks on one module on one pass (fitted).
+        zero3_fetch / zero3_module: ZeRO-3's gather and release of one partitioned parameter, and its hooks on one
+            module, on one forward-type pass: the forward, and with checkpointing the recomputation, which runs the
+            same forward hooks (DeepSpeed 0.19.8 ``parameter_offload.py``: fetch, trace, release, and the autograd
+            functions wrapped around each module's inputs and outputs) (fitted).
+        zero3_fetch_backward / zero3_module_backward: the same on the backward (fetch and release from the
+            autograd functions' backward) (fitted). Split from the forward's after issue 40's ZeRO-3 rows of calls
+            1-5, every one of which had its forward longer than the model and its backward shorter with one cost for
+            both.
         gpu_kernel_s: the least time one kernel takes on the GPU (launch latency and tail), seconds.
         attention_backward: backward FLOPs of flash attention per forward FLOP (FlashAttention-2: five products
             against two).
-        adam_bytes_fused / adam_bytes_torch: bytes read and written per trainable element by one optimizer step on
-            the GPU: a fused AdamW (one kernel: parameter, gradient, two states read, three written) or torch's
-            foreach AdamW (nine passes), each plus DeepSpeed's gradient cast to fp32 and the 16-bit copy of the result.
+        adam_bytes_fused / adam_bytes_torch: bytes read and written per trainable element by the update on the GPU:
+            a fused AdamW (one kernel: parameter, gradient, two states read, three written: 28) or torch's foreach
+            AdamW (nine passes: 84).
+        step_bytes_zero12 / step_bytes_zero3: DeepSpeed 0.19.8's other bytes per element of the partition at the
+            step: the gradient norm in float64 (``zero/utils.py get_norm_dtype``: each gradient cast to a double copy,
+            written and read by ``vector_norm``: ZeRO-1/2's 16-bit gradients 2 + 8 + 8, ZeRO-3's fp32 partition
+            4 + 8 + 8), ZeRO-1/2's cast of the flat gradient to fp32 (2 + 4), and the 16-bit copy of the updated
+            fp32 partition (4 + 2).
         grad_bytes_zero2 / grad_bytes_zero1: ZeRO-2's bytes per trainable element per micro batch beyond autograd's
             own (the copy into the reduce bucket, the average, the copy into the partition); ZeRO-1's (accumulation).
         source: where the fitted values come from.
     """
 
-    host_forward: float = 4.49
-    host_backward: float = 0.187
-    grad_hook: float = 36.1
-    step_tensor: float = 24.6
-    offload_hook: float = 83.4
-    zero3_fetch: float = 36.8
-    zero3_module: float = 19.5
+    host_forward: float = 4.339
+    host_backward: float = 1.24
+    grad_hook: float = 31.61
+    step_tensor: float = 23.95
+    offload_hook: float = 78.29
+    zero3_fetch: float = 56.42
+    zero3_module: float = 20.08
+    zero3_fetch_backward: float = 18.51
+    zero3_module_backward: float = 13.41
     gpu_kernel_s: float = 2.5e-6
     attention_backward: float = 2.5
-    adam_bytes_fused: float = 28.0 + 12.0
-    adam_bytes_torch: float = 84.0 + 12.0
+    adam_bytes_fused: float = 28.0
+    adam_bytes_torch: float = 84.0
+    step_bytes_zero12: float = 18.0 + 6.0 + 6.0
+    step_bytes_zero3: float = 20.0 + 6.0
     grad_bytes_zero2: float = 12.0
     grad_bytes_zero1: float = 6.0
     source: str = ("host costs fitted on the 12 fit rows of GPU call 1 (one H100, bench/plan/time/data/call1; "
@@ -457,8 +472,10 @@ def estimate_time(inputs: PlanInputs, speed: Speed, c: TimeConstants = TIME_DEFA
     z3_host = {"forward": 0.0, "backward": 0.0}
     z3_gpu = {"forward": 0.0, "backward": 0.0}
     if inputs.stage == 3:
-        per_pass = (fetched_n * c.zero3_fetch + modules * c.zero3_module) * launch
-        z3_host["forward"], z3_host["backward"] = per_pass, per_pass * (passes - 1)
+        per_fwd = (fetched_n * c.zero3_fetch + modules * c.zero3_module) * launch
+        per_bwd = (fetched_n * c.zero3_fetch_backward + modules * c.zero3_module_backward) * launch
+        # a recomputation is a forward: the forward's hooks fire again inside the backward
+        z3_host["forward"], z3_host["backward"] = per_fwd, per_bwd + per_fwd * (passes - 2)
         copy = 2.0 * 2.0 * fetched / ws / bw  # the gathered 16-bit tensor written, its partition read
         z3_gpu["forward"], z3_gpu["backward"] = copy, copy * (passes - 1)
     grad_tensors = _trainable_tensors(inputs)
@@ -480,11 +497,16 @@ def estimate_time(inputs: PlanInputs, speed: Speed, c: TimeConstants = TIME_DEFA
     host_b = (mb.kernels["backward"] - mb.recompute.kernels) * c.host_backward * launch \
         + mb.recompute.kernels * c.host_forward * launch + z3_host["backward"] + hooks
 
-    # parameter offload: every pass copies the 16-bit partition from pinned host memory
+    # parameter offload: every pass copies the 16-bit partition from pinned host memory; on one GPU the host waits
+    # for each copy (DeepSpeed 0.19.8 partition_parameters.py: NoGatherHandle.wait synchronizes the stream the copy
+    # ran on), so the copies add to the host's time as well as the GPU's
     if inputs.offload_param != "none":
         h2d = 2.0 * fetched / ws / speed.h2d_bytes_per_s.value
         gpu_f += h2d
         gpu_b += h2d * (passes - 1)
+        if ws == 1:
+            host_f += h2d
+            host_b += h2d * (passes - 1)
     fwd_s, bwd_s = max(gpu_f, host_f), max(gpu_b, host_b)
     bound_f = "the host" if host_f > gpu_f else "the GPU"
     bound_b = "the host" if host_b > gpu_b else "the GPU"
@@ -648,11 +670,22 @@ def _optimizer(inputs: PlanInputs, speed: Speed, c: TimeConstants, trainable: in
     if inputs.offload_optimizer == "none":
         per = c.adam_bytes_torch if inputs.torch_adam else c.adam_bytes_fused
         what = "torch's AdamW (foreach)" if inputs.torch_adam else "a fused AdamW"
-        gpu = part * per / bw
-        terms.append(Term("optimizer", max(gpu, host), "step",
-                          f"max(GPU {gpu * 1e3:.1f} ms: {what} over {part / 1e6:.1f} M trainable elements of this "
-                          f"GPU's partition, {per:.0f} B each at {bw / 1e12:.2f} TB/s; host {host * 1e3:.1f} ms: "
-                          f"DeepSpeed's step over {tensors} trainable tensors)"))
+        extra = {3: c.step_bytes_zero3, 2: c.step_bytes_zero12, 1: c.step_bytes_zero12}.get(inputs.stage, 0.0)
+        gpu = part * (per + extra) / bw
+        if inputs.stage == 3:
+            # stage3.py step: is_invalid_grad_norm(norm) reads the norm on the host (bool of a GPU tensor), so the
+            # GPU's norm runs before the host goes on: the norm's float64 pass in series, the rest overlapped
+            norm = part * 20.0 / bw
+            seconds = norm + max(gpu - norm, host)
+            how = f"the gradient norm {norm * 1e3:.1f} ms (read on the host), then max(GPU "
+        else:
+            seconds = max(gpu, host)
+            how = "max(GPU "
+        terms.append(Term("optimizer", seconds, "step",
+                          f"{how}{gpu * 1e3:.1f} ms: {what} over {part / 1e6:.1f} M trainable elements of this "
+                          f"GPU's partition, {per + extra:.0f} B each ({per:.0f} the update, {extra:.0f} DeepSpeed's "
+                          f"float64 gradient norm, casts and 16-bit copy) at {bw / 1e12:.2f} TB/s; host "
+                          f"{host * 1e3:.1f} ms: DeepSpeed's step over {tensors} trainable tensors)"))
         return
     # optimizer offload: (the gradients went to the host in the backward) the step on the CPU, the weights back
     h2d = speed.h2d_bytes_per_s.value
