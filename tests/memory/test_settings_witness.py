@@ -165,3 +165,29 @@ def test_a_quantized_model_loads_onto_the_gpu_so_the_host_holds_one_tensor_at_a_
     assert plain.load_peak_per_node_bytes == 2 * counts.total
     assert quantized.load_peak_per_node_bytes == 2 * counts.largest < plain.load_peak_per_node_bytes
     assert "tensor by tensor" in quantized.reason
+
+
+def test_under_checkpointing_frozen_front_layers_keep_their_input_and_run_again():
+    """``gradient_checkpointing_enable`` (as the HF Trainer and the probe call it) also calls
+    ``enable_input_require_grads`` for a causal LM, so with freeze tuning the embedding's output needs a gradient: the
+    frozen layers before the first trainable one are checkpointed like the others, each keeping its input and running
+    its forward again in the backward (issue 40's traces ``c6_x_q3_freeze4_z3_gc`` and ``next_x_q7_freeze4_z3_gc``).
+    The expandable replay takes every layer as saving (``gpu.replay_front``)."""
+    from dataclasses import replace
+
+    from zeropilot.memory.gpu import replay_front
+
+    arch, model = _freeze(4, 1)
+    model.train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    needs_grad, runs = [], {}
+    model.model.embed_tokens.register_forward_hook(lambda m, args, out: needs_grad.append(out.requires_grad))
+    for i, layer in enumerate(model.model.layers):
+        layer.mlp.register_forward_pre_hook(lambda m, args, i=i: runs.__setitem__(i, runs.get(i, 0) + 1))
+    x = torch.randint(0, CFG["vocab_size"], (MB, SEQ))
+    model(input_ids=x, labels=x).loss.backward()
+    assert needs_grad == [True]  # the embedding's output needs a gradient, so each layer's input does
+    assert runs == {0: 2, 1: 2, 2: 2, 3: 2}  # and every layer, the three frozen ones too, runs again in the backward
+    inputs = PlanInputs(arch, freeze=Freeze(1), gradient_checkpointing=True)
+    assert first_saving_layer(inputs) == 3  # what the default allocator's replay and the fitted terms still take
+    assert replay_front(replace(inputs, expandable_segments=True)) == 0

@@ -8,7 +8,8 @@ next pass (gradient accumulation, which the replay does not model); ``expandable
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (LLaMA-Factory's setting: freeze tuning with and without
 checkpointing at ZeRO-2 and ZeRO-3, LoRA, full fine-tuning, ``modules_to_save``), some with their allocator history
 (split ``trace``, as ``spec_check`` wants a traced row; their ``pred_gib`` is on record before the call too, as call
-1's traced rows' was).
+1's traced rows' was); ``expandable2 OUT.jsonl`` the next call's (``EXPANDABLE2``: new shapes of the two kinds call 6's
+traces corrected).
 ``--baseline SRC`` adds ``pred_gib_baseline``: the prediction of the ``src/`` tree at SRC (e.g. main before this
 pass, ``git archive 0f9ba05 src | tar -x -C DIR``), so both are on record before the call.
 
@@ -105,6 +106,29 @@ EXPANDABLE = [
                                            trace_frames=True), "full, ZeRO-3 in zero.Init, traced"),
 ]
 
+#: held out for the call after call 6 (``expandable2``): new shapes of the two kinds call 6's traces corrected (the
+#: final norm's release under LoRA with ``modules_to_save``; every layer keeping its input under checkpointing with
+#: freeze tuning), ZeRO-2 freeze tuning under checkpointing among them (the ZeRO-3 rows' correction, not yet measured
+#: at ZeRO-2), and one traced row of each kind
+EXPANDABLE2 = [
+    ("x2_q3_mts_z2_gc_mb2", "qwen2.5-3b", dict(stage=2, mb=2, seq=2048, gc=True, lora=16, mts=MTS),
+     "modules_to_save, tied, 3 B"),
+    ("x2_l1_mts_z2_gc_mb4", "llama-3.2-1b", dict(stage=2, mb=4, seq=2048, gc=True, lora=16, mts=MTS),
+     "modules_to_save, tied, 128k vocabulary"),
+    ("x2_q17_mts_z1_gc_mb2", "qwen3-1.7b", dict(stage=1, mb=2, seq=2048, gc=True, lora=16, mts=MTS),
+     "modules_to_save, ZeRO-1, Qwen3"),
+    ("x2_l3_freeze2_z3_gc", "llama-3.2-3b", dict(stage=3, mb=2, seq=2048, freeze=2, gc=True, zero_init=True),
+     "freeze, ZeRO-3 in zero.Init, checkpointing, LLaMA"),
+    ("x2_q15_freeze4_z2_gc", "qwen2.5-1.5b", dict(stage=2, mb=4, seq=2048, freeze=4, gc=True),
+     "freeze, ZeRO-2, checkpointing"),
+    ("x2_l8_freeze4_z2_gc", "llama-3.1-8b", dict(stage=2, mb=1, seq=2048, freeze=4, gc=True),
+     "freeze, ZeRO-2, checkpointing, 8 B"),
+    ("x2_q7_mts_z2_gc_mb2", "qwen2.5-7b", dict(stage=2, mb=2, seq=1024, gc=True, lora=16, mts=MTS,
+                                               trace="next2_x_q7_mts_z2_gc_mb2"), "modules_to_save, untied, traced"),
+    ("x2_m7_freeze4_z3_gc", "mistral-7b", dict(stage=3, mb=2, seq=2048, freeze=4, gc=True, zero_init=True,
+                                               trace="next2_x_m7_freeze4_z3_gc"), "freeze, ZeRO-3, checkpointing, traced"),
+]
+
 
 def spec(row: str, model: str, settings: dict, split: str, why: str = "") -> dict:
     """A probe spec with the protocol's steps, the HF Trainer's optimizer unless told, its wall-time estimate (as
@@ -129,7 +153,7 @@ def rows(which: str) -> list:
         return [spec(r, m, s, "holdout", w) for r, m, s, w in MEMORY] + [spec(r, m, s, "trace", w)
                                                                           for r, m, s, w in TRACES]
     return [spec(r, m, dict(s, alloc_conf=EXP), "trace" if s.get("trace") else "holdout", w)
-            for r, m, s, w in EXPANDABLE]
+            for r, m, s, w in (EXPANDABLE2 if which == "expandable2" else EXPANDABLE)]
 
 
 #: run with another tree's ``src/`` on the path: each spec's prediction there
@@ -159,7 +183,7 @@ def baseline(specs: list, src: str) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=["memory", "expandable"])
+    ap.add_argument("which", choices=["memory", "expandable", "expandable2"])
     ap.add_argument("out")
     ap.add_argument("--baseline", help="a src/ directory: add its predictions as pred_gib_baseline")
     ap.add_argument("--baseline-name", default="", help="what the baseline is (a commit), written as note_baseline")

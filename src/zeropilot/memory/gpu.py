@@ -561,7 +561,35 @@ def final_norm(inputs: PlanInputs) -> Tuple[Tuple[float, Optional[int]], ...]:
     them only for the norm's weight, so not with LoRA)."""
     t = inputs.micro_batch * inputs.seq_len
     h2, h4 = 2.0 * t * inputs.arch.hidden, 4.0 * t * inputs.arch.hidden
-    return ((h4, None), (h4, 2), (h4, 5), (h2, 4 if inputs.lora_rank else None), (h2, None))
+    # with LoRA the normalized input (kept only for the frozen weight's gradient) goes once ``weight * x`` exists
+    # (issue 40's ``c6_x_q15_mts_z2_mb2``, events 9972-9975), which the expandable replay takes; the default
+    # allocator's replay keeps the earlier release (before it), which its committed rows were matched with (see
+    # _expandable_only)
+    return ((h4, None), (h4, 2), (h4, 5), (h2, (5 if _expandable_only(inputs) else 4) if inputs.lora_rank else None),
+            (h2, None))
+
+
+def _expandable_only(inputs: PlanInputs) -> bool:
+    """Whether to replay the request-order facts read off issue 40's expandable-segments traces (call 6): the final
+    norm's release above, and under checkpointing every layer keeping its input (:func:`replay_front`). Both hold in
+    the default allocator's traces too, but its replay places blocks less exactly than :class:`~zeropilot.memory.
+    segments.ExpandableAllocator` (which maps, fed a trace's own requests, what the real allocator mapped, to the
+    byte), and there they move committed rows that were right (``bench/plan/HISTORY.md``): taken where the allocator
+    model is exact."""
+    return inputs.expandable_segments
+
+
+def replay_front(inputs: PlanInputs) -> int:
+    """Freeze tuning's frozen layers the replay runs without keeping anything (:func:`tuning.first_saving_layer`), but
+    none under checkpointing with expandable segments: transformers' ``gradient_checkpointing_enable`` calls
+    ``enable_input_require_grads`` for every model whose input is ``input_ids`` (``modeling_utils.py``, 5.x), so the
+    embedding's output needs a gradient and every layer, frozen or not, keeps its input and runs again in the backward
+    (``c6_x_q3_freeze4_z3_gc`` and ``next_x_q7_freeze4_z3_gc``: every layer's input held at the loss, every layer
+    recomputed; call 3's ``call3_l8_f4_gc`` on the default allocator alike; witness in
+    ``tests/memory/test_settings_witness.py``)."""
+    if inputs.gradient_checkpointing and _expandable_only(inputs):
+        return 0
+    return tuning.first_saving_layer(inputs)
 
 
 def kept_input(inputs: PlanInputs) -> float:
@@ -681,7 +709,7 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
     edges = (h2, final_norm(inputs))  # the embedding's output; the final norm
     owned, whole = _rank0_partition(inputs, trainable, trained, listed)
     first = _first_reduction(inputs, trainable)
-    front = tuning.first_saving_layer(inputs)  # freeze tuning: the frozen layers before the first trainable one
+    front = replay_front(inputs)  # freeze tuning: the frozen layers before the first trainable one
     trains = tuning.output_trains(inputs)
     embedding = not inputs.lora_rank if listed is None else any(p.name.startswith("model.embed_tokens")
                                                                     for p in listed)
@@ -772,7 +800,7 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
     # built whole, a tied model first gets its own output-layer weight, released when transformers ties it to the
     # embedding (its block stays cached; calls 21 and 49's traces)
     build = [] if inputs.zero_init else sizes + copies + [2.0 * a.vocab * a.hidden] * a.tied
-    front = tuning.first_saving_layer(inputs)
+    front = replay_front(inputs)
     return dict(build=build, sub_groups=sub_groups,
                 bucket=2.0 * inputs.reduce_bucket_size, grad_partition=2.0 * part if gpu_optimizer else 0.0,
                 layer=layer_tensors(inputs), layers=a.layers, no_grad_layer=layer_tensors(inputs, no_grad=True),

@@ -390,8 +390,8 @@ def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]
                   gathered: Sequence[Sequence[float]] = (),
                   window: Optional[_Window] = None,
                   no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None, frozen: int = 0,
-                  front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None
-                  ) -> Tuple[List[Optional[_Block]], List[Optional[_Block]]]:
+                  front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
+                  workspace: bool = False) -> Tuple[List[Optional[_Block]], List[Optional[_Block]]]:
     """The decoder's forward (arguments as :func:`zero12_reserved`'s): the tensors kept for the backward, and the
     frozen front layers' key/value cache (``front_layer``'s kept tensors before its output), which the model's output
     holds until the loss releases it with the logits.
@@ -402,6 +402,8 @@ def _forward_pass(pool: "Allocator", layer: Sequence[Tuple[float, Optional[int]]
     is the embedding's output, and the last layer's output is released after the final norm, which keeps its own fp32
     copy (call 41's trace)."""
     first = pool.alloc(edges[0])  # the embedding's output
+    if workspace:
+        pool.alloc(_CUBLAS_WORKSPACE)
     cache: List[Optional[_Block]] = []
     for _ in range(frozen):  # freeze tuning's frozen layers before the first trainable one: nothing saved
         out = _forward(pool, front_layer or ())
@@ -571,12 +573,10 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         pool.free(pool.alloc(4 * part))  # initialize_optimizer_states' zeroed fp32 gradient
     states = 0
     for step in range(steps):
-        if step == 0:
-            if not gpu_optimizer:  # temp_grad_buffer_for_gpu_offload: 16-bit, the largest parameter's size, kept
-                pool.alloc(max(list(build) + list(frozen), default=0))
-            pool.alloc(_CUBLAS_WORKSPACE)  # the forward's first matmul: a cuBLAS workspace, kept
+        if step == 0 and not gpu_optimizer:  # temp_grad_buffer_for_gpu_offload: 16-bit, the largest parameter's
+            pool.alloc(max(list(build) + list(frozen), default=0))  # size, kept
         acts, cache = _forward_pass(pool, layer, layers, checkpointed, edges, no_grad_layer=no_grad_layer,
-                                    frozen=frozen_layers, front_layer=front_layer)
+                                    frozen=frozen_layers, front_layer=front_layer, workspace=step == 0)
         gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap, output=cache)
         og = pool.alloc(output_grad)  # the output layer's weight gradient
         if step == 0:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
