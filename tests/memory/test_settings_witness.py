@@ -10,7 +10,7 @@ peft = pytest.importorskip("peft")
 from zeropilot.memory.gpu import lora_fp32_inputs  # noqa: E402
 from zeropilot.memory.inputs import Freeze, PlanInputs  # noqa: E402
 from zeropilot.memory.plan import unmodelled  # noqa: E402
-from zeropilot.memory.tuning import first_saving_layer  # noqa: E402
+from zeropilot.memory.tuning import first_backward_layer, first_saving_layer  # noqa: E402
 from zeropilot.models import from_config  # noqa: E402
 from zeropilot.models.trainable import freeze_trainable  # noqa: E402
 
@@ -189,5 +189,6 @@ def test_under_checkpointing_frozen_front_layers_keep_their_input_and_run_again(
     assert needs_grad == [True]  # the embedding's output needs a gradient, so each layer's input does
     assert runs == {0: 2, 1: 2, 2: 2, 3: 2}  # and every layer, the three frozen ones too, runs again in the backward
     inputs = PlanInputs(arch, freeze=Freeze(1), gradient_checkpointing=True)
-    assert first_saving_layer(inputs) == 3  # what the default allocator's replay and the fitted terms still take
+    assert first_saving_layer(inputs) == 3  # what the default allocator's replay still takes
+    assert first_backward_layer(inputs) == 0  # what the time model and the expandable replay take
     assert replay_front(replace(inputs, expandable_segments=True)) == 0

@@ -580,15 +580,12 @@ def _expandable_only(inputs: PlanInputs) -> bool:
 
 
 def replay_front(inputs: PlanInputs) -> int:
-    """Freeze tuning's frozen layers the replay runs without keeping anything (:func:`tuning.first_saving_layer`), but
-    none under checkpointing with expandable segments: transformers' ``gradient_checkpointing_enable`` calls
-    ``enable_input_require_grads`` for every model whose input is ``input_ids`` (``modeling_utils.py``, 5.x), so the
-    embedding's output needs a gradient and every layer, frozen or not, keeps its input and runs again in the backward
-    (``c6_x_q3_freeze4_z3_gc`` and ``next_x_q7_freeze4_z3_gc``: every layer's input held at the loss, every layer
-    recomputed; call 3's ``call3_l8_f4_gc`` on the default allocator alike; witness in
-    ``tests/memory/test_settings_witness.py``)."""
-    if inputs.gradient_checkpointing and _expandable_only(inputs):
-        return 0
+    """Freeze tuning's frozen layers the replay runs without keeping anything: :func:`tuning.first_backward_layer`
+    with expandable segments (``c6_x_q3_freeze4_z3_gc`` and ``next_x_q7_freeze4_z3_gc``: every layer's input held at
+    the loss, every layer recomputed; call 3's ``call3_l8_f4_gc`` on the default allocator alike), the default
+    allocator's replay still :func:`tuning.first_saving_layer` (:func:`_expandable_only`)."""
+    if _expandable_only(inputs):
+        return tuning.first_backward_layer(inputs)
     return tuning.first_saving_layer(inputs)
 
 

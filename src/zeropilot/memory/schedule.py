@@ -207,7 +207,7 @@ def trace(inputs: PlanInputs) -> Trace:
     modules_per_layer = (modules(inputs) - 7) / inputs.arch.layers
     grads = _trainable_by_place(inputs) if inputs.stage >= 1 else None
     key = (inputs.arch, inputs.stage == 3, inputs.param_persistence_threshold, inputs.gradient_checkpointing,
-           tuning.first_saving_layer(inputs), round(modules_per_layer, 3),
+           tuning.first_backward_layer(inputs), round(modules_per_layer, 3),
            grads)
     return _trace(*key)
 

@@ -278,9 +278,10 @@ def _layer_linears(inputs: PlanInputs) -> List[Tuple[int, int]]:
 
 
 def _frozen_front(inputs: PlanInputs) -> int:
-    """Decoder layers before the first trainable one (freeze tuning): their inputs need no gradient, so their
-    backward does nothing."""
-    return tuning.first_saving_layer(inputs)
+    """Decoder layers before the first trainable one (freeze tuning) whose inputs need no gradient, so their backward
+    does nothing and checkpointing does not run them again: none under checkpointing
+    (:func:`tuning.first_backward_layer`)."""
+    return tuning.first_backward_layer(inputs)
 
 
 def _layer_pass(inputs: PlanInputs, speed: Speed, c: TimeConstants, which: str, weight_grads: bool,

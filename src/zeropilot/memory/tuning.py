@@ -119,6 +119,15 @@ def first_saving_layer(inputs: PlanInputs) -> int:
     return first_trainable_layer(inputs.arch, trainable_list(inputs) or [])
 
 
+def first_backward_layer(inputs: PlanInputs) -> int:
+    """The first decoder layer the backward runs through: :func:`first_saving_layer`, but 0 under gradient
+    checkpointing: transformers' ``gradient_checkpointing_enable`` (5.x ``_activation_checkpointing_enable``, as the
+    HF Trainer and LLaMA-Factory call it) calls ``enable_input_require_grads`` for every model whose input is
+    ``input_ids``, so the embedding's output needs a gradient and every layer, frozen or not, keeps its input, runs
+    its forward again and passes the gradient on (witness: ``tests/memory/test_settings_witness.py``)."""
+    return 0 if inputs.gradient_checkpointing else first_saving_layer(inputs)
+
+
 def saving_layers(inputs: PlanInputs) -> int:
     return inputs.arch.layers - first_saving_layer(inputs)
 
