@@ -194,9 +194,10 @@ def write_json_lines(path: Path, records) -> None:
 @dataclass
 class JobSpec:
     """A data-parallel job of ``nodes`` x ``per_node`` ranks on H100s: GPU memory fields, phase times, batches, a save
-    every ``save_every`` steps; ``straggler`` loads its batches ``straggle_s`` slower from a third of the run on (every
-    other rank waits for it in its backward), ``heavy`` holds ``heavy_gib`` more memory, ``hang_rank`` stops at half
-    the run (the watchdog's verdict names it)."""
+    every ``save_every`` steps, every rank ending each step at the job's time (its collectives); ``straggler`` loads its
+    batches ``straggle_s`` slower from a third of the run on (every other rank waits for it in its backward), ``heavy``
+    holds ``heavy_gib`` more memory, ``hang_rank`` stops in its forward at half the run and every other rank waits
+    for it (the watchdog's verdict names it)."""
 
     nodes: int = 2
     per_node: int = 8
@@ -228,7 +229,7 @@ def job_records(spec: JobSpec, rank: int):
            "LOCAL_WORLD_SIZE": str(spec.per_node), "GROUP_RANK": str(node), "TORCHELASTIC_RUN_ID": "job",
            "GROUP_WORLD_SIZE": str(spec.nodes), "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     cap = 80 * GiB
-    t = T0 + 0.003 * local + 0.02 * node
+    t = T0 + 0.003 * local + 0.02 * node  # the launcher starts the nodes one after the other
     base = {"v": EVENT_VERSION, "rank": rank}
     yield dict(base, event="start", t=t, pid=4000 + local, host=host, local_rank=local, world_size=spec.world,
                device={"name": "NVIDIA H100 80GB HBM3", "backend": "cuda", "total_bytes": cap},
@@ -250,34 +251,36 @@ def job_records(spec: JobSpec, rank: int):
                allocator_settings={"expandable_segments": True}, allocator_limit_bytes=None)
     yield dict(base, event="setup", t=t + 0.01, model={"class": "Qwen2ForCausalLM", "params": 7_615_616_512},
                zero={"stage": 2}, train={"micro_batch": 4, "grad_accum": 2, "world_size": spec.world})
-    last_end = t + 0.02
+    job = random.Random(spec.seed)  # the step's end is the job's: every rank leaves it in the same collectives
+    last_end = T0 + 40.0 + 0.02 * spec.nodes
     save_s = 0.0
-    stop = spec.steps // 2 if rank == spec.hang_rank else None
+    stop = spec.steps // 2 if spec.hang_rank is not None else None  # a hang stops every rank: they wait for it
     for step in range(1, spec.steps + 1):
         if stop is not None and step == stop:
             return
         slow = spec.straggle_s if (spec.straggler is not None and step > spec.steps // 3) else 0.0
+        end = last_end + 0.492 + job.random() * 0.01 + slow + save_s + (3.0 if step == 1 else 0.0)
+        seconds = end - last_end
         idle = round(0.004 + rnd.random() * 0.002 + (slow if rank == spec.straggler else 0.0), 6)
-        forward = round(0.118 + rnd.random() * 0.004, 6)
-        backward = round(0.311 + rnd.random() * 0.006 + (slow if rank != spec.straggler else 0.0), 6)
+        forward = round(0.118 + rnd.random() * 0.004 + (3.0 if step == 1 else 0.0), 6)
         opt = round(0.052 + rnd.random() * 0.002, 6)
+        backward = round(seconds - save_s - idle - forward - opt - rnd.random() * 1e-5, 6)
         phases = {"idle": idle}
         if save_s:
             phases["save"] = save_s
         phases.update(forward=forward, backward=backward, step=opt)
-        end = last_end + idle + forward + backward + opt + save_s + rnd.random() * 2e-5
-        seconds, last_end, save_s = end - last_end, end, 0.0
+        last_end, save_s = end, 0.0
         alloc = alloc0 + rnd.randrange(0, 256) * 4096
         peak_a = max(peak_a, alloc + 5 * GiB + rnd.randrange(0, 64) * (1 << 20))
         rss += rnd.randrange(-8, 9) * 4096
         mem = dict(mem, allocated_bytes=alloc, peak_allocated_bytes=peak_a, unallocated_reserved_bytes=reserved - alloc,
                    host_rss_bytes=rss)
-        yield dict(base, event="step", t=end + rnd.random() * 4e-5, step=step, seconds=seconds if step > 1 else None,
+        yield dict(base, event="step", t=end + rnd.random() * 4e-4, step=step, seconds=seconds if step > 1 else None,
                    mem=mem, phase_seconds=phases,
                    batch={"micro_batches": 2, "micro_batch_size": 4, "seq_len": 4096,
                           "tokens": 2 * 4 * 4096 - rnd.randrange(0, 2048)})
         if spec.save_every and step % spec.save_every == 0:
-            save_s = round(7.5 + rnd.random(), 6)
+            save_s = round(7.5 + job.random(), 6)
             peak_r = max(peak_r, reserved + 3 * GiB)
             at = dict(mem, peak_reserved_bytes=peak_r)
             yield dict(base, event="save", t=end + save_s, step=step, tag=f"global_step{step}",

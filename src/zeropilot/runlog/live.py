@@ -196,7 +196,7 @@ class LiveRun:
         """Read what is new; returns the new step records (``rank``, ``step``, ``seconds``) in file order."""
         d = RunDir(self.root)
         problems: List[str] = []
-        self.run = _side_json(d.run_file, problems) or self.run
+        self.run = _side_json(d.run_file, problems) or _node_runs(d, problems) or self.run
         new_steps: List[Dict[str, Any]] = []
         segs: Optional[Dict[int, List[Any]]] = None
         for r in d.ranks("rank"):
@@ -266,6 +266,24 @@ class LiveRun:
         where = f"step {min(steps)}" + (f"-{max(steps)}" if steps and max(steps) != min(steps) else "") \
             if steps else "before the first step"
         return {"kind": "running", "ranks": [], "reason": f"{len(self.ranks)} rank(s), {where}"}
+
+
+def _node_runs(d: RunDir, problems: List[str]) -> Optional[Dict[str, Any]]:
+    """The nodes' ``run-node-K.json`` as one ``run.json`` (a job whose nodes share this directory), or None."""
+    from zeropilot.runlog.read import merge_runs
+
+    runs = {}
+    for path in d.node_run_files():
+        got = _side_json(path, problems)
+        if got is not None:
+            runs[path.name[len("run-node-"):-len(".json")]] = got
+    if not runs:
+        return None
+    merged = merge_runs(runs, [])
+    if any("ended_at" not in r for r in runs.values()):
+        merged.pop("ended_at", None)  # the job goes on while one node's supervisor runs
+        merged.pop("exit_code", None)
+    return merged
 
 
 def _is_step(raw: bytes) -> bool:

@@ -8,9 +8,9 @@ A rank's records are its closed segments in order (``rank-N.seg-K.jsonl`` as the
 A run of at most :data:`FULL_ROWS` step records is read whole. A longer one (1,024 ranks x 100k steps) is read
 **sampled**: every rank's steps at the same step numbers (multiples of the segments' sample stride, doubled until
 the run fits :data:`SAMPLE_ROWS`), its first steps, the steps around every other record (the step holding a save,
-the one after it) and its last :data:`~zeropilot.runlog.segments.TAIL_ROWS` steps, with exact aggregates over every
-step record (count, minimum, maximum and where, sum: :class:`ColStats`) from the segments' heads: peaks, maxima,
-counts and means are exact, medians are those of the sample.
+the one before it) and its newest step, with exact aggregates over every step record (count, minimum, maximum and
+where, sum: :class:`ColStats`) from the segments' heads: peaks, maxima, counts and means are exact, medians are those
+of the sample.
 
 A run directory may come from someone else: lines longer than :data:`MAX_LINE` and lines that are
 not JSON objects are skipped and counted, never fatal; JSON side files over :data:`MAX_SIDE_FILE`
@@ -120,6 +120,7 @@ class RankRecords:
     #: sampled reading: the rank's step records in all, and exact aggregates per column over all of them
     total_steps: Optional[int] = None
     stats: Dict[str, ColStats] = field(default_factory=dict)
+    _computed: Dict[str, Optional[ColStats]] = field(default_factory=dict, repr=False)
 
     @property
     def n_steps(self) -> int:
@@ -141,6 +142,11 @@ class RankRecords:
         """Aggregates of a column over every step record (None: no number in it)."""
         if self.sample_every is not None:
             return self.stats.get(name)
+        if name not in self._computed:
+            self._computed[name] = self._stats_of(name)
+        return self._computed[name]
+
+    def _stats_of(self, name: str) -> Optional[ColStats]:
         col = self.steps.get(name)
         if col is None:
             return None
@@ -165,6 +171,7 @@ class RankRecords:
         col = self.steps["t"]
         for i in range(len(col)):
             col[i] -= offset
+        self._computed.clear()
         for name, s in self.stats.items():
             if name == "t":
                 s = ColStats(s.n, s.lo - offset, s.hi - offset, s.total - s.n * offset, s.lo_at, s.hi_at)

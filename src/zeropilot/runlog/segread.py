@@ -283,7 +283,7 @@ def _sampled_lines(records: RankRecords, piece: Piece, budget: _Budget, stride: 
     _add_stats(records, seg.column_stats(s.rows))
     odd = sum(1 for _, line in s.others if (_parse(line) or {}).get("event") == "step")
     records.total_steps = (records.total_steps or 0) + s.rows.n + odd
-    tail = list(range(max(0, s.rows.n - seg.TAIL_ROWS), s.rows.n)) if last else []
+    tail = [s.rows.n - 1] if last and s.rows.n else []  # the rank's newest step: where it was last seen
     _fold_sample(records, s.rows, seg.sample_rows(s.rows, s.others), tail, s.others, budget, stride)
 
 
@@ -324,10 +324,9 @@ def _col(records: RankRecords, piece: Piece, budget: _Budget, stride: Optional[i
     block, index = sample
     tail_block, tail_index = parts.get("tail", (None, None))
     tail: List[int] = []
-    if tail_block is not None and tail_index:
-        block, index = _union(block, index or [], tail_block, tail_index)
-        ends = set(tail_index)
-        tail = [i for i, r in enumerate(index) if r in ends]
+    if tail_block is not None and tail_index:  # the rank's newest step: where it was last seen
+        block, index = _union(block, index or [], tail_block.take([tail_block.n - 1]), tail_index[-1:])
+        tail = [block.n - 1]
     _fold_sample(records, block, list(range(block.n)), tail, others, budget, stride, index=index)
 
 
@@ -433,7 +432,7 @@ def _fold_groups(records: RankRecords, groups: List[Tuple[int, seg.Block]], othe
 
 
 def _union(a: seg.Block, ia: List[int], b: seg.Block, ib: List[int]) -> Tuple[seg.Block, List[int]]:
-    """A segment's sample and its tail (its last rows, in order) as one block, by row number, each row once."""
+    """A segment's sample and rows of its tail (its last rows, in order) as one block, by row number, each once."""
     k = bisect.bisect_left(ia, ib[0])
     paths = list(dict.fromkeys(list(a.cols) + list(b.cols)))
     cols = {p: (a.cols[p][:k] if p in a.cols else [seg.ABSENT] * k) + (b.cols[p] if p in b.cols else
