@@ -329,7 +329,8 @@ def write_job(root: Path, spec: JobSpec, jobs: int = 1, segment_bytes: Optional[
 def _write_job_rank(root: str, spec: JobSpec, rank: int, segment_bytes: int) -> float:
     """One rank's records as ``zeropilot run`` leaves them: segments closed where the writer closes them (when the
     next line would pass ``segment_bytes``; steps counted at the average size of the rank's first ones, every other
-    record at its own), each compacted, then merged into one file (``runlog.compact.finish``'s ``merge_rank``)."""
+    record at its own), each compacted, then merged into one file (``runlog.compact.finish``'s ``merge_rank``); a
+    rank that never closed one keeps its live file, written by the real writer."""
     from zeropilot.runlog import segments
     from zeropilot.runlog.compact import write_segment
     from zeropilot.runlog.events import line
@@ -351,9 +352,14 @@ def _write_job_rank(root: str, spec: JobSpec, rank: int, segment_bytes: int) -> 
         chunk.append(rec)
         size += n
         last_t = rec["t"]
-    if chunk:
+    if not parts:  # never closed a segment: the run leaves the live file as the writer wrote it
+        with EventWriter(d.events(rank), segment_bytes) as w:
+            for rec in chunk:
+                w.write(rec)
+    elif chunk:
         parts.append(segments.from_records(rank, len(parts) + 1, chunk))
-    write_segment(d, segments.concat(parts) if len(parts) > 1 else parts[0])
+    if parts:
+        write_segment(d, segments.concat(parts) if len(parts) > 1 else parts[0])
     step = chunk[-1].get("step") if chunk else 0
     write_json_atomic(d.heartbeat(rank), {
         "t": last_t, "rank": rank, "pid": 4000 + rank % spec.per_node, "host": f"gpu-node-{rank // spec.per_node:03d}",

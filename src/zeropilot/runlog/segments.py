@@ -136,8 +136,9 @@ def concat(parts: Sequence[Segment]) -> Segment:
         b = part.rows
         for path, col in cols.items():
             col.extend(b.cols[path] if path in b.cols else [ABSENT] * b.n)
-        codes = [shapes[shape] for shape in b.shapes] if b.n else []
-        shape_of.extend([codes[0]] * b.n if b.shape_of is None else [codes[c] for c in b.shape_of])
+        if b.n:
+            codes = [shapes[shape] for shape in b.shapes]
+            shape_of.extend([codes[0]] * b.n if b.shape_of is None else [codes[c] for c in b.shape_of])
         others.extend((pos + done, line) for pos, line in part.others)
         done += b.n
     one = len(shapes) <= 1
