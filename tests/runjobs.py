@@ -22,6 +22,8 @@ Shared by the guard, report and repro tests. Every job is a real multi-process l
 - :func:`op_build_stopped_then_next`: a real JIT op build stopped mid-way, then the next launch.
 - :func:`learned_timeouts`: a save slower than ``--hang-timeout`` stopped, then a later run pointed at the first
   (``--timeouts-from``) lets it finish and stops a hung step at its learned deadline; rank 1 loads its data slowly.
+- :func:`hf_slow_loader`: HF Trainer + ZeRO-2 under torchrun, rank 1's dataset 0.4 s slower per batch, reporting to
+  TensorBoard: the straggler the Trainer's own token-count gather hides from the phase times.
 
 Each returns a :class:`Job` (run directory, exit status, output, checkpoint folder). Jobs get their
 own ``TORCH_EXTENSIONS_DIR``, a free port, a timeout, and their process group is killed on every path.
@@ -114,6 +116,18 @@ def hf_trainer() -> Job:
     """(a) HF Trainer, ZeRO-2, torchrun, 2 ranks, saves at steps 4 and 8, then loads the best one back: the job of
     :func:`hf_trainer_watched`."""
     return hf_trainer_watched().job
+
+
+@once
+def hf_slow_loader() -> Job:
+    """HF Trainer + ZeRO-2, torchrun, 2 ranks, 10 steps, one save at the end; rank 1's dataset takes 0.4 s more to
+    hand over each batch (``--data-sleep 1:0.4``); ``report_to=["tensorboard"]`` logging every step (event files
+    under ``ckpt/runs``)."""
+    ckpt = root() / "hf_slow_loader" / "ckpt"
+    cmd = ["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOBS / "hf_train.py"),
+           str(ckpt), "--stage", "2", "--steps", "10", "--save-steps", "10", "--data-sleep", "1:0.4",
+           "--report-to", "tensorboard", "--logging-steps", "1"]
+    return zeropilot_run("hf_slow_loader", cmd, ["--no-check"])
 
 
 @once

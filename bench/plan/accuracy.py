@@ -3,7 +3,8 @@
 For every measured row (rows.py): predicted ``gpu_peak_bytes`` against measured ``peak_reserved +
 non_torch_gb``, the error of each, and DeepSpeed's ``estimate_zero{2,3}_model_states_mem_needs``
 (``ds_estimate_gpu_gb`` in the rows) on the same row; median and maximum absolute error per split
-(tuning / holdout / new-arch); and for the memory-capped runs, the plan's verdict against what happened.
+(tuning / holdout / new-arch); and for the memory-capped runs, the plan's verdict against what happened; issue 40's
+rows on one H100 (``time/data/call*/rows.jsonl``) apart.
 Writes ``results/accuracy.md`` and ``results/accuracy.json``.
 Usage: python bench/plan/accuracy.py [--check]   (--check: exit 1 if the committed files differ)
 """
@@ -13,11 +14,13 @@ import json
 import statistics
 import sys
 
-from rows import HERE, calibration_drift, load_rows
+from rows import HERE, calibration_drift, h100_rows, load_rows
 
-from zeropilot.memory.gpu import estimate_gpu
+from zeropilot.memory.constants import DEFAULT
+from zeropilot.memory.gpu import estimate_gpu, trainable_params, zero3_replay, zero12_replay
 from zeropilot.memory.plan import make_plan, verdict_of
 from zeropilot.memory.inputs import GIB
+from zeropilot.models.params import count_params
 
 RESULTS = HERE / "results"
 SPLITS = ("tuning", "holdout", "new-arch", "x2-fit", "x2-holdout", "x2-repeat", "ws2-issue5")
@@ -63,6 +66,41 @@ def _host_records(rows) -> list:
     return out
 
 
+def _h100_records() -> list:
+    """Issue 40's H100 rows: predicted against measured peak, and the pre-registered ``pred_gib`` where the spec has
+    one (call 1's traced rows)."""
+    out = []
+    for r in h100_rows():
+        s = r.raw["spec"]
+        meas = r.measured_bytes / GIB
+        pred = estimate_gpu(r.inputs).peak_bytes / GIB
+        kind = ("fused loss" if r.inputs.fused_loss else "gradient accumulation" if r.inputs.grad_accum > 1
+                else "replayed" if _replayed(r.inputs) else "fitted")
+        rec = {"call": r.source, "row": s["row"], "split": r.split, "adam": s.get("adam", "torch"), "kind": kind,
+               "measured_gib": round(meas, 2), "predicted_gib": round(pred, 2),
+               "error_pct": round(100 * (pred / meas - 1), 1)}
+        if "pred_gib" in s:
+            rec["preregistered_gib"] = s["pred_gib"]
+            rec["preregistered_error_pct"] = round(100 * (s["pred_gib"] / meas - 1), 1)
+        out.append(rec)
+    return out
+
+
+def _replayed(inputs) -> bool:
+    """Whether the allocator replay sets this plan's reserved memory."""
+    counts = count_params(inputs.arch)
+    if inputs.stage in (1, 2):
+        return zero12_replay(inputs, counts, trainable_params(inputs, counts), DEFAULT) is not None
+    return zero3_replay(inputs) is not None
+
+
+def _h100_summary(recs) -> dict:
+    kinds = {"all": recs}
+    for kind in ("replayed", "fitted", "fused loss", "gradient accumulation"):
+        kinds[kind] = [x for x in recs if x["kind"] == kind]
+    return {k: _block(v) for k, v in kinds.items() if v}
+
+
 def _block(recs) -> dict:
     if not recs:
         return {}
@@ -91,7 +129,29 @@ def _summary(recs) -> dict:
     return out
 
 
-def _markdown(recs, summary, host, prereg) -> str:
+def _h100_markdown(recs, summary) -> list:
+    lines = ["", "Issue 40's runs on one H100 (`time/data/call1`, `call2`: torch 2.11, DeepSpeed 0.19.8; the HF "
+             "Trainer's optimizer, `adam: client`, unless the row says `torch` or `cpu`), each row's peak against "
+             "today's plan (`rows.timing_inputs`). Not held out: the ZeRO-1/2 gradient partition of LoRA with "
+             "`modules_to_save` was read off `t_y9_mts_z2`'s history, the Trainer's second parameter group off "
+             "`t_q3_freeze_z2_exp`'s, and the fused step (no foreach temporary) off both and these rows (HISTORY.md, "
+             "thirteenth pass). "
+             "Fused losses take the fitted components; gradient accumulation is not replayed (each step's first micro "
+             "batch only). `split` is the time matrix's (its `fit` rows fit the time model, not this one).", "",
+             "| rows | count | median abs error | max abs error | worst under-prediction |", "|---|---|---|---|---|"]
+    for kind, s in summary.items():
+        lines.append(f"| {kind} | {s['rows']} | {s['median_abs_error_pct']}% | {s['max_abs_error_pct']}% | "
+                     f"{_pct(s['worst_under_prediction_pct'])} |")
+    lines += ["", "| call | row | split | optimizer | measured GiB | predicted GiB | error | pre-registered GiB | "
+              "its error |", "|---|---|---|---|---|---|---|---|---|"]
+    for x in recs:
+        lines.append(f"| {x['call']} | {x['row']} | {x['split']} | {x['adam']} | {x['measured_gib']} | "
+                     f"{x['predicted_gib']} | {_pct(x['error_pct'])} | {x.get('preregistered_gib', '-')} | "
+                     f"{_pct(x.get('preregistered_error_pct'))} |")
+    return lines
+
+
+def _markdown(recs, summary, host, prereg, h100=(), h100_summary=None) -> str:
     lines = ["# zeropilot plan: accuracy on measured H200 runs", "",
              "Generated by `python bench/plan/accuracy.py`. Error = predicted / measured - 1, measured = "
              "`peak_reserved + non_torch_gb` (what nvidia-smi shows). DeepSpeed = "
@@ -143,6 +203,8 @@ def _markdown(recs, summary, host, prereg) -> str:
     for x in host:
         lines.append(f"| {x['config']} | {x['source']} | {x['measured_rss_gib']} | {x['predicted_gib']} | "
                      f"{_pct(x['error_pct'])} |")
+    if h100:
+        lines += _h100_markdown(h100, h100_summary)
     return "\n".join(lines) + "\n"
 
 
@@ -216,8 +278,9 @@ def _pct(v) -> str:
 def compute() -> dict:
     rows = load_rows()
     recs = [_row_record(r) for r in rows]
+    h100 = _h100_records()
     return {"rows": recs, "summary": _summary(recs), "preregistered": _preregistered(rows, recs),
-            "host": _host_records(rows)}
+            "host": _host_records(rows), "h100": h100, "h100_summary": _h100_summary(h100)}
 
 
 def main(argv) -> int:
@@ -226,7 +289,8 @@ def main(argv) -> int:
         print(drift, file=sys.stderr)
     result = compute()
     text = json.dumps(result, indent=1) + "\n"
-    md = _markdown(result["rows"], result["summary"], result["host"], result["preregistered"])
+    md = _markdown(result["rows"], result["summary"], result["host"], result["preregistered"], result["h100"],
+                   result["h100_summary"])
     if "--check" in argv:
         same = (RESULTS / "accuracy.json").read_text() == text and (RESULTS / "accuracy.md").read_text() == md
         print("accuracy results up to date" if same else "accuracy results differ: rerun bench/plan/accuracy.py")

@@ -7,7 +7,9 @@ memory peaks it prints: allocated and reserved; the free bytes inside segments s
 created the segment (blocks cached from building the model and ``deepspeed.initialize`` against training's
 own, and by segment size); the request that forced the last new segment; and the largest free block (why the
 cache could not serve it). Also training's new segments over 1 GiB and the 32 MiB blocks it keeps (cuBLAS
-workspaces, one per thread that runs matmuls).
+workspaces, one per thread that runs matmuls). Under ``expandable_segments`` (issue 40's ``time/data/call1/traces``)
+the events map and unmap pages (``segment_map``, ``segment_unmap``): a "segment" is then one mapped range, and a new
+one the pages a request made the allocator map.
 Usage: python bench/plan/analyze_trace.py TRACE.json.gz [...]
 """
 from __future__ import annotations
@@ -21,8 +23,31 @@ from collections import Counter
 GIB = 1024**3
 
 
+def _map(segments, addr, size, phase):
+    """Expandable segments: pages mapped at ``addr`` join the mapped range they touch (a block may span two maps)."""
+    before = next((a for a, (n, _) in segments.items() if a + n == addr), None)
+    if before is not None:
+        n, phase = segments.pop(before)
+        addr, size = before, n + size
+    after = segments.pop(addr + size, None)
+    if after is not None:
+        size += after[0]
+    segments[addr] = (size, phase)
+
+
+def _unmap(segments, addr, size):
+    """Expandable segments: pages unmapped from inside a mapped range split it."""
+    start = next(a for a, (n, _) in segments.items() if a <= addr < a + n)
+    n, phase = segments.pop(start)
+    if addr > start:
+        segments[start] = (addr - start, phase)
+    if addr + size < start + n:
+        segments[addr + size] = (start + n - addr - size, phase)
+
+
 def replay(events):
-    """Yield (index, event, state) after every event; state: segments {addr: (size, phase)}, blocks {addr: size}."""
+    """Yield (index, event, state) after every event; state: segments {addr: (size, phase)} (with expandable
+    segments, each mapped range), blocks {addr: size}."""
     segments, blocks = {}, {}
     for i, event in enumerate(events):
         action, addr, size, phase = event[:4]  # call 11's traces add the stream
@@ -30,6 +55,10 @@ def replay(events):
             segments[addr] = (size, phase)
         elif action == "segment_free":
             segments.pop(addr, None)
+        elif action == "segment_map":
+            _map(segments, addr, size, phase)
+        elif action == "segment_unmap":
+            _unmap(segments, addr, size)
         elif action == "alloc":
             blocks[addr] = size
         elif action == "free_completed":
@@ -70,9 +99,9 @@ def analyze(path):
     peak_res, peak_alloc_step, at_peak, last_seg, at_alloc_peak = 0, 0, None, None, None
     init_end = None
     for i, (action, addr, size, phase, *_), segments, blocks in replay(events):
-        if action == "segment_alloc":
+        if action in ("segment_alloc", "segment_map"):
             reserved += size
-        elif action == "segment_free":
+        elif action in ("segment_free", "segment_unmap"):
             reserved -= size
         elif action == "alloc":
             alloc += size
@@ -83,7 +112,7 @@ def analyze(path):
             continue
         if action == "alloc" and alloc > peak_alloc_step:
             peak_alloc_step, at_alloc_peak = alloc, (i, reserved)
-        if action == "segment_alloc" and reserved >= peak_res:
+        if action in ("segment_alloc", "segment_map") and reserved >= peak_res:
             peak_res = reserved
             # the alloc that forced this segment comes next; look it up then
             last_seg = (i, size)
@@ -100,9 +129,9 @@ def analyze(path):
                 break
     seg_sizes = Counter()
     for action, _, size, phase, *_ in events:
-        if action == "segment_alloc":
+        if action in ("segment_alloc", "segment_map"):
             seg_sizes[(phase, _size_class(size))] += size
-    new_large = [e[2] for e in events if e[0] == "segment_alloc" and e[3] == "step" and e[2] > GIB]
+    new_large = [e[2] for e in events if e[0] in ("segment_alloc", "segment_map") and e[3] == "step" and e[2] > GIB]
     kept = _kept_from_first_step(events)
     return dict(events=len(events), init_end=init_end, step_peak_alloc=peak_alloc_step, step_peak_reserved=peak_res,
                 at_peak=at_peak, at_alloc_peak=at_alloc_peak, new_large=new_large, kept=kept, segments={f"{k[0]} {k[1]}": v for k, v in sorted(seg_sizes.items())})

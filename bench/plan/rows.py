@@ -37,7 +37,7 @@ import functools
 import gzip
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -50,6 +50,8 @@ from zeropilot.models.arch import from_config  # noqa: E402
 
 ROWS = HERE / "data" / "rows.jsonl"
 TRACES = HERE / "data" / "traces"
+#: issue 40's GPU calls on one H100 (``time/``): each call's ``rows.jsonl``, the probe's results with their specs
+TIME_DATA = HERE / "time" / "data"
 SHARED = ROOT.parent / "shared" / "calibration" / "measured_h200.jsonl"
 CALIBRATED_NAMES = {"qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.2-3b"}
 #: what a probe's result line carries that no figure or test reads (the rank: a row is rank 0's)
@@ -102,6 +104,29 @@ def spec_inputs(spec: dict, total_gb: float) -> PlanInputs:
         # the probe builds the model on the GPU unless the spec asks for zero.Init (older rows never did)
         zero_init=bool(spec.get("zero_init")), sub_group_size=int(spec.get("sgs", 1e9)),
         max_live_parameters=int(spec.get("mlp", 1e9)), max_reuse_distance=int(spec.get("mrd", 1e9)))
+
+
+def timing_inputs(spec: dict, total_gb: float = 79.1) -> PlanInputs:
+    """The plan inputs of an issue-40 spec (``time/matrix.py``, ``time/memory_matrix.py``): ``time/fit.py``
+    ``inputs_of``, with ``trainer_optimizer`` where the probe builds the HF Trainer's optimizer (``adam: client``: its
+    two weight-decay groups, ``torch.optim.AdamW(fused=True)``)."""
+    sys.path.insert(0, str(HERE / "time"))
+    from fit import inputs_of
+
+    return replace(inputs_of(spec, total_gb), trainer_optimizer=spec.get("adam") == "client")
+
+
+def h100_rows() -> List[Row]:
+    """Every measured row of issue 40's calls (``time/data/callN/rows.jsonl``, one H100), call by call, ``source`` the
+    call's directory; ``split`` as its spec says (``fit``, ``trace``, ``search``, ``holdout``)."""
+    rows = []
+    for path in sorted(TIME_DATA.glob("call*/rows.jsonl")):
+        for line in path.read_text().splitlines():
+            r = json.loads(line) if line.strip() else {}
+            if r.get("status") == "ok" and r.get("snaps"):
+                rows.append(Row(path.parent.name, r["spec"].get("split", ""), r,
+                                timing_inputs(r["spec"], r.get("total_gpu_gb", 79.1)), _measured(r), True, None))
+    return rows
 
 
 def _measured(r: dict) -> Optional[int]:

@@ -87,6 +87,10 @@ def test_plan_across_nodes_is_judged_with_a_profile_measured_across_them(tmp_pat
     assert any("on 2 nodes" in n for n in judged["notes"])
     comm = judged["step_comm"]
     assert comm["link"] == "every rank, measured across 2 nodes" and comm["seconds"] > 0
+    # the time model's ring across the nodes: the world group's slower collective, measured
+    ring = judged["time"]["collectives"]
+    assert ring["link"] == "across 2 nodes" and ring["busbw"]["measured"] and ring["busbw"]["value"] == 10e9
+    assert "over every rank across 2 nodes" in ring["busbw"]["source"]
     # the same profile for 4 nodes: memory not judged (measured across 2), the bandwidth assumed to hold
     four = _plan("--nodes", "4", "--hardware", str(path))
     assert four["verdict"]["kind"] == "unknown" and "--hardware PROFILE" in four["verdict"]["message"]
@@ -99,13 +103,17 @@ def test_plan_across_nodes_is_judged_with_a_profile_measured_across_them(tmp_pat
 def test_step_traffic_follows_the_stage():
     from zeropilot.memory.comm import traffic
     from zeropilot.memory.inputs import PlanInputs
+    from zeropilot.memory.schedule import gathered
     from zeropilot.models import resolve_model
     from zeropilot.models.params import count_params
 
     arch = resolve_model("Qwen/Qwen2-7B")
     p = 2 * count_params(arch).total
     z3 = traffic(PlanInputs(arch=arch, stage=3, grad_accum=4))
-    assert z3 == {"all_gather": 4 * 2 * p, "reduce_scatter": 4 * p}
+    # ZeRO-3 gathers what the schedule gathers: each partitioned tensor in the forward and again in the backward,
+    # less those kept between two uses (the last layers before the backward, by the reuse distance)
+    assert z3 == {"all_gather": int(4 * 2 * gathered(PlanInputs(arch=arch, stage=3))), "reduce_scatter": 4 * p}
+    assert 4 * 1.5 * p < z3["all_gather"] < 4 * 2 * p
     z2 = traffic(PlanInputs(arch=arch, stage=2, grad_accum=4))
     assert z2 == {"all_gather": p, "reduce_scatter": 4 * p}
 

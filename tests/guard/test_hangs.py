@@ -107,3 +107,32 @@ def test_a_script_in_a_checkout_named_zeropilot_is_the_users_code():
                           "barrier (torch/distributed/distributed_c10d.py:5356)"]
     assert frames.kind_of("/tmp/x/zeropilot/src/zeropilot/guard/rank.py") == "library"
     assert frames.kind_of("/tmp/x/zeropilot/src/zeropilot/check.py") == "library"
+
+
+def _slow_gpu(rank):
+    """A finding of ``runlog.stragglers.find_gpu``: the rank's card ran the probe at 2.1x its peers' median."""
+    return {"rank": rank, "evidence": "gpu", "ratio": 2.1, "windows": 3, "probes": 12, "first_step": 20,
+            "last_step": 130, "own_seconds": 0.00105, "peers_seconds": 0.0005, "place": {"gpu": rank}}
+
+
+def test_every_rank_in_one_collective_after_a_gpu_straggled_blames_that_rank():
+    states = [RankState(r, phase="backward", step=140, alive=True, frames=parse_stacks(DUMP)) for r in range(4)]
+    plain = hang_verdict(states, 4, 60.0)
+    assert plain["class"] == "collective" and plain["ranks"] == [0, 1, 2, 3] and "stragglers_before" not in plain
+    v = hang_verdict(states, 4, 60.0, slow=[_slow_gpu(2)])
+    assert v["class"] == "collective" and v["ranks"] == [2]
+    assert "the likely cause, straggling before the stall: rank 2 (GPU 2) has a slow GPU" in v["cause"]
+    assert v["stragglers_before"] == [_slow_gpu(2)]
+    # the flight recorder's word comes first: it saw rank 3 behind
+    fr = {"ranks": {str(r): {"pg0": {"newest": 40 if r == 3 else 41}} for r in range(4)}}
+    v = hang_verdict(states, 4, 60.0, fr=fr, slow=[_slow_gpu(2)])
+    assert v["ranks"] == [3] and "Before the stall, rank 2 (GPU 2) has a slow GPU" in v["cause"]
+
+
+def test_another_class_keeps_its_culprit_and_names_the_straggler_beside_it():
+    waiting = RankState(0, phase="save", step=2, alive=True, frames=parse_stacks(DUMP))
+    sleeping = RankState(1, phase="idle", step=2, alive=True, frames=[
+        {"file": "/work/train.py", "line": 67, "func": "<module>"},
+        {"file": "/work/train.py", "line": 60, "func": "main"}])
+    v = hang_verdict([waiting, sleeping], 2, 8.0, slow=[_slow_gpu(0)])
+    assert v["class"] == "straggler" and v["ranks"] == [1] and "Before the stall, rank 0" in v["cause"]

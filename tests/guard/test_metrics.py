@@ -220,3 +220,24 @@ def test_a_straggler_reaches_the_figures(tmp_path):
     out = metrics.Figures(run).take(False, "zeropilot/")
     assert out["zeropilot/stragglers"] == 1.0 and out["zeropilot/straggler_rank"] == 1.0
     assert 3.0 < out["zeropilot/straggler_ratio"] < 5.0
+
+
+def test_a_slow_gpu_and_each_ranks_data_time_reach_the_figures(tmp_path):
+    """Step records with the guard's probe every 10 steps (rank 2's card at 2x its peers') and each rank's
+    DataLoader time: the figures name rank 2's GPU and carry the largest data time and probe reading."""
+    def steps(rank):
+        out = []
+        for s in range(1, 101):
+            rec = dict(_step(s, 0.3, 1 << 30, 2 << 30), data_seconds=0.01 * (rank + 1),
+                       phase_seconds={"idle": 0.02, "forward": 0.1, "backward": 0.15, "step": 0.03})
+            if s % 10 == 0 and s >= 20:
+                rec["gpu_probe_seconds"] = 0.001 if rank == 2 else 0.0005
+            out.append(rec)
+        return out
+
+    d = _write_ranks(tmp_path / "run", {r: steps(r) for r in range(3)})
+    out = metrics.Figures(d).take(True, "zeropilot/")
+    assert out["zeropilot/gpu_stragglers"] == 1.0 and out["zeropilot/gpu_straggler_rank"] == 2.0
+    assert out["zeropilot/gpu_straggler_ratio"] == 2.0 and out["zeropilot/stragglers"] == 0.0
+    assert out["zeropilot/gpu_probe_ms"] == 1.0 and out["zeropilot/rank0/gpu_probe_ms"] == 0.5
+    assert abs(out["zeropilot/data_seconds"] - 0.03) < 1e-9 and abs(out["zeropilot/rank0/data_seconds"] - 0.01) < 1e-9

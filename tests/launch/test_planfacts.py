@@ -129,3 +129,17 @@ def test_which_optimizer_an_offloaded_launch_gets(tmp_path):
         "torch_adam"] is False
     assert read("{" + offload + ', "zero_force_ds_cpu_optimizer": false}')["torch_adam"] is True
     assert "torch_adam" not in read("{" + offload + "}")
+
+
+def test_a_trainer_launch_without_an_optimizer_section_gets_the_trainers_optimizer(tmp_path):
+    """The HF Trainer (here through LLaMA-Factory's YAML) builds its own optimizer when the DeepSpeed config has no
+    ``optimizer`` section (``deepspeed_optim_sched``: ``DummyOptim`` only when there is one), with its weight-decay
+    groups: ``trainer_optimizer``, which the allocator replay reads (``memory.tuning.second_param_group``)."""
+    def read(ds: str) -> dict:
+        (tmp_path / "ds.json").write_text(ds)
+        (tmp_path / "train.yaml").write_text("model_name_or_path: Qwen/Qwen2-7B\nfinetuning_type: full\n"
+                                             "deepspeed: ds.json\n")
+        return plan_facts(load_launch([tmp_path], use_installed=False)).values
+
+    assert read('{"zero_optimization": {"stage": 2}}')["trainer_optimizer"] is True
+    assert "trainer_optimizer" not in read('{"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}}')

@@ -2,7 +2,10 @@
 
 Real DeepSpeed on CPU, one rank on gloo, a tiny Qwen2 built whole (no zero.Init), as a raw script does. Counts
 calls of the accelerator's ``empty_cache`` during ``deepspeed.initialize`` with the parameters kept on the
-device and with ``offload_param``. Usage: python ds_empty_cache_worker.py PORT -> prints ``RESULT {json}``.
+device and with ``offload_param``; and at ZeRO-2 (the replay's second ``empty_cache``) with the HF Trainer's optimizer
+groups (``Trainer.get_decay_parameter_names``: with and without weight decay) for full fine-tuning, and for a trained
+subset without biases or norms, whose second group is empty. Usage: python ds_empty_cache_worker.py PORT -> prints
+``RESULT {json}``.
 """
 import json
 import os
@@ -42,6 +45,23 @@ def main(port: str) -> None:
                                                   "zero_optimization": zero, "zero_allow_untested_optimizer": True,
                                                   "steps_per_print": 10 ** 9})
         out[name] = calls["n"]
+        engine.destroy()
+    from transformers import Trainer
+
+    cases = (("zero2_trainer_groups", lambda n: True), ("zero2_matrices_only", lambda n: n.endswith("proj.weight")))
+    for name, trains in cases:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        for n, p in model.named_parameters():
+            p.requires_grad_(trains(n))
+        decay = Trainer.get_decay_parameter_names(None, model)  # what create_optimizer groups by
+        groups = [{"params": [p for n, p in model.named_parameters() if p.requires_grad and (n in decay) == d],
+                   "weight_decay": 0.01 if d else 0.0} for d in (True, False)]
+        calls["n"] = 0
+        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(groups, lr=1e-3),
+                                          config={"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                                                  "zero_optimization": {"stage": 2},
+                                                  "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9})
+        out[name] = [calls["n"], len(engine.optimizer.optimizer.param_groups)]
         engine.destroy()
     print("RESULT " + json.dumps(out), flush=True)
 

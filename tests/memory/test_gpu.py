@@ -137,7 +137,10 @@ def test_raw_build_with_offload_param_keeps_the_build_cache_beyond_the_gathered_
 @pytest.mark.slow
 def test_witness_deepspeed_empties_the_cache_only_when_parameters_stay_on_the_device(tmp_path):
     """Real DeepSpeed ZeRO-3 initialize on CPU (one gloo rank): ``defragment`` calls empty_cache once; with
-    offload_param nothing does — why the build's blocks stay cached in the plan's build-cache term."""
+    offload_param nothing does — why the build's blocks stay cached in the plan's build-cache term. At ZeRO-2 with the
+    HF Trainer's optimizer groups (``Trainer.get_decay_parameter_names``) full fine-tuning keeps two groups and empties
+    the cache before each; a trained subset without biases or norms leaves the second group empty, which DeepSpeed
+    drops: one call (``tuning.second_param_group``, the replay's ``second_group``)."""
     import json
     import os
     import sys
@@ -150,7 +153,23 @@ def test_witness_deepspeed_empties_the_cache_only_when_parameters_stay_on_the_de
     worker = Path(__file__).with_name("ds_empty_cache_worker.py")
     out = run_group([sys.executable, str(worker), str(free_port())], timeout=300, env=env, cwd=tmp_path)
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
-    assert json.loads(line[7:]) == {"params_on_device": 1, "offload_param": 0}
+    assert json.loads(line[7:]) == {"params_on_device": 1, "offload_param": 0, "zero2_trainer_groups": [2, 2],
+                                    "zero2_matrices_only": [1, 1]}
+
+
+def test_the_trainers_optimizer_has_a_second_group_where_biases_or_norms_train():
+    """``tuning.second_param_group``: the HF Trainer's optimizer (``trainer_optimizer``) with full fine-tuning or
+    freeze tuning (norms train) has a second group; LoRA (with or without ``modules_to_save`` copies of the embedding
+    and the output layer) has none; DeepSpeed's own optimizer has one group."""
+    from zeropilot.launch.settings import Freeze
+    from zeropilot.memory.tuning import second_param_group
+
+    assert second_param_group(_inputs(trainer_optimizer=True))
+    assert second_param_group(_inputs(trainer_optimizer=True, freeze=Freeze(2)))
+    assert not second_param_group(_inputs(trainer_optimizer=True, lora_rank=16))
+    assert not second_param_group(_inputs(trainer_optimizer=True, lora_rank=16,
+                                          modules_to_save=("embed_tokens", "lm_head")))
+    assert not second_param_group(_inputs())
 
 
 def test_zero12_gradients_and_buckets_are_not_held_at_the_loss_backward():

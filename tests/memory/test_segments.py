@@ -1,6 +1,6 @@
 """The caching-allocator model behind the ZeRO-1/2 replay (memory/segments.py)."""
 
-from zeropilot.memory.segments import MIB, Allocator, _Window
+from zeropilot.memory.segments import MIB, Allocator, ExpandableAllocator, _Window
 
 
 def test_best_fit_split_and_merge_and_reserved_never_shrinks():
@@ -20,6 +20,31 @@ def test_best_fit_split_and_merge_and_reserved_never_shrinks():
     pool.free(pool.alloc(5 * MIB))  # under 10 MiB: a 20 MiB segment unless a free block fits
     assert pool.reserved == 270 * MIB
     assert pool.alloc(MIB // 2) is None  # the small pool is left out
+
+
+def test_expandable_segments_map_only_the_pages_a_request_lacks_beyond_the_free_end():
+    """``expandable_segments:True``: one address range, 20 MiB pages mapped as needed (call 1's trace
+    ``call1_q3_freeze_z2_exp`` opens with these very requests: 593.5 MiB maps 600, 8 MiB maps 20 more, the next 8 MiB
+    none, 43 MiB maps 40); a free block inside the range is used before the free end; ``empty_cache`` unmaps the whole
+    pages of free blocks, and a later request maps that hole again when it fits there."""
+    pool = ExpandableAllocator()
+    head = pool.alloc(593.5 * MIB)
+    assert pool.reserved == 600 * MIB
+    small = [pool.alloc(8 * MIB), pool.alloc(8 * MIB)]
+    assert pool.reserved == 620 * MIB
+    pool.alloc(43 * MIB)  # 10.5 MiB free at the end: 32.5 MiB lacking, two pages
+    assert pool.reserved == 660 * MIB
+    assert pool.alloc(MIB) is None  # the small pool is left out
+    pool.free(small[0])
+    pool.alloc(7 * MIB)  # the freed 8 MiB block, not the 7.5 MiB free end, which could grow
+    assert pool.reserved == 660 * MIB and pool._free == [(MIB, int(600.5 * MIB)), (int(7.5 * MIB), int(652.5 * MIB))]
+    pool.free(head)
+    pool.empty_cache()  # the 29 whole pages inside the freed 593.5 MiB go back; the blocks' other free ends hold none
+    assert pool.reserved == 80 * MIB
+    pool.alloc(590 * MIB)  # the hole (580 MiB) with the free 13.5 MiB after it: mapped again, 29 pages
+    assert pool.reserved == 660 * MIB
+    pool.alloc(100 * MIB)  # nothing free fits: the end grows by what it lacks
+    assert pool.reserved == 760 * MIB
 
 
 def test_the_gathered_window_keeps_its_budget_and_never_releases_the_layer_it_gathers():

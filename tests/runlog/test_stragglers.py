@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from zeropilot.runlog import read_run, summarize
-from zeropilot.runlog.stragglers import MIN_STEPS, StepTimes, describe, find, from_records, own_phases
+from zeropilot.runlog.stragglers import (MIN_STEPS, PROBE_WINDOW, StepTimes, describe, find, find_gpu, from_records,
+                                         own_phases)
 from zeropilot.runlog.text import render
 
 FIXTURE = Path(__file__).parent / "fixtures" / "straggler-z3"
@@ -94,3 +95,136 @@ def test_a_step_recorded_twice_and_steps_out_of_order_do_not_break_it():
     slow = _steps(10, start=1, slow=range(1, 11), slow_idle=0.5) + _steps(10, start=5, slow=range(5, 15), slow_idle=0.5)
     [s] = find({0: again, 1: slow}, 3)
     assert s["rank"] == 1
+
+
+# -- a rank's own data time (data_seconds) ------------------------------------------------------------------
+
+
+def _trainer_steps(n, data, wait=0.4):
+    """Steps as the HF Trainer records them: every rank's ``idle`` holds the slowest rank's loading (the Trainer's
+    token-count gather before the forward), only ``data`` (the DataLoader's own time) differs."""
+    return [StepTimes(s, 1.0, wait + 0.01, 0.2, data) for s in range(1, n + 1)]
+
+
+def test_the_data_time_names_the_slow_loader_the_trainers_gather_hides():
+    ranks = {0: _trainer_steps(12, 0.001), 1: _trainer_steps(12, 0.4), 2: _trainer_steps(12, 0.002)}
+    [s] = find(ranks, 2)
+    assert (s["rank"], s["evidence"], s["phase"], s["steps"]) == (1, "data", "idle", 12)
+    # the forward is own below ZeRO-3: 0.4 + 0.2 against the median of its peers' 0.201 and 0.202
+    assert s["ratio"] == round(0.6 / 0.2015, 3)
+    assert "its DataLoader takes 3.0× its peers' median" in describe(s)
+    # the same steps without their data time: the phase times alone name nobody
+    blind = {r: [StepTimes(x.step, x.seconds, x.idle, x.forward) for x in steps] for r, steps in ranks.items()}
+    assert find(blind, 2) == []
+
+
+def test_without_a_timed_dataloader_the_idle_phase_stands_in_and_says_so():
+    ranks = {0: _steps(10), 1: _steps(10, slow=range(1, 11), slow_idle=0.5)}
+    [s] = find(ranks, 3)
+    assert s["evidence"] == "phases" and "time loading its data" in describe(s)
+
+
+def test_a_slow_forward_below_zero_3_is_evidence_of_the_phases_even_with_data_times():
+    ranks = {r: [StepTimes(s, 1.0, 0.05, 0.8 if r == 1 else 0.2, 0.01) for s in range(1, 11)] for r in (0, 1, 2)}
+    [s] = find(ranks, 2)
+    assert (s["rank"], s["phase"], s["evidence"]) == (1, "forward", "phases")
+
+
+def test_a_huge_ratio_reads_as_such():
+    ranks = {0: _trainer_steps(8, 0.0001), 1: _trainer_steps(8, 0.4)}
+    [s] = find(ranks, 3)
+    assert s["ratio"] > 1000 and "over 100× its peers' median" in describe(s)
+
+
+# -- the GPU probe (gpu_probe_seconds) ----------------------------------------------------------------------
+
+
+def _probes(n, seconds=0.0005, slow=(), slow_seconds=0.001, every=10):
+    return [(every * (i + 2), slow_seconds if i in slow else seconds) for i in range(n)]
+
+
+def test_a_slow_gpu_is_named_by_its_probe():
+    ranks = {0: _probes(12), 1: _probes(12), 2: _probes(12, slow=range(12), slow_seconds=0.0011), 3: _probes(12)}
+    [s] = find_gpu(ranks, {2: {"host": "n1", "gpu": 2}})
+    assert (s["rank"], s["evidence"], s["windows"], s["probes"]) == (2, "gpu", 3, 12)
+    assert s["ratio"] == 2.2 and (s["first_step"], s["last_step"]) == (20, 130)
+    assert s["own_seconds"] == 0.0011 and s["peers_seconds"] == 0.0005
+    text = describe(s)
+    assert text.startswith("rank 2 (n1, GPU 2) has a slow GPU") and "2.2×" in text and "1.10 ms against 0.50 ms" in text
+
+
+def test_a_card_shared_in_time_slices_is_named_from_the_windows_mean():
+    """A card time-sliced with another process: some probes wait out the other's slice, others do not; no probe is
+    slow in a row, the windows' mean is."""
+    hit = [i for i in range(16) if i % 2 == 0]  # every other probe waits out a 1.5 ms slice
+    ranks = {0: _probes(16), 1: _probes(16, slow=hit, slow_seconds=0.002)}
+    [s] = find_gpu(ranks)
+    assert s["rank"] == 1 and s["windows"] == 4 and 2.4 < s["ratio"] < 2.6
+
+
+def test_probe_noise_a_short_spell_and_one_rank_alone_name_no_gpu():
+    noisy = {r: [(10 * (i + 2), 0.0005 * (1 + 0.1 * ((i * 7 + r) % 3))) for i in range(16)] for r in range(4)}
+    assert find_gpu(noisy) == []  # within 20% of each other
+    spell = {0: _probes(16), 1: _probes(16, slow=range(4, 4 + PROBE_WINDOW))}  # one slow window, not MIN_WINDOWS
+    assert find_gpu(spell) == []
+    assert find_gpu({0: _probes(16, slow=range(16))}) == []  # no peer to compare with
+
+
+def test_hostile_probe_readings_are_no_readings():
+    bad = [(10 * (i + 2), x) for i, x in enumerate([0.0, -1.0, 1e9, float("inf")] * 4)]
+    assert find_gpu({0: _probes(16), 1: bad, 2: _probes(16)}) == []
+
+
+def test_the_report_has_no_gpu_straggler_on_a_cpu_run():
+    assert summarize(read_run(FIXTURE))["gpu_stragglers"] == []
+
+
+def test_a_slow_gpu_is_named_by_the_report_and_top_from_the_records(tmp_path, capsys):
+    """Records as the guard writes them (the real writer): 3 ranks, the probe every 10 steps, rank 1's card at 2x."""
+    import json
+
+    from tests.cli.test_json_schemas import schema_errors
+    from zeropilot.cli import main
+    from zeropilot.runlog.events import EventWriter, event
+    from zeropilot.runlog.report_html import render as render_html
+
+    run = tmp_path / "run"
+    for r in range(3):
+        with EventWriter(run / f"rank-{r}.jsonl") as w:
+            w.write(event("start", r, local_rank=r, host="node-a"))
+            w.write(event("init", r, zero_stage=2, device={"name": "H100", "backend": "cuda", "index": r}))
+            for s in range(1, 101):
+                probe = {"gpu_probe_seconds": 0.00104 if r == 1 else 0.00052} if s % 10 == 0 and s >= 20 else {}
+                w.write(event("step", r, step=s, seconds=0.3, phase_seconds={"idle": 0.01, "forward": 0.1},
+                              data_seconds=0.005, **probe))
+    records = read_run(run)
+    summary = summarize(records)
+    [s] = summary["gpu_stragglers"]
+    assert (s["rank"], s["ratio"], s["windows"], s["place"]["gpu"]) == (1, 2.0, 2, 1) and summary["stragglers"] == []
+    line = "straggler: rank 1 (node-a, GPU 1) has a slow GPU: the guard's fixed matrix product takes 2.0× its peers'"
+    assert line in render(summary) and "has a slow GPU" in render_html(records, summary)
+    assert main(["top", str(run), "--once"]) == 0
+    assert line in capsys.readouterr().out
+    assert main(["top", str(run), "--once", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [x["rank"] for x in doc["gpu_stragglers"]] == [1] and schema_errors(doc, "top.schema.json") == []
+
+
+def test_a_strangers_data_times_that_are_no_times_are_left_out(tmp_path):
+    """Negative, huge, textual or boolean data times read as none: those steps fall back to their phase times."""
+    from zeropilot.runlog.events import EventWriter, event
+    from zeropilot.runlog.live import LiveRun
+
+    run = tmp_path / "run"
+    bad = [-5.0, 1e30, "0.4", True, None, float("nan")]
+    for r in range(2):
+        with EventWriter(run / f"rank-{r}.jsonl") as w:
+            for s in range(1, 13):
+                w.write(event("step", r, step=s, seconds=1.0, phase_seconds={"idle": 0.5 if r else 0.05},
+                              data_seconds=bad[s % len(bad)] if r else 0.01, gpu_probe_seconds=bad[s % len(bad)]))
+    [s] = from_records(read_run(run))
+    # rank 1's own time is its idle phase (0.5 s), rank 0's its DataLoader's (0.01 s): each rank's best evidence
+    assert s["rank"] == 1 and s["evidence"] == "phases" and s["ratio"] == 50.0
+    live = LiveRun.open(run)
+    live.refresh()
+    assert [x["evidence"] for x in live.stragglers()] == ["phases"] and live.gpu_stragglers() == []

@@ -83,6 +83,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, metavar="S", help="collective timeout a save must beat (default 600)")
     p.add_argument("--card", metavar="NAME", help="the card whose speed figures the time model uses when --gpus gives "
                                                   "memory only (4x16GiB --card K100); default: --gpus's card")
+    p.add_argument("--inter-node-gbps", type=float, metavar="GBPS",
+                   help="with --nodes 2+: one node's network to the others, all its ports, Gb/s each way (a DGX "
+                        "H100's eight 400 Gb/s ports: 3200); default: a profile measured across nodes, else an "
+                        "assumed 400, named in the plan")
     p.add_argument("--samples", type=int, metavar="N", help="training samples in the dataset: with the launch's epochs, "
                                                             "the run's length and time")
     p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps of the run (as max_steps)")
@@ -294,10 +298,19 @@ def _speed(args: argparse.Namespace, inputs):
     """The card's speed figures: ``--card``, else the card ``--gpus`` named, else the hardware profile's GPU (a
     profile's measured figures win for its own card, and a card's own profile is found where none is given); a card
     the table does not know has a stand-in, said in the figures' notes."""
+    import math
+
+    from zeropilot.memory.links import with_inter_node
     from zeropilot.memory.speed import speed_of
 
     card = args.card or (inputs.hardware.card if inputs.hardware is not None else None)
-    return speed_of(card, args._profile, inputs.world_size)
+    speed = speed_of(card, args._profile, inputs.world_size)
+    gbps = getattr(args, "inter_node_gbps", None)
+    if gbps is not None and not (math.isfinite(gbps) and 0 < gbps <= 1e6):
+        raise InputError(f"--inter-node-gbps {gbps}: give one node's network in Gb/s, more than 0 (400 for one "
+                         "InfiniBand NDR port)")
+    nodes = inputs.hardware.nodes if inputs.hardware is not None else 1
+    return with_inter_node(speed, gbps) if nodes > 1 or gbps is not None else speed
 
 
 def _gpu_hour_cost(args: argparse.Namespace):

@@ -120,6 +120,7 @@ def straggler_lines(found: List[Dict[str, Any]]) -> List[str]:
 def screen(live, now: float) -> List[str]:
     """The whole table: a header, the verdict so far, one line per rank (past ``runlog.spread.MANY_RANKS`` ranks:
     each column's distribution over the ranks and nodes, the outliers by name and their rows)."""
+    from zeropilot.runlog import stragglers as strag
     from zeropilot.runlog.spread import MANY_RANKS
     from zeropilot.runlog.text import clean
 
@@ -129,12 +130,12 @@ def screen(live, now: float) -> List[str]:
     elapsed = f"  {_secs(end - started)} elapsed" if isinstance(started, (int, float)) else ""
     lines = [clean(f"zeropilot top  {live.root}  {time.strftime('%H:%M:%S', time.localtime(now))}{elapsed}"),
              clean(f"  {command}")[:400], verdict_line(live.verdict_so_far())]
-    found = live.stragglers()
-    lines += straggler_lines(found[:3]) + [""]
-    if len(live.ranks) > MANY_RANKS:
-        lines += spread_screen(live, now, found)
+    found = live.stragglers() + live.gpu_stragglers()
+    if len(live.ranks) > MANY_RANKS:  # at most 3 of each evidence in words: the screen stays one screen
+        lines += straggler_lines(strag.few(found)) + [""] + spread_screen(live, now, found)
     else:
-        lines += [_row(list(COLUMNS))] + [rank_row(live.ranks[r], now) for r in sorted(live.ranks)]
+        lines += straggler_lines(found) + ["", _row(list(COLUMNS))]
+        lines += [rank_row(live.ranks[r], now) for r in sorted(live.ranks)]
     lines += [clean(f"note: {p}") for p in live.problems[:3]]
     return lines
 
@@ -148,7 +149,8 @@ def _top_figures():
             Figure("own_seconds", "OWN-T (data)", "seconds"), Figure("allocated_bytes", "ALLOC", "bytes"),
             Figure("reserved_bytes", "RESERVED", "bytes"), Figure("peak_bytes", "PEAK", "bytes"),
             Figure("peak_share", "PEAK/LIMIT", "ratio"), Figure("outside_torch_bytes", "OUTSIDE", "bytes"),
-            Figure("host_rss_bytes", "HOST-RSS", "bytes", "sum"), Figure("beat_age_s", "BEAT", "seconds"))
+            Figure("host_rss_bytes", "HOST-RSS", "bytes", "sum"), Figure("gpu_probe_seconds", "GPU probe", "seconds"),
+            Figure("beat_age_s", "BEAT", "seconds"))
 
 
 def live_rows(live, now: float) -> List[Dict[str, Any]]:
@@ -169,6 +171,7 @@ def live_rows(live, now: float) -> List[Dict[str, Any]]:
                      "peak_bytes": peak, "peak_share": peak / st.limit if peak is not None and st.limit else None,
                      "outside_torch_bytes": st.mem.get("outside_torch_bytes"),
                      "host_rss_bytes": st.mem.get("host_rss_bytes"),
+                     "gpu_probe_seconds": st.probes[-1][1] if st.probes else None,
                      "beat_age_s": None if st.ended or st.error or st.oom else seconds_since(beat_t, now)})
     return rows
 
@@ -185,8 +188,10 @@ def spread_state(live, now: float, found: List[Dict[str, Any]]) -> Dict[str, Any
     rows = live_rows(live, now)
     figures = spread.distributions(rows, _top_figures())
     by = {d["key"]: d for d in figures}
-    outliers = [{"kind": "straggler", "rank": s["rank"], "figure": "own_seconds", "value": s["own_seconds"],
-                 "median": s["peers_seconds"], "ratio": s["ratio"], "reason": None} for s in found]
+    outliers = [{"kind": "straggler", "evidence": s.get("evidence"), "rank": s["rank"],
+                 "figure": "gpu_probe_seconds" if s.get("evidence") == "gpu" else "own_seconds",
+                 "value": s["own_seconds"], "median": s["peers_seconds"], "ratio": s["ratio"], "reason": None}
+                for s in found]
     memory = spread.memory_outlier(rows, ("peak_bytes", "reserved_bytes", "host_rss_bytes"))
     if memory is not None:
         outliers.append(dict(memory, reason=None))
@@ -202,6 +207,7 @@ def spread_state(live, now: float, found: List[Dict[str, Any]]) -> Dict[str, Any
                  for o in spread.verdict_outliers(live.verdict_so_far())]
     where = {r["rank"]: r for r in rows}
     for o in outliers:
+        o.setdefault("evidence", None)
         o.update(node=where.get(o["rank"], {}).get("node"), host=where.get(o["rank"], {}).get("host"))
     return {"ranks": len(rows), "nodes": len({r["node"] for r in rows if r["node"]}), "figures": figures,
             "outliers": outliers}
@@ -254,6 +260,8 @@ def spread_screen(live, now: float, found: List[Dict[str, Any]]) -> List[str]:
 def _short(unit: str, value: Optional[float]) -> str:
     if unit == "bytes":
         return _size(None if value is None else int(value))
+    if unit == "seconds" and value is not None and 0 < value < 0.1:
+        return f"{1e3 * value:.1f}ms"  # a GPU probe reading: milliseconds
     if unit == "seconds":
         return _secs(value)
     if unit == "ratio":
@@ -299,7 +307,8 @@ def document(live, now: float, final: Optional[Dict[str, Any]] = None) -> Dict[s
         "command": [str(c) for c in command] if isinstance(command, list) else [],
         "ended": live.ended, "verdict_so_far": live.verdict_so_far(),
         "ranks": [rank_json(live.ranks[r], now) for r in sorted(live.ranks)], "stragglers": live.stragglers(),
-        "spread": spread_state(live, now, live.stragglers()),
+        "gpu_stragglers": live.gpu_stragglers(),
+        "spread": spread_state(live, now, live.stragglers() + live.gpu_stragglers()),
         "final": final, "problems": list(live.problems)})
 
 
@@ -364,9 +373,10 @@ def run(args: argparse.Namespace) -> int:
                 if verdict != last_verdict:
                     out.write(verdict + "\n")
                     last_verdict = verdict
-                named = [s["rank"] for s in live.stragglers()]
+                found = live.stragglers() + live.gpu_stragglers()
+                named = [(s["rank"], s.get("evidence")) for s in found]
                 if named != last_named:  # a straggler appears or goes: said once, not at every step
-                    out.write("".join(ln + "\n" for ln in straggler_lines(live.stragglers())) if named else
+                    out.write("".join(ln + "\n" for ln in straggler_lines(found)) if named else
                               "stragglers: none now\n")
                     last_named = named
             out.flush()

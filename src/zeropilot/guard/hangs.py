@@ -19,6 +19,11 @@ writing a checkpoint, or in the user's own code. The verdict of ``hang.json`` na
 - ``collective_mismatch``: the ranks wait in different collectives, or the flight recorder shows different
   collectives or sizes at the same sequence number;
 - ``collective``: every rank waits in the same collective (a peer outside this job, the network, the transport).
+
+Whatever the class, the ranks that straggled in the steps before the stall (their own data time or their GPU probe
+far above their peers': :mod:`zeropilot.runlog.stragglers`, over each rank's newest records) are named in the
+cause, and kept in ``stragglers_before``; where every rank waits in the same collective and the flight recorder
+shows none behind, they are the likely culprits.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from zeropilot.runlog import frames as runlog_frames
 from zeropilot.runlog.layout import STACKS_MARKER
+from zeropilot.runlog.stragglers import describe
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "all_to_all",
@@ -206,10 +212,33 @@ def _mismatch(states: List[RankState], fr: Optional[Dict[str, Any]]) -> Optional
 
 
 def hang_verdict(states: List[RankState], world_size: Optional[int], timeout_s: float,
-                 locks: Optional[List[Dict[str, Any]]] = None, fr: Optional[Dict[str, Any]] = None
-                 ) -> Dict[str, Any]:
-    """The ``verdict`` object of ``hang.json``: class, culprit ranks, where, reason, cause, fixes."""
-    locks = locks or []
+                 locks: Optional[List[Dict[str, Any]]] = None, fr: Optional[Dict[str, Any]] = None,
+                 slow: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
+    """The ``verdict`` object of ``hang.json``: class, culprit ranks, where, reason, cause, fixes; ``slow``: the
+    stragglers of the steps before the stall (``runlog.stragglers.find`` / ``find_gpu`` findings)."""
+    verdict = _judge(states, world_size, timeout_s, locks or [], fr)
+    return _before_stall(verdict, slow or [], {s.rank for s in states}, _behind(fr))
+
+
+def _before_stall(verdict: Dict[str, Any], slow: List[Dict[str, Any]], ranks: set, behind: List[int]
+                  ) -> Dict[str, Any]:
+    """The stragglers of the steps before the stall, in the cause (the first two in words) and as records; the
+    culprits of a stall where every rank waits in one collective and the flight recorder shows none behind."""
+    if not slow:
+        return verdict
+    words = "; ".join(describe(s) for s in slow[:2])
+    culprits = sorted({s["rank"] for s in slow} & ranks)
+    if verdict["class"] == "collective" and not behind and culprits:
+        verdict["ranks"] = culprits
+        verdict["cause"] += f"; the likely cause, straggling before the stall: {words}"
+    else:
+        verdict["cause"] += f". Before the stall, {words}"
+    verdict["stragglers_before"] = slow
+    return verdict
+
+
+def _judge(states: List[RankState], world_size: Optional[int], timeout_s: float, locks: List[Dict[str, Any]],
+           fr: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     seen = {s.rank for s in states}
     missing = [r for r in range(world_size or 0) if r not in seen]
     lines = [_describe(s) for s in sorted(states, key=lambda s: s.rank)]
@@ -304,9 +333,9 @@ def hang_verdict(states: List[RankState], world_size: Optional[int], timeout_s: 
                         [s for s in states if s.rank in odd], base, lines)
     behind = _behind(fr)
     return _verdict("collective", behind or [s.rank for s in states],
-                    "every rank waits in the same collective: a peer outside this job, the network, or the "
-                    "transport" + (f"; the flight recorder shows rank(s) {', '.join(map(str, behind))} behind"
-                                   if behind else ""),
+                    "every rank waits in the same collective: a peer outside this job, the network, the transport, "
+                    "or a rank whose kernels run behind"
+                    + (f"; the flight recorder shows rank(s) {', '.join(map(str, behind))} behind" if behind else ""),
                     ["compare the ranks' stacks in stacks-rank-N.txt",
                      "with NCCL: python -m torch.distributed.flight_recorder.fr_trace on the nccl-trace-rank-N files",
                      "check the network between the nodes (NCCL_DEBUG=INFO) and NCCL_SOCKET_IFNAME"],

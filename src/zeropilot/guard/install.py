@@ -79,6 +79,13 @@ def _on_cuda(module: Any) -> None:
     module._lazy_init = _lazy_init
 
 
+def _on_dataloader(module: Any) -> None:
+    """A rank's own data time: every DataLoader iterator's ``__next__`` (``guard.data_time``)."""
+    from zeropilot.guard.data_time import patch_dataloader_module
+
+    patch_dataloader_module(module)
+
+
 def _on_file_baton(module: Any) -> None:
     """Op-build locks this process takes and gives back, for the supervisor (never leave one behind)."""
     from zeropilot.guard.locks import patch_file_baton
@@ -201,5 +208,6 @@ def install() -> None:
     when_imported("torch.distributed.distributed_c10d", _on_c10d)
     when_imported("torch.cuda", _on_cuda)
     when_imported("torch.utils.file_baton", _on_file_baton)
+    when_imported("torch.utils.data.dataloader", _on_dataloader)
     _excepthook()
     _go_live_if_rank()

@@ -82,6 +82,8 @@ class _RankWindow:
     def __init__(self) -> None:
         self.figures: Dict[str, float] = {}  # the newest step's memory figures
         self.step_seconds: List[float] = []
+        self.data_seconds: List[float] = []  # the rank's own data time per step (guard.data_time)
+        self.probe: Optional[float] = None  # the newest GPU probe reading (guard.gpu_probe)
         self.steps = 0  # step records in this window
         self.save_seconds: Optional[float] = None
         self.save_bytes: Optional[float] = None
@@ -102,6 +104,11 @@ class _RankWindow:
             seconds = _num(rec.get("seconds"))
             if seconds is not None:
                 self.step_seconds.append(seconds)
+            data, probe = _num(rec.get("data_seconds")), _num(rec.get("gpu_probe_seconds"))
+            if data is not None:
+                self.data_seconds.append(data)
+            if probe is not None:
+                self.probe = probe
         elif kind == "save":
             seconds, size = _num(rec.get("seconds")), _num(rec.get("bytes"))
             if seconds is not None:
@@ -115,11 +122,16 @@ class _RankWindow:
         out["steps"] = float(self.steps)
         if self.step_seconds:
             out["step_seconds"] = sum(self.step_seconds) / len(self.step_seconds)
+        if self.data_seconds:
+            out["data_seconds"] = sum(self.data_seconds) / len(self.data_seconds)
+        if self.probe is not None:
+            out["gpu_probe_ms"] = 1e3 * self.probe
         if self.save_seconds is not None:
             out["save_seconds"] = self.save_seconds
         if self.save_bytes is not None:
             out["save_gib"] = self.save_bytes / GIB
         self.step_seconds, self.steps, self.save_seconds, self.save_bytes = [], 0, None, None
+        self.data_seconds, self.probe = [], None
         return out
 
 
@@ -151,7 +163,8 @@ class Figures:
 
     def stragglers(self, pre: str) -> Dict[str, float]:
         """``stragglers`` (how many ranks straggle over their newest steps: ``runlog.stragglers``) and, when one
-        does, the slowest one's ``straggler_rank`` and ``straggler_ratio`` (its own seconds over its peers').
+        does, the slowest one's ``straggler_rank`` and ``straggler_ratio`` (its own seconds over its peers'); the same
+        for a slow GPU over the newest probes (``gpu_stragglers``, ``gpu_straggler_rank``, ``gpu_straggler_ratio``).
 
         Compared every :data:`STRAGGLERS_EVERY` steps over the newest :data:`STRAGGLERS_WINDOW` (under a millisecond
         for 8 ranks on a loaded 2-core CPU, ``timeit``: at every step of a DeepSpeed monitor it would be felt);
@@ -163,17 +176,15 @@ class Figures:
         return dict(self._stragglers[1])
 
     def _compare(self, pre: str) -> Dict[str, float]:
-        from zeropilot.runlog.stragglers import find
+        from zeropilot.runlog.stragglers import find, find_gpu
 
-        if not any(st.idle is not None for s in self.live.values() for st in s.recent):
-            return {}  # no step with phase times yet: nothing to compare
-        stage = next((s.zero_stage for s in self.live.values() if s.zero_stage is not None), None)
-        found = find({r: list(s.recent)[-STRAGGLERS_WINDOW:] for r, s in self.live.items()}, stage)
-        out = {pre + "stragglers": float(len(found))}
-        if found:
-            out[pre + "straggler_rank"] = float(found[0]["rank"])
-            if found[0]["ratio"] is not None:
-                out[pre + "straggler_ratio"] = float(found[0]["ratio"])
+        out: Dict[str, float] = {}
+        if any(st.idle is not None or st.data is not None for s in self.live.values() for st in s.recent):
+            stage = next((s.zero_stage for s in self.live.values() if s.zero_stage is not None), None)
+            out.update(_named(pre, "", find({r: list(s.recent)[-STRAGGLERS_WINDOW:] for r, s in self.live.items()},
+                                            stage)))
+        if any(s.probes for s in self.live.values()):  # absent until a GPU probe was read (never on a CPU)
+            out.update(_named(pre, "gpu_", find_gpu({r: list(s.probes) for r, s in self.live.items()})))
         return out
 
     def take(self, every_rank: bool, pre: str) -> Dict[str, float]:
@@ -196,6 +207,16 @@ class Figures:
             for r, figures in per_rank.items():
                 out.update({f"{pre}rank{r}/{name}": value for name, value in figures.items()})
         return out
+
+
+def _named(pre: str, kind: str, found: List[Dict[str, Any]]) -> Dict[str, float]:
+    """``{kind}stragglers`` and, when one is found, the slowest one's ``{kind}straggler_rank`` and ratio."""
+    out = {f"{pre}{kind}stragglers": float(len(found))}
+    if found:
+        out[f"{pre}{kind}straggler_rank"] = float(found[0]["rank"])
+        if found[0]["ratio"] is not None:
+            out[f"{pre}{kind}straggler_ratio"] = float(found[0]["ratio"])
+    return out
 
 
 class _Sink:

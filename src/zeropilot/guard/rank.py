@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 from zeropilot.runlog.events import EventWriter, event
 from zeropilot.runlog.layout import RunDir, write_json_atomic
 from zeropilot.runlog.nodes import rank_place
-from zeropilot.guard import telemetry
+from zeropilot.guard import gpu_probe, telemetry
 
 RUN_DIR_ENV = "ZEROPILOT_RUN_DIR"
 STACK_SIGNAL_ENV = "ZEROPILOT_STACK_SIGNAL"  # which signal makes a rank dump its stacks (default SIGUSR2)
@@ -93,6 +93,12 @@ class RankGuard:
         self.phase_since = time.time()
         self._phase_seconds: Dict[str, float] = {}  # seconds per phase since the last step ended (step record)
         self._counted_to = self.phase_since  # when the phase in progress was last counted into _phase_seconds
+        # seconds the main thread waited in a DataLoader iterator's __next__ since the last step ended (guard.data_time):
+        # the rank's own data time, whatever the framework does after it; recorded once a DataLoader handed a batch
+        self.data_seconds = 0.0
+        self.data_seen = False
+        self.in_data = False  # inside a timed __next__ (a DataLoader iterated inside a dataset is not counted twice)
+        self.probe = gpu_probe.Schedule()  # the GPU's own speed, every few steps (guard.gpu_probe); off on a CPU
         self.progress = 0
         self.last_step_end: Optional[float] = None
         self.last_save: Optional[Dict[str, Any]] = None  # {step, t} of the last save that ended
@@ -116,7 +122,7 @@ class RankGuard:
         self.steps_seen = 0  # optimizer steps whose batches were seen (the history keeps the last SEQ_HISTORY)
         self._beat_written = (None, -1, -1)
         self.activity = 0  # grows when the main thread's call stack changed since the last beat
-        self._main_ident = threading.main_thread().ident
+        self.main_ident = threading.main_thread().ident
         self._fingerprint: Any = None
         self._fr_done = time.time()  # flight-recorder requests older than this were answered (or predate us)
         self._stop = threading.Event()
@@ -206,7 +212,7 @@ class RankGuard:
 
         A rank busy in Python (DeepSpeed's ZeRO-3 init, data loading) changes its stack between samples;
         a rank blocked in a collective, a sleep or a lock-polling loop keeps the same one."""
-        frame = sys._current_frames().get(self._main_ident)
+        frame = sys._current_frames().get(self.main_ident)
         codes = []
         while frame is not None and len(codes) < 64:
             codes.append(id(frame.f_code))
@@ -299,6 +305,12 @@ class RankGuard:
         self._count_phase(now)
         fields: Dict[str, Any] = {"phase_seconds": {k: round(v, 6) for k, v in self._phase_seconds.items()}}
         self._phase_seconds = {}
+        if self.data_seen:
+            fields["data_seconds"] = round(self.data_seconds, 6)
+            self.data_seconds = 0.0
+        probe = self.probe.at_step_end(self.step, _torch())
+        if probe is not None:
+            fields["gpu_probe_seconds"] = round(probe, 7)
         if batch is not None:
             self.seq_history.append(batch[2])
             self.steps_seen += 1

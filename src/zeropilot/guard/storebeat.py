@@ -109,7 +109,7 @@ class StoreBeat:
                 "node_rank": self.place.get("node_rank"), "local_rank": self.place.get("local_rank"),
                 "world_size": self.place.get("world_size"), "phase": g.phase, "phase_since": g.phase_since,
                 "step": g.step, "progress": g.progress, "activity": g.activity,
-                "frames": main_frames(g._main_ident)}
+                "frames": main_frames(g.main_ident)}
 
     def publish(self) -> bool:
         """One heartbeat into the store; False when the store did not answer (retried every :data:`RETRY_S`)."""

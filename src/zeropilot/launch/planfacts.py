@@ -208,6 +208,9 @@ def _ds_config(r: _Reader, doc: Document, hf: Optional[bool]) -> None:
     _offload(r, ds, doc)
     if ds.torch_adam_key:
         r.key("torch_adam", ds.torch_adam, doc, ds.torch_adam_key)
+    if hf and ds.optimizer is None:
+        r.set("trainer_optimizer", True, implied(doc.path, "no optimizer section: the HF Trainer builds its own "
+                                                           "(create_optimizer: two weight-decay groups)"))
     zero = doc.value("zero_optimization")
     if not isinstance(zero, dict):
         return

@@ -7,9 +7,10 @@ said in the result's ``measured`` and ``assumed`` lists.
 Traffic per optimizer step, the 16-bit parameters ``P`` and trainable parameters ``T`` at 2 bytes each, ``ga`` micro
 batches (the assumed model of DeepSpeed 0.19.8's collectives, not measured here):
 
-- ZeRO-3: per micro batch two all-gathers of every parameter (the forward and the backward: released parameters are
-  gathered again; persistent small parameters and prefetch reuse are ignored) and one reduce-scatter of the
-  gradients: ``ga * (2 * 2P)`` gathered and ``ga * 2T`` reduce-scattered bytes;
+- ZeRO-3: per micro batch the partitioned parameters each use gathers, as :mod:`zeropilot.memory.schedule` walks
+  them (forward, backward and recomputation; a tensor kept between two uses, by the reuse distance or because the
+  prefetcher passed its next use, is not gathered again; small persistent ones never), about ``2 * 2P``, and one
+  reduce-scatter of the gradients: ``ga * gathered`` and ``ga * 2T`` bytes;
 - ZeRO-2: per micro batch one reduce-scatter of the gradients, then one all-gather of the updated 16-bit
   partitions: ``ga * 2T`` and ``2T``;
 - ZeRO-1: the gradients reduce-scattered once at the accumulation boundary, then the all-gather: ``2T`` and ``2T``;
@@ -17,8 +18,8 @@ batches (the assumed model of DeepSpeed 0.19.8's collectives, not measured here)
 
 Seconds = bytes x (n - 1) / n / busbw per collective: the time a ring moves them at that bus bandwidth. Across nodes
 the ``world`` figure (every rank, as ZeRO's groups are) measured across the profile's nodes is used; on one node the
-``intra_node`` one. Compute, and how much of the communication overlaps it (``overlap_comm``, prefetching), are not
-modelled: the step takes at least this long only where nothing overlaps.
+``intra_node`` one. This is the bound without overlap: the step takes at least this long only where nothing
+overlaps; the step time (:mod:`zeropilot.memory.schedule`) lays the same collectives over the compute.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def traffic(inputs: PlanInputs) -> Dict[str, int]:
     counts = count_params(inputs.arch)
     p, t, ga = 2 * counts.total, 2 * trainable_params(inputs, counts), inputs.grad_accum
     if inputs.stage == 3:
-        return {"all_gather": ga * 2 * p, "reduce_scatter": ga * t}
+        from zeropilot.memory.schedule import BYTES, gathered
+
+        return {"all_gather": int(ga * BYTES * gathered(inputs)), "reduce_scatter": ga * t}
     if inputs.stage == 2:
         return {"all_gather": t, "reduce_scatter": ga * t}
     return {"all_gather": t, "reduce_scatter": t}
@@ -84,8 +87,8 @@ def step_comm(inputs: PlanInputs, profile=None) -> StepComm:
     bytes_ = traffic(inputs)
     assumed = [f"traffic per optimizer step: the ZeRO-{inputs.stage} model of memory/comm.py (16-bit parameters and "
                f"gradients, {inputs.grad_accum} micro batch(es) per step)",
-               "compute and its overlap with communication: not modelled (the step takes at least this long only "
-               "where nothing overlaps)"]
+               "no overlap with the compute here (the step takes at least this long only where nothing overlaps); "
+               "the step time's collectives (time.collectives) lay them over the compute"]
     base = dict(gathered_bytes=bytes_["all_gather"], reduced_bytes=bytes_["reduce_scatter"], assumed=assumed)
     if n < 2:
         return StepComm(seconds=0.0, link=None, reason="one rank: no collective", **base)

@@ -30,7 +30,8 @@ class Constants:
         fit_gap_state: reserved-but-unallocated bytes per byte of fp32 optimizer state on the GPU (fitted).
         fit_gap_trans: reserved-but-unallocated bytes per byte of the larger transient (fitted).
         fit_gap_overlap: extra reserved bytes per byte of reduce bucket with overlap_comm (fitted).
-        gap_expandable: share of the gap left with expandable segments.
+        gap_expandable: share of the fitted gap left with expandable segments, where no allocator replay applies
+            (set by hand; the replay models the expandable allocator itself: ``segments.ExpandableAllocator``).
         non_torch_zero12 / non_torch_zero3: memory outside PyTorch at world size 1 (FACTS F, measured) with
             the model built on the GPU (ZeRO-3: without ``zero.Init``).
         non_torch_zero3_init: the same for ZeRO-3 built inside ``zero.Init`` (NVML per process, H200).

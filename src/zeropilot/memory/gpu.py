@@ -305,7 +305,8 @@ def _non_torch(inputs: PlanInputs, c: Constants) -> Component:
 
 def _gap(inputs: PlanInputs, optimizer_bytes: int, transient: int, step_bytes: int, largest: int,
          c: Constants) -> Component:
-    """Reserved but unallocated memory of the caching allocator at the peak (fitted).
+    """Reserved but unallocated memory of the caching allocator at the peak (fitted), where no allocator replay
+    applies (with ``expandable_segments`` scaled by ``gap_expandable``, set by hand).
 
     ZeRO-1/2 and ZeRO-3 at world size 1 scale with the optimizer state on the GPU; ZeRO-3 at world size
     > 1 frees and re-allocates each sub-group's step temporaries (the gap scales with them, not with the
@@ -568,21 +569,22 @@ def kept_input(inputs: PlanInputs) -> float:
     return 2.0 * inputs.arch.hidden * inputs.micro_batch * inputs.seq_len
 
 
-def _gradient_units(inputs: PlanInputs, trainable: int) -> List[Tuple[float, Optional[int]]]:
-    """The trainable tensors in the order DeepSpeed flattens them (the model's), as (elements, decoder layer or None):
-    every tensor of full fine-tuning, the freeze-tuned ones, or LoRA's ``modules_to_save`` copies beside its adapters
-    (each layer's adapters counted as one tensor of that layer)."""
+def _gradient_units(inputs: PlanInputs, trainable: int) -> List[Tuple[float, Optional[int], bool]]:
+    """The trainable tensors in the order DeepSpeed flattens them (the model's), as (elements, decoder layer or None,
+    whether it is one tensor): every tensor of full fine-tuning, the freeze-tuned ones, or LoRA's ``modules_to_save``
+    copies beside its adapters (each layer's adapters counted as one unit of that layer, not one tensor)."""
     a = inputs.arch
     listed = tuning.trainable_list(inputs)
     if listed is None:
-        edge = [(float(a.vocab * a.hidden), None)]
-        return edge + [(float(x), i) for i in range(a.layers) for x in layer_tensor_sizes(a, i)] + edge[:not a.tied]
-    units = [(float(p.numel), p.layer) for p in listed]
+        edge = [(float(a.vocab * a.hidden), None, True)]
+        return edge + [(float(x), i, True) for i in range(a.layers) for x in layer_tensor_sizes(a, i)] \
+            + edge[:not a.tied]
+    units = [(float(p.numel), p.layer, True) for p in listed]
     adapters = trainable - sum(p.numel for p in listed)
     if inputs.lora_rank and adapters > 0:
         per = adapters / a.layers
         tail = 1 if len(units) > 1 and units[-1][1] is None else 0  # the output layer's copy comes last
-        units = units[:len(units) - tail] + [(per, i) for i in range(a.layers)] + units[len(units) - tail:]
+        units = units[:len(units) - tail] + [(per, i, False) for i in range(a.layers)] + units[len(units) - tail:]
     return units
 
 
@@ -603,11 +605,11 @@ def _first_reduction(inputs: PlanInputs, trainable: int) -> Tuple[int, float]:
         return a.layers, flat(trainable)
     units = _gradient_units(inputs, trainable)
     offsets, offset = [], 0.0
-    for size, _ in units:
+    for size, _, _ in units:
         offsets.append(offset)
         offset += size
     arrival = [(size, a.layers if layer is None and k == 0 else 0 if layer is None else a.layers - 1 - layer, at)
-               for k, ((size, layer), at) in reversed(list(enumerate(zip(units, offsets))))]
+               for k, ((size, layer, _), at) in reversed(list(enumerate(zip(units, offsets))))]
     part, bucket, held, mine = trainable / n, float(inputs.reduce_bucket_size), 0.0, False
     for size, done, at in arrival:
         if held and held + size > bucket:
@@ -619,17 +621,46 @@ def _first_reduction(inputs: PlanInputs, trainable: int) -> Tuple[int, float]:
     return a.layers, flat(held)
 
 
+def _rank0_partition(inputs: PlanInputs, trainable: int, trained: List[int],
+                     listed: Optional[list]) -> Tuple[List[float], float]:
+    """Rank 0's partition of ZeRO-1/2's flattened trainable tensors (the first 1/N, in the model's order): the elements
+    of each listed tensor in it, whose gradient norms DeepSpeed takes in fp64 one tensor at a time, and the elements of
+    the gradient partition ``copy_grads_in_partition`` allocates, every trainable tensor that reaches into it, whole
+    (``grads_in_partition``: the sum of ``numel()`` over ``params_in_partition``; stage_1_and_2.py, 0.19.8).
+
+    With LoRA and ``modules_to_save`` the adapters train beside the copies and are flattened with them, in the model's
+    order (:func:`_gradient_units`), so they are in that partition too: at world size 1 it is every trainable
+    element (call 1's trace ``call1_y9_mts_z2``, event 39818: 1103.9 MiB, the copies' 1000 MiB and the adapters'
+    104 MiB). Their norms are left out of the pieces: each adapter is a small tensor (rank x width), its fp64 copy
+    taken and released at once."""
+    part = trainable / inputs.world_size
+    if listed is not None and inputs.lora_rank:  # the copies and each layer's adapters, in the model's order
+        units = [(size, one) for size, _, one in _gradient_units(inputs, trainable)]
+    else:
+        units = [(float(n), True) for n in trained]
+    owned: List[float] = []
+    whole, start = 0.0, 0.0
+    for n, own in units:
+        if start >= part:
+            break
+        if own:
+            owned.append(min(n, part - start))
+        whole += n
+        start += n
+    return owned, whole
+
+
 def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[dict]:
     """ZeRO-1/2: the arguments of :func:`~zeropilot.memory.segments.zero12_reserved` for this launch: its large
-    tensors, from the same activation and logits sizes as the estimate. None for ZeRO-3, and with
-    ``expandable_segments`` (blocks grow in place; segments are not what sets the peak).
+    tensors, from the same activation and logits sizes as the estimate, replayed through the expandable-segments
+    allocator under ``expandable_segments``. None for ZeRO-3.
 
     Freeze tuning and LoRA's ``modules_to_save`` train a subset: only those tensors are built, flattened and
     released, the rest stay where they were built; the output layer's and the embedding's gradients exist only when
     they train; the frozen layers before the first trainable one run without autograd and keep nothing for the
     backward, each one's input released once its output exists (:func:`front_layer`: the checkpointed first forward's
     tensors, and the key/value cache's copies where the run keeps one, until the logits go)."""
-    if inputs.stage not in (1, 2) or inputs.expandable_segments or not tuning.replayed(inputs, zero12=True):
+    if inputs.stage not in (1, 2) or not tuning.replayed(inputs, zero12=True):
         return None  # tuning.replayed: quantization, fused losses ... were never traced
     a = inputs.arch
     tokens = inputs.micro_batch * inputs.seq_len
@@ -648,14 +679,7 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
     no_grad_layer = layer_tensors(inputs, no_grad=True)
     h2 = kept_input(inputs)
     edges = (h2, final_norm(inputs))  # the embedding's output; the final norm
-    part = trainable / inputs.world_size
-    owned, whole, start = [], 0.0, 0.0  # rank 0's partition: the first 1/N of the flattened trainable tensors
-    for n in trained:
-        if start >= part:
-            break
-        owned.append(min(n, part - start))
-        whole += n  # the gradient partition holds every tensor that reaches into it, whole
-        start += n
+    owned, whole = _rank0_partition(inputs, trainable, trained, listed)
     first = _first_reduction(inputs, trainable)
     front = tuning.first_saving_layer(inputs)  # freeze tuning: the frozen layers before the first trainable one
     trains = tuning.output_trains(inputs)
@@ -671,7 +695,8 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
                 embedding_grad=2.0 * a.vocab * a.hidden if embedding else 0.0, tied=a.tied,
                 softcap=a.logit_softcap, norm_pieces=owned, grad_partition=2.0 * whole, first_reduction=first,
                 eight_bit=inputs.optimizer == "adamw_8bit", frozen_layers=front,
-                front_layer=front_layer(inputs) if front else None)
+                front_layer=front_layer(inputs) if front else None, expandable=inputs.expandable_segments,
+                second_group=tuning.second_param_group(inputs), foreach=inputs.torch_adam)
 
 
 def zero12_segments(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Constants) -> Optional[int]:
@@ -701,7 +726,7 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
     else:
         replayed = (not lora and gpu_optimizer) or (lora and not gpu_optimizer and inputs.world_size == 1)
     listed = tuning.trainable_list(inputs)  # freeze tuning, modules_to_save: replayed with the parameters on the GPU
-    if inputs.stage != 3 or inputs.expandable_segments or not replayed \
+    if inputs.stage != 3 or not replayed \
             or not tuning.replayed(inputs, zero12=on_gpu and inputs.world_size == 1) \
             or inputs.optimizer != "adamw":  # ZeRO-3's sub-group steps with the 8-bit states: never replayed
         return None
@@ -766,7 +791,8 @@ def zero3_replay(inputs: PlanInputs) -> Optional[dict]:
                 flat=2.0 * part if on_gpu else 0.0,
                 side_stream=2.0 * min(inputs.reduce_bucket_size, part) if inputs.overlap else 0.0,
                 init_order=order if inputs.zero_init else [], frozen_layers=front,
-                front_layer=front_layer(inputs) if front else None)
+                front_layer=front_layer(inputs) if front else None, expandable=inputs.expandable_segments,
+                foreach=inputs.torch_adam)
 
 
 def zero3_segments(inputs: PlanInputs, steps: int = 2) -> Optional[int]:
@@ -891,9 +917,14 @@ def estimate_gpu(inputs: PlanInputs, c: Constants = DEFAULT) -> GpuMemory:
             what = ("" if inputs.zero_init else "the whole-model build's blocks stay cached (no zero.Init), and ") + (
                 "the optimizer step's fp32 blocks, one sub-group at a time, take new segments once smaller "
                 "sub-groups' states have split the cached ones")
-        gap = Component(gap.name, segs - allocated, gap.phase,
-                        f"caching-allocator segments: replaying the run's large tensors through the allocator's "
-                        f"best-fit policy reserves {_gib(segs)}: {what} (memory/segments.py)")
+        if inputs.expandable_segments:  # one address range, 20 MiB pages mapped as needed: no whole-block demand
+            why = (f"expandable segments: replaying the run's large tensors through the allocator's policy maps "
+                   f"{_gib(segs)} of pages; the blocks freed inside the mapped range are what a later request does "
+                   "not fit (memory/segments.py ExpandableAllocator)")
+        else:
+            why = (f"caching-allocator segments: replaying the run's large tensors through the allocator's best-fit "
+                   f"policy reserves {_gib(segs)}: {what} (memory/segments.py)")
+        gap = Component(gap.name, segs - allocated, gap.phase, why)
         reserved = segs
     params = counts.total + (trainable if inputs.lora_rank else 0)
     comps = resident + backward + [step] + adjust + [gap, non_torch]

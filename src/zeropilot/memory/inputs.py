@@ -118,12 +118,19 @@ class PlanInputs:
         fused_loss: ``liger`` (Liger's fused linear cross-entropy) or ``cce`` (cut cross-entropy): the loss never
             holds the whole logits.
         optimizer: ``adamw`` (two fp32 states per element) or ``adamw_8bit`` (bitsandbytes: two 8-bit states).
+        trainer_optimizer: the HF Trainer builds the optimizer (a launch through the Trainer or LLaMA-Factory whose
+            DeepSpeed config has no ``optimizer`` section): ``create_optimizer`` puts biases and norm weights in a
+            group of their own without weight decay, and DeepSpeed flattens each group apart, emptying the cache
+            before each (``stage_1_and_2.py``); its default ``adamw_torch_fused`` steps in place. False: DeepSpeed
+            builds it from the config, one group (``deepspeed_init`` hands it the trainable parameters as one list).
         not_modelled: settings the launch gives that the plan does not model, as (setting with where it is, what the
             figure assumes instead): listed with the plan, which is then approximate.
         offload_optimizer / offload_param: ``none``, ``cpu`` or ``nvme``.
-        torch_adam: an offloaded optimizer is torch's AdamW (the config's ``optimizer.params.torch_adam``, or a
-            client optimizer allowed by ``zero_force_ds_cpu_optimizer: false``) rather than DeepSpeed's CPUAdam,
-            the default: torch's step makes two fp32 temporaries of the partition on the host.
+        torch_adam: the optimizer is torch's AdamW (the config's ``optimizer.params.torch_adam``, or a client
+            optimizer allowed by ``zero_force_ds_cpu_optimizer: false``) rather than DeepSpeed's own (CPUAdam when
+            offloaded, FusedAdam on the GPU) or the Trainer's fused AdamW: torch's foreach step makes fp32 temporaries
+            of the partition (two on the host; on the GPU the square root of ``exp_avg_sq``), the others update in
+            place.
         overlap_comm: DeepSpeed ``overlap_comm`` (default True for stage 3, False otherwise).
         reduce_bucket_size / prefetch_bucket_size / param_persistence_threshold / max_live_parameters:
             ZeRO bucket settings in elements (DeepSpeed defaults; HF "auto" resolves to h², 0.9h², 10h).
@@ -181,6 +188,7 @@ class PlanInputs:
     double_quant: bool = False
     fused_loss: Optional[str] = None
     optimizer: str = "adamw"
+    trainer_optimizer: bool = False
     offload_optimizer: str = "none"
     offload_param: str = "none"
     torch_adam: bool = False

@@ -34,6 +34,12 @@ GPU (call 7's and call 21's traces, within 2%; pre-registered call 32), and para
 the optimizer on the GPU or offloaded (calls 39 and 43's traces; there the ZeRO-3 reduction stream's pool is
 modelled; pre-registered calls 40 and 44), and LoRA with both offloads at world size 1 (calls 34 and 35's traces:
 the prefetched window of gathered parameters, :class:`_Window`).
+
+Under ``expandable_segments:True`` (LLaMA-Factory's setting) the same sequences run through
+:class:`ExpandableAllocator`, the allocator as it then works: one address range whose 20 MiB pages are mapped as the
+program needs them, so what it reserves is the pages mapped. Fed the requests of issue 40's two expandable traces
+(one H100, ``bench/plan/time/data/call1/traces``) it has mapped, after every request, what the real allocator had
+(``tests/memory/test_h100_traces.py``).
 """
 
 from __future__ import annotations
@@ -139,6 +145,172 @@ class Allocator:
             self._unlist(block.prev)
             block = self._join(block.prev, block)
         bisect.insort(self._free, (block.size, block.key))
+
+
+_PAGE = _LARGE_BUFFER  # an expandable segment maps the large pool's memory in pages of kLargeBuffer (20 MiB)
+_ROUND_REQUEST = 512  # kMinBlockSize: every request rounded up to it
+
+
+class ExpandableAllocator:
+    """The caching allocator's large pool under ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, as
+    ``c10/cuda/CUDACachingAllocator.cpp`` runs it (torch 2.11): one virtual address range per stream, of which only
+    the pages the program needs are backed by memory (``ExpandableSegment``, pages of ``kLargeBuffer``, 20 MiB, in the
+    large pool), so what it reserves is the pages mapped, not the segments made.
+
+    - A request (rounded up to 512 bytes) takes the best-fitting free mapped block by (size, address), but a free block
+      that ends where the unmapped range begins counts as large as it could grow, so any other free block that fits is
+      taken first (``get_free_block``'s ``expandable_size``).
+    - When none fits, the lowest unmapped range that can hold it, together with the free block just before it and any
+      free or unmapped blocks after it, is mapped: just the pages the request still lacks beyond that free block, so the
+      free end of the mapped range is used before anything is added (``find_expandable_block``, ``map_block``).
+    - A block is split whenever anything is left over (``should_split``: 512 bytes), and merges with free neighbours
+      on release, never across an unmapped range.
+    - ``empty_cache`` unmaps every whole page inside a free block (``release_blocks``, ``unmap_block``); nothing else
+      gives memory back. A later request maps such a hole again, lowest address first, when the hole with its
+      neighbours can hold it.
+
+    Requests of 1 MiB and under (the small pool, with its own 2 MiB pages) are left out.
+    Same interface as :class:`Allocator`; ``ceiling`` likewise.
+    """
+
+    def __init__(self) -> None:
+        self.reserved = 0
+        self.ceiling = float("inf")
+        self._free: List[Tuple[int, int]] = []  # free mapped blocks by (size, address)
+        self._unmapped: List[int] = []  # unmapped blocks by address
+        self._blocks: Dict[int, _XBlock] = {}
+        self._add(_XBlock(1 << 50, 0, mapped=False))  # the reserved address range: far more than any GPU has
+
+    def _add(self, block: "_XBlock") -> "_XBlock":
+        self._blocks[block.key] = block
+        if not block.mapped:
+            bisect.insort(self._unmapped, block.key)
+        elif block.free:
+            bisect.insort(self._free, (block.size, block.key))
+        return block
+
+    def _drop(self, block: "_XBlock") -> None:
+        """Take ``block`` out of its list (not out of the address chain)."""
+        if not block.mapped:
+            del self._unmapped[bisect.bisect_left(self._unmapped, block.key)]
+        elif block.free:
+            del self._free[bisect.bisect_left(self._free, (block.size, block.key))]
+
+    def _merge(self, left: "_XBlock", right: "_XBlock") -> "_XBlock":
+        """``right`` into its left neighbour ``left`` (both out of their lists, alike in being free and mapped)."""
+        left.size += right.size
+        left.next = right.next
+        if right.next is not None:
+            right.next.prev = left
+        del self._blocks[right.key]
+        return left
+
+    def _coalesce(self, block: "_XBlock") -> "_XBlock":
+        """``block`` (out of its lists) merged with free neighbours of its own kind (mapped or not)."""
+        for side in (block.next, block.prev):
+            if side is not None and side.free and side.mapped == block.mapped:
+                self._drop(side)
+                block = self._merge(block, side) if side is block.next else self._merge(side, block)
+        return block
+
+    def _split(self, block: "_XBlock", size: int, mapped: bool) -> "_XBlock":
+        """The first ``size`` bytes of ``block`` (out of its lists) stay it; the rest becomes a free block, listed."""
+        rest = _XBlock(block.size - size, block.key + size, mapped=mapped, prev=block, nxt=block.next)
+        if block.next is not None:
+            block.next.prev = rest
+        block.next, block.size = rest, size
+        self._add(rest)
+        return block
+
+    def _map(self, block: "_XBlock", size: int) -> "_XBlock":
+        """Back the first ``size`` bytes of the unmapped ``block`` (out of its list) with whole pages; the mapped part,
+        merged with free mapped neighbours, returned out of the free list."""
+        pages = -(-size // _PAGE) * _PAGE
+        self.reserved += pages
+        if self.reserved > self.ceiling:
+            raise Exceeded(self.reserved)
+        if pages < block.size:
+            self._split(block, pages, mapped=False)
+        block.mapped = True
+        return self._coalesce(block)
+
+    def _expandable(self, key: Tuple[int, int]) -> int:
+        block = self._blocks[key[1]]
+        return block.size + (block.next.size if block.next is not None and not block.next.mapped else 0)
+
+    def _grow(self, size: int) -> "_XBlock":
+        """Map what ``size`` lacks: the lowest unmapped range whose free neighbours and itself can hold it."""
+        for key in self._unmapped:
+            start = self._blocks[key]
+            if start.prev is not None and start.prev.free:
+                start = start.prev
+            room, b = 0, start
+            while room < size and b is not None and b.free:
+                room, b = room + b.size, b.next
+            if room >= size:
+                break
+        self._drop(start)
+        if not start.mapped:
+            start = self._map(start, min(start.size, size))
+        self._add(start)
+        while start.size < size:  # a free mapped block, then an unmapped one (and what lies beyond it)
+            nxt = start.next
+            self._drop(nxt)
+            start = self._map(nxt, min(size - start.size, nxt.size))  # merged with the block before it
+            self._add(start)
+        self._drop(start)
+        return start
+
+    def alloc(self, size: float) -> Optional["_XBlock"]:
+        size = int(size)
+        if size <= _SMALL:  # get_pool: kSmallSize and under is the small pool's
+            return None
+        size = -(-size // _ROUND_REQUEST) * _ROUND_REQUEST
+        i = bisect.bisect_left(self._free, (size, 0))
+        if i < len(self._free):
+            while i + 1 < len(self._free) and self._expandable(self._free[i + 1]) < self._expandable(self._free[i]):
+                i += 1
+            block = self._blocks[self._free.pop(i)[1]]
+        else:
+            block = self._grow(size)
+        if block.size - size >= _ROUND_REQUEST:
+            self._split(block, size, mapped=True)
+        block.free = False
+        return block
+
+    def free(self, block: Optional["_XBlock"]) -> None:
+        if block is None:
+            return
+        block.free = True
+        self._add(self._coalesce(block))
+
+    def empty_cache(self) -> None:
+        """Unmap every whole page inside a free mapped block (``torch.cuda.empty_cache``)."""
+        for size, key in list(self._free):
+            start, end = -(-key // _PAGE) * _PAGE, (key + size) // _PAGE * _PAGE
+            if start >= end:
+                continue
+            block = self._blocks[key]
+            self._drop(block)
+            if start > key:  # the mapped part before the first whole page stays, free
+                self._split(block, start - key, mapped=True)
+                self._add(block)
+                block = block.next
+                self._drop(block)
+            if end < block.key + block.size:  # and the part after the last one
+                self._split(block, end - start, mapped=True)
+            block.mapped = False
+            self.reserved -= end - start
+            self._add(self._coalesce(block))
+
+
+class _XBlock:
+    __slots__ = ("size", "free", "mapped", "prev", "next", "key")
+
+    def __init__(self, size: int, key: int, mapped: bool = True, prev: Optional["_XBlock"] = None,
+                 nxt: Optional["_XBlock"] = None):
+        self.size, self.key, self.mapped, self.prev, self.next = size, key, mapped, prev, nxt
+        self.free = True
 
 
 @functools.lru_cache(maxsize=64)
@@ -322,7 +494,8 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
                     steps: int = 2,
                     no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
                     ceiling: float = float("inf"), eight_bit: bool = False, frozen_layers: int = 0,
-                    front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> int:
+                    front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
+                    expandable: bool = False, second_group: bool = False, foreach: bool = True) -> int:
     """Bytes the caching allocator reserves for ZeRO-1/2's large tensors over ``steps`` training steps.
 
     Raises:
@@ -358,8 +531,17 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         eight_bit: the optimizer is bitsandbytes' 8-bit AdamW (a client optimizer): its first step makes two one-byte
             states and their fp32 absmax per 256 elements (``Optimizer2State.init_state``), and its fused kernel
             updates in place (no temporary); otherwise AdamW's two fp32 states and one foreach temporary.
+        expandable: ``expandable_segments:True``: the pages :class:`ExpandableAllocator` maps, not the segments
+            :class:`Allocator` makes.
+        second_group: DeepSpeed has a second parameter group (the HF Trainer's biases and norm weights, without
+            weight decay, ``memory.tuning.second_param_group``): the loop over groups empties the cache again before
+            flattening it, once the first group's fp32 master is made (``stage_1_and_2.py``, 0.19.8; call 1's trace
+            ``call1_q3_freeze_z2_exp``, events 712-713); its own tensors are small and left out.
+        foreach: the optimizer is torch's foreach AdamW (``torch_adam``), whose step makes one fp32 temporary of the
+            partition (the square root of ``exp_avg_sq``); DeepSpeed's FusedAdam and the HF Trainer's default
+            ``adamw_torch_fused`` update in place (call 1's traces: no such tensor).
     """
-    pool = Allocator()
+    pool = ExpandableAllocator() if expandable else Allocator()
     part = trainable / world_size
     if eight_bit:
         first_step = [part, part, 4 * -(-part // 256), 4 * -(-part // 256)]  # state1, state2, absmax1, absmax2
@@ -369,7 +551,6 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         pool.alloc(size)
     built = [pool.alloc(size) for size in build]
     pool.empty_cache()  # stage_1_and_2.py calls empty_cache() before it flattens each group
-    pool.ceiling = ceiling  # nothing empties the cache from here on
     pool.alloc(2 * trainable)  # the aligned 16-bit flat buffer the parameters become views of
     for b in built:
         pool.free(b)
@@ -381,6 +562,11 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
     if gpu_optimizer:
         pool.alloc(4 * part)  # fp32 master partition
     pool.free(clone)
+    if second_group:  # the next group's empty_cache(); its own tensors are small
+        pool.empty_cache()
+    pool.ceiling = ceiling  # nothing empties the cache from here on
+    if pool.reserved > ceiling:
+        raise Exceeded(pool.reserved)
     if gpu_optimizer:
         pool.free(pool.alloc(4 * part))  # initialize_optimizer_states' zeroed fp32 gradient
     states = 0
@@ -443,7 +629,7 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
             for size in first_step[states:]:  # the optimizer's states, on the first step
                 pool.alloc(size)
             states = len(first_step)
-            if not eight_bit:
+            if not eight_bit and foreach:
                 pool.free(pool.alloc(4 * part))  # foreach temporary (sqrt of exp_avg_sq)
             pool.free(g32)
         for b in grads:
@@ -462,7 +648,8 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
                    no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
                    ceiling: float = float("inf"), init_order: Sequence[Tuple[float, bool]] = (),
                    frozen_layers: int = 0,
-                   front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None) -> int:
+                   front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
+                   expandable: bool = False, foreach: bool = True) -> int:
     """Bytes the caching allocator reserves for ZeRO-3: parameters offloaded with the optimizer on the GPU (full
     fine-tuning) or offloaded too (LoRA, at world size 1), or parameters on the GPU at world size 1 (where nothing is
     gathered) with the optimizer on the GPU or offloaded.
@@ -519,12 +706,13 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
         init_gathers: zero.Init with offload_param: per parameter gathered while the model is built, the bytes of
             the whole and of this rank's partition (transformers' weight initialisation gathers the embedding twice;
             call 35's traces).
-        ceiling: as :func:`zero12_reserved`'s.
+        ceiling, expandable, foreach: as :func:`zero12_reserved`'s (``foreach``: one temporary per sub-group).
 
     Raises:
         Exceeded: it would reserve more than ``ceiling`` (checked once the set-up has emptied the cache).
     """
-    pool = Allocator()
+    make = ExpandableAllocator if expandable else Allocator
+    pool = make()
     built = [pool.alloc(size) for size in build]
     if flat and init_order:  # zero.Init, a trained subset: each tensor partitioned as built, the trained ones then
         parts = []  # moved to the CPU by defragment
@@ -612,8 +800,9 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
             if step == 0:  # AdamW's exp_avg and exp_avg_sq, kept
                 pool.alloc(size)
                 pool.alloc(size)
-            pool.free(pool.alloc(size))  # foreach temporary (sqrt of exp_avg_sq)
+            if foreach:
+                pool.free(pool.alloc(size))  # foreach temporary (sqrt of exp_avg_sq)
             pool.free(fp32_grad)
-    side = Allocator()  # the reduction stream's blocks, from the first backward on
+    side = make()  # the reduction stream's blocks (its own address range when expandable), from the first backward on
     side.alloc(side_stream if steps else 0)
     return pool.reserved + side.reserved

@@ -315,13 +315,18 @@ def _launch(own: dict, where: str, reference: Optional[Profile]) -> Figure:
 
 
 def _links(profile: Optional[Profile], est: _Estimate) -> dict:
-    """Bus bandwidths: the profile's NCCL/RCCL measurements, else (within a node) the card's link x ratio."""
+    """Bus bandwidths: the profile's NCCL/RCCL measurements, else (within a node) the card's link x ratio. Across
+    nodes the ``world`` group's (every rank, the ring ZeRO's collectives run over) where the profile spans nodes, else
+    its ``inter_node`` one (one rank per node: one network port, a lower bound where a node has several)."""
     intra = _busbw(profile, "intra_node")
-    inter = _busbw(profile, "inter_node") if profile is not None and profile.nodes > 1 else None
+    many = profile is not None and profile.nodes > 1
+    world = _busbw(profile, "world") if many else None
+    inter = world or (_busbw(profile, "inter_node") if many else None)
     where = f"zeropilot calibrate (profile {_name(profile)})" if profile is not None else ""
+    what = ("over every rank" if world else "one rank per node") + f" across {profile.nodes if many else 1} nodes"
     return {"intra_busbw_bytes_per_s": Figure(intra, f"measured by {where}: bus bandwidth within a node", True)
             if intra else est.rate("intra_bytes_per_s", "intra", "B/s"),
-            "inter_busbw_bytes_per_s": Figure(inter, f"measured by {where} across {profile.nodes} nodes", True)
+            "inter_busbw_bytes_per_s": Figure(inter, f"measured by {where}: bus bandwidth {what}", True)
             if inter else None}
 
 

@@ -19,8 +19,9 @@ and the host's work is one eager launch per kernel (PyTorch's dispatch, autograd
 ZeRO-1/2's per gradient tensor, ZeRO-3's per module on every pass. The GPU runs behind the host, so a pass takes the
 longer of the two. Then the optimizer step (memory-bound over the trainable partition on the GPU; DeepSpeed's CPUAdam
 or torch's AdamW on the host with optimizer offload, with the gradient and parameter copies over PCIe), ZeRO-3's
-parameter gathers (copies, collectives at world size > 1, host-to-device copies with parameter offload), and the
-collectives of ZeRO-1/2 at the bus bandwidth, overlapped with the backward where ``overlap_comm`` is on.
+parameter gathers (copies, host-to-device copies with parameter offload), and at world size 2 or more ZeRO's
+collectives over the ring of the job's ranks (:mod:`zeropilot.memory.links`), laid use by use over each micro
+batch's compute as DeepSpeed issues them (:mod:`zeropilot.memory.schedule`): what the compute does not hide counts.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from zeropilot.memory import tuning
+from zeropilot.memory import links, schedule, tuning
 from zeropilot.memory.inputs import PlanInputs
 from zeropilot.memory.speed import Speed
 from zeropilot.models.params import attention_linears, count_params, dense_mlp_linears
@@ -68,8 +69,6 @@ LIGER_SAVES = {"forward": (64.0, 4.0, 17.0, 27), "backward": (172.0, 6.0, 22.0, 
 #: kernels Liger's fused linear cross-entropy launches per chunk of tokens (0.8.5 ``ops/fused_linear_cross_entropy.py``:
 #: the chunk's logits, the cross-entropy kernel, the input's gradient and its copy, the weight's gradient, the casts)
 LIGER_CHUNK_KERNELS = 7
-#: nn.Modules per wrapped linear layer that PEFT adds (the LoRA layer, its dropout, A, B and their dicts)
-LORA_MODULES_PER_WRAPPED = 10
 
 
 @dataclass(frozen=True)
@@ -166,6 +165,7 @@ class StepTime:
     notes: Tuple[str, ...] = field(default=())
     figures: Tuple[Tuple[str, float, str, bool], ...] = ()
     constants: str = ""
+    collectives: Optional["Collectives"] = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -366,6 +366,8 @@ class _MicroBatch:
     backward: _Pass
     recompute: _Pass
     kernels: Dict[str, int]
+    head_forward: _Pass = field(default_factory=_Pass)
+    head_backward: _Pass = field(default_factory=_Pass)
 
 
 def _micro_batch(inputs: PlanInputs, speed: Speed, c: TimeConstants) -> _MicroBatch:
@@ -388,7 +390,8 @@ def _micro_batch(inputs: PlanInputs, speed: Speed, c: TimeConstants) -> _MicroBa
     rec = _scale(fwd, trained_layers) if inputs.gradient_checkpointing else _Pass()
     forward = _add(layers_f, head_f)
     backward = _add(bwd, head_b)
-    return _MicroBatch(forward, backward, rec, {"forward": forward.kernels, "backward": backward.kernels + rec.kernels})
+    return _MicroBatch(forward, backward, rec, {"forward": forward.kernels, "backward": backward.kernels + rec.kernels},
+                       head_f, head_b)
 
 
 def _freeze_weight_share(inputs: PlanInputs) -> float:
@@ -413,24 +416,12 @@ def _add(p: _Pass, q: _Pass) -> _Pass:
 
 # -- DeepSpeed's part ------------------------------------------------------------------------------------------------
 
-def _modules(inputs: PlanInputs) -> int:
-    """nn.Modules DeepSpeed's ZeRO-3 hooks run on in one pass: each decoder layer's (the layer, attention, its
-    linears, MLP, its linears, the activation, the norms), LoRA's wrappers, and the model's few outer ones."""
-    a = inputs.arch
-    per_layer = 2 + len(attention_linears(a)) + 1 + len(dense_mlp_linears(a, a.intermediate)) + 1 + a.norms_per_layer
-    if a.qk_norm:
-        per_layer += 2
-    if inputs.lora_rank:
-        per_layer += LORA_MODULES_PER_WRAPPED * (len(attention_linears(a)) + len(dense_mlp_linears(a, a.intermediate)))
-    return per_layer * a.layers + 7
-
-
 def _fetched(inputs: PlanInputs) -> Tuple[float, int]:
     """ZeRO-3: (elements, tensors) of the parameters it partitions and gathers on every pass: those with at least
     ``stage3_param_persistence_threshold`` elements (smaller ones stay whole on every GPU: norms, biases, LoRA's
-    adapters at the usual thresholds)."""
-    big = [p.numel for p in named_parameters(inputs.arch) if p.numel >= inputs.param_persistence_threshold]
-    return float(sum(big)), len(big)
+    adapters at the usual thresholds; :func:`zeropilot.memory.schedule.layout`)."""
+    lay = schedule.layout(inputs.arch, inputs.param_persistence_threshold)
+    return lay.elements, lay.tensors
 
 
 def _trainable_tensors(inputs: PlanInputs) -> int:
@@ -442,19 +433,6 @@ def _trainable_tensors(inputs: PlanInputs) -> int:
     if inputs.lora_rank:
         return 2 * len(_layer_linears(inputs)) * inputs.arch.layers
     return len(named_parameters(inputs.arch))
-
-
-def _comm_s(speed: Speed, inputs: PlanInputs, nbytes: float) -> Optional[float]:
-    """Seconds to all-gather or reduce-scatter ``nbytes`` (the whole tensors) over the job's ranks, None without a
-    bus bandwidth."""
-    n = inputs.world_size
-    if n < 2:
-        return 0.0
-    nodes = inputs.hardware.nodes if inputs.hardware else 1
-    fig = speed.inter_busbw_bytes_per_s if nodes > 1 else speed.intra_busbw_bytes_per_s
-    if fig is None:
-        return None
-    return nbytes * (n - 1) / n / fig.value
 
 
 def estimate_time(inputs: PlanInputs, speed: Speed, c: TimeConstants = TIME_DEFAULT) -> StepTime:
@@ -473,7 +451,7 @@ def estimate_time(inputs: PlanInputs, speed: Speed, c: TimeConstants = TIME_DEFA
 
     # ZeRO-3's hooks and gathers ride on every pass; every stage's gradient hooks on the backward
     launch = speed.launch_s.value
-    modules = _modules(inputs)
+    modules = schedule.modules(inputs)
     fetched, fetched_n = _fetched(inputs)
     passes = 3 if inputs.gradient_checkpointing else 2
     z3_host = {"forward": 0.0, "backward": 0.0}
@@ -531,51 +509,133 @@ def estimate_time(inputs: PlanInputs, speed: Speed, c: TimeConstants = TIME_DEFA
         + (f", DeepSpeed's hooks on {grad_tensors} gradient tensors" if hooks else "")
         + f"{z3_words}): bound by {bound_b}")
 
-    # collectives (world size > 1)
-    _collectives(inputs, speed, ga, bwd_s, terms, notes)
+    # collectives (world size > 1), laid over the passes' compute
+    collectives = _collectives(inputs, speed, ga, _compute(mb, c, gpu_f, gpu_b, host_f, host_b), terms, notes)
     # the optimizer step
     _optimizer(inputs, speed, c, trainable, grad_tensors, ga, terms)
 
-    step_s = sum(t.seconds for t in terms)
+    step_s = _ns(sum(t.seconds for t in terms))
     tokens = inputs.micro_batch * inputs.seq_len * ga
     model_flops = ga * (pf.flops + pb.flops)
     figures = tuple((name, f.value, f.source, f.measured) for name, f in speed.figures())
     return StepTime(step_s, tuple(terms), tokens, model_flops, speed.peak_flops_per_s.value, ws, speed.card,
-                    tuple(speed.estimated()), tuple(speed.notes) + tuple(notes), figures, c.source)
+                    tuple(speed.estimated()), tuple(speed.notes) + tuple(notes), figures, c.source, collectives)
 
 
-def _collectives(inputs: PlanInputs, speed: Speed, ga: int, backward_s: float, terms: List[Term],
-                 notes: List[str]) -> None:
-    """The collectives at the bus bandwidth: the bytes of :func:`zeropilot.memory.comm.traffic`; with ``overlap_comm``
-    (ZeRO-2/3) those of each micro batch hide behind its backward and only what is longer shows."""
+@dataclass(frozen=True)
+class Collectives:
+    """The step's collectives at world size 2 or more, and where their figures came from.
+
+    Attributes:
+        ranks / nodes: the ring they run over.
+        link: ``within the node`` or ``across N nodes``; None without a bus bandwidth (``reason`` says why).
+        busbw: the ring's bus bandwidth, bytes per second, and ``busbw_source``, ``busbw_measured`` (measured by
+            ``calibrate``; else estimated from the card table, or given or assumed across nodes: the source says).
+        latency_s: NCCL's latency per collective (its tuning model: :data:`zeropilot.memory.links.NCCL_TUNING`).
+        gathered_bytes / reduced_bytes: whole tensors all-gathered and reduce-scattered (or all-reduced) per step.
+        link_s: seconds the link is busy per step.
+        exposed_s: what they add to the step (the terms ``gathers``, ``collectives`` and ``step_collectives``).
+        schedule: how the overlap was worked out.
+        reason: why they are not counted, None when they are.
+    """
+
+    ranks: int
+    nodes: int
+    link: Optional[str] = None
+    busbw: Optional[float] = None
+    busbw_source: str = ""
+    busbw_measured: bool = False
+    latency_s: Optional[float] = None
+    gathered_bytes: Optional[float] = None
+    reduced_bytes: Optional[float] = None
+    link_s: Optional[float] = None
+    exposed_s: Optional[float] = None
+    schedule: str = ""
+    reason: Optional[str] = None
+
+
+def _ns(seconds: float) -> float:
+    """Seconds to the nanosecond: times that are equal but summed in another order tie exactly, so the search and
+    ``--stage auto`` take their documented order between them, not a float's last bit."""
+    return round(seconds, 9)
+
+
+def _compute(mb: _MicroBatch, c: TimeConstants, gpu_f: float, gpu_b: float, host_f: float,
+             host_b: float) -> schedule.Compute:
+    """One micro batch's GPU seconds by part and host seconds by pass, for the schedule: the passes' kernels, with
+    the passes' other GPU work (ZeRO's copies, offload's) spread over them in proportion."""
+    f_all, rec = mb.forward.gpu_s(c), mb.recompute.gpu_s(c)
+    b_all = mb.backward.gpu_s(c)
+    hf, hb = mb.head_forward.gpu_s(c), mb.head_backward.gpu_s(c)
+    sf = gpu_f / f_all if f_all else 1.0
+    sb = gpu_b / (b_all + rec) if b_all + rec else 1.0
+    return schedule.Compute(((f_all - hf) * sf, hf * sf, rec * sb, (b_all - hb) * sb, hb * sb), host_f, host_b)
+
+
+def _collectives(inputs: PlanInputs, speed: Speed, ga: int, comp: schedule.Compute, terms: List[Term],
+                 notes: List[str]) -> Optional[Collectives]:
+    """ZeRO's collectives over the ring of the job's ranks (:func:`zeropilot.memory.links.ring`): those of the passes
+    (ZeRO-3's gathers and every stage's reduce-scatters in the backward, ZeRO-1's only with ``overlap_comm``)
+    simulated use by use against each micro batch's compute (:func:`zeropilot.memory.schedule.simulate`), what the
+    compute does not hide counted; those at the optimizer step (ZeRO-1/2's all-gather of the updated weights,
+    ZeRO-0/1's reduction without overlap) counted whole. Bytes: :func:`zeropilot.memory.comm.traffic`."""
     from zeropilot.memory.comm import traffic
 
-    if inputs.world_size < 2:
-        return
-    moved = traffic(inputs)
-    gather = _comm_s(speed, inputs, moved["all_gather"])
-    reduce = _comm_s(speed, inputs, moved["reduce_scatter"])
-    if gather is None or reduce is None:
-        notes.append("no bus bandwidth for this world size (run `zeropilot calibrate --nproc N`): collectives are "
-                     "not counted")
-        return
-    link = "across nodes" if inputs.hardware and inputs.hardware.nodes > 1 else "within the node"
-    overlapped = inputs.overlap and inputs.stage in (2, 3)
-    if inputs.stage == 3:
-        per_mb = (gather + reduce) / ga
-        exposed = max(0.0, per_mb - backward_s) if overlapped else per_mb
-        terms.append(Term("collectives", ga * exposed, "backward",
-                          f"{ga} x ZeRO-3 all-gathers of the 16-bit weights and the gradients' reduce-scatter: "
-                          f"{per_mb * 1e3:.1f} ms per micro batch at the bus bandwidth {link}"
-                          + (f", overlapped with the passes ({exposed * 1e3:.1f} ms left)" if overlapped else "")))
-        return
-    per_mb = reduce / ga if inputs.stage == 2 else 0.0
-    exposed = max(0.0, per_mb - backward_s) if overlapped else per_mb
-    at_step = gather + (reduce if inputs.stage != 2 else 0.0)
-    terms.append(Term("collectives", ga * exposed + at_step, "step",
-                      f"the gradients' reduce-scatter ({reduce * 1e3:.1f} ms"
-                      + (f", {ga * exposed * 1e3:.1f} ms left after overlap with the backward" if overlapped else "")
-                      + f") and the updated weights' all-gather ({gather * 1e3:.1f} ms), bus bandwidth {link}"))
+    ws = inputs.world_size
+    if ws < 2:
+        return None
+    nodes = inputs.hardware.nodes if inputs.hardware else 1
+    ring = links.ring(speed, ws, nodes)
+    if ring is None:
+        why = ("no bus bandwidth across nodes: give --inter-node-gbps, or run `zeropilot calibrate` as the ranks of a "
+               "launch across your nodes" if nodes > 1 else
+               "no bus bandwidth for this world size (run `zeropilot calibrate --nproc N`)")
+        notes.append(why + ": collectives are not counted")
+        return Collectives(ws, nodes, reason=why)
+    figure = f"{ring.busbw / 1e9:.1f} GB/s bus bandwidth {ring.link} ({ring.basis})"
+    notes.append(f"collectives over {ws} ranks: {figure}: {ring.source}; {ring.latency_s * 1e6:.0f} us per "
+                 f"collective ({links.NCCL_TUNING})")
+    moved = traffic(inputs) if inputs.stage != 3 else {}
+    plan = schedule.settings(inputs, reduce=inputs.stage >= 2 or (inputs.stage == 1 and inputs.overlap))
+    at_step_bytes = [] if inputs.stage == 3 else [moved["all_gather"]] + (
+        [moved["reduce_scatter"]] if inputs.stage == 0 or (inputs.stage == 1 and not plan.reduce) else [])
+    stepwise = sum(at_step_bytes)
+    at_step = sum(_ns(ring.seconds(b)) for b in at_step_bytes)
+    sched, runs = None, 0
+    if inputs.stage >= 2 or plan.reduce:
+        sched = schedule.simulate(schedule.trace(inputs), comp, ring if inputs.stage == 3 else None, ring, plan)
+        runs = ga if inputs.stage >= 2 else 1  # ZeRO-1 reduces in the last micro batch's backward only
+    fwd = _ns(runs * sched.forward_exposed_s) if sched else 0.0
+    exposed = _ns(runs * sched.exposed_s) if sched else 0.0
+    how = (f"prefetch bucket {inputs.prefetch_bucket_size / 1e6:.0f} M, max live {inputs.max_live_parameters / 1e6:.0f}"
+           f" M elements, " if inputs.stage == 3 else "") + f"reduce bucket {inputs.reduce_bucket_size / 1e6:.0f} M, " \
+        f"overlap_comm {'on' if inputs.overlap else 'off'}"
+    if sched is not None:
+        per = (f"{sched.seconds * 1e3:.1f} ms per micro batch with them against {sched.without_s * 1e3:.1f} ms "
+               f"without: " + (f"{sched.gathered * schedule.BYTES / 1e9:.2f} GB all-gathered in {sched.gathers} "
+                               "calls, " if inputs.stage == 3 else "")
+               + f"{sched.reduced * schedule.BYTES / 1e9:.2f} GB reduce-scattered in {sched.reduces}, the link busy "
+               f"{sched.link_s * 1e3:.1f} ms; {how}; {figure} (simulated use by use: memory/schedule.py)")
+        if inputs.stage == 3:
+            terms.append(Term("gathers", fwd, "forward", f"{runs} x {fwd / runs * 1e3:.1f} ms the forward waited "
+                                                         f"for ZeRO-3's all-gathers: " + per))
+        terms.append(Term("collectives", _ns(exposed - fwd), "backward",
+                          f"{runs} x {(exposed - fwd) / runs * 1e3:.1f} ms the backward waited for "
+                          + ("ZeRO-3's all-gathers and " if inputs.stage == 3 else "")
+                          + "the gradients' reduce-scatters" + (" (as above)" if inputs.stage == 3 else ": " + per)))
+    if inputs.stage != 3:
+        what = {2: "the updated 16-bit weights' all-gather", 1: "the updated 16-bit weights' all-gather"
+                + ("" if plan.reduce else " and the gradients' reduce-scatter"), 0: "the gradients' all-reduce"}
+        terms.append(Term("step_collectives", at_step, "step",
+                          f"{what[inputs.stage]} at the optimizer step, nothing to hide it: "
+                          f"{stepwise / 1e9:.2f} GB at {figure}"))
+    gathered = ga * sched.gathered * schedule.BYTES if inputs.stage == 3 and sched else moved["all_gather"]
+    reduced = runs * sched.reduced * schedule.BYTES if sched else moved["reduce_scatter"]
+    busy = (runs * sched.link_s if sched else 0.0) + at_step
+    return Collectives(ws, nodes, ring.link, ring.busbw, ring.source, ring.measured, ring.latency_s, gathered,
+                       reduced, busy, exposed + at_step,
+                       "simulated use by use against the compute (memory/schedule.py)" if sched else
+                       "at the optimizer step, nothing to overlap")
 
 
 def _optimizer(inputs: PlanInputs, speed: Speed, c: TimeConstants, trainable: int, tensors: int, ga: int,
@@ -661,10 +721,20 @@ def to_dict(step: StepTime, run: Optional[RunTime]) -> Dict:
         "figures": {name: {"value": value, "source": source, "measured": measured}
                     for name, value, source, measured in step.figures},
         "constants": step.constants,
+        "collectives": None if step.collectives is None else _collectives_dict(step.collectives),
         "run": None if run is None else {"steps": run.steps, "seconds": run.seconds, "gpu_hours": run.gpu_hours,
                                          "cost": run.cost, "gpu_hour_cost": run.gpu_hour_cost,
                                          "reason": run.reason},
     }
+
+
+def _collectives_dict(c: Collectives) -> Dict:
+    return {"ranks": c.ranks, "nodes": c.nodes, "link": c.link,
+            "busbw": None if c.busbw is None else {"value": c.busbw, "source": c.busbw_source,
+                                                   "measured": c.busbw_measured},
+            "latency_s": c.latency_s, "latency_source": links.NCCL_TUNING if c.latency_s is not None else None,
+            "gathered_bytes": c.gathered_bytes, "reduced_bytes": c.reduced_bytes, "link_s": c.link_s,
+            "exposed_s": c.exposed_s, "schedule": c.schedule, "reason": c.reason}
 
 
 def _duration(seconds: float) -> str:

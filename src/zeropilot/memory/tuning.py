@@ -197,3 +197,18 @@ def replayed(inputs: PlanInputs, zero12: bool = False) -> bool:
     fitted components instead (their tensors were never traced)."""
     subset = zero12 or (inputs.freeze is None and not inputs.modules_to_save)
     return subset and inputs.quant_bits is None and inputs.fused_loss is None and not inputs.dora
+
+
+def second_param_group(inputs: PlanInputs) -> bool:
+    """Whether DeepSpeed gets a second parameter group, and so empties the cache again before flattening it: the HF
+    Trainer's optimizer (``trainer_optimizer``) holds the trainable biases and norm weights in a group without weight
+    decay (``Trainer.get_decay_parameter_names``: every bias and every parameter of a normalisation layer), and
+    DeepSpeed drops empty groups (``engine.py``: ``param_groups[:] = [pg for pg in ... if len(pg["params"]) != 0]``).
+    Full fine-tuning and freeze tuning train norms; LoRA's adapters and ``modules_to_save`` copies of the embedding and
+    the output layer have none."""
+    if not inputs.trainer_optimizer:
+        return False
+    listed = trainable_list(inputs)
+    if listed is None:
+        return not is_lora(inputs)
+    return any(p.name.endswith(".bias") or "norm" in p.name for p in listed)

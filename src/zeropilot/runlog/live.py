@@ -29,6 +29,7 @@ TAIL_START = 4 << 20  # a file larger than this when first seen is read from its
 FIRST_LOOK = 256 << 10
 HEAD_WINDOW = 64 << 10
 RECENT_STEPS = 64  # steps per rank kept for the straggler view: it names a rank that straggles now
+RECENT_PROBES = 2 * strag.MIN_WINDOWS * strag.PROBE_WINDOW  # GPU probe readings per rank kept for the same view
 READ_PER_REFRESH = 16 << 20  # bytes of one rank file read per refresh at most (the rest at the next)
 _decode = json.JSONDecoder().decode
 
@@ -54,6 +55,7 @@ class RankLive:
     skipped_lines: int = 0
     zero_stage: Optional[int] = None  # from the setup or init record: which phases are the rank's own
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))  # StepTimes of the newest steps
+    probes: deque = field(default_factory=lambda: deque(maxlen=RECENT_PROBES))  # (step, gpu_probe_seconds), newest
     place: Dict[str, Any] = field(default_factory=dict)  # host, node rank, local rank, GPU (stragglers.place)
 
     @property
@@ -242,6 +244,11 @@ class LiveRun:
         return strag.find({r: list(s.recent) for r, s in self.ranks.items()}, stage,
                           {r: s.place for r, s in self.ranks.items()})
 
+    def gpu_stragglers(self) -> List[Dict[str, Any]]:
+        """The ranks whose GPU is slow over their newest :data:`RECENT_PROBES` probes (``runlog.stragglers.find_gpu``)."""
+        return strag.find_gpu({r: list(s.probes) for r, s in self.ranks.items()},
+                              {r: s.place for r, s in self.ranks.items()})
+
     def verdict_so_far(self) -> Dict[str, Any]:
         """``kind`` (``running``, ``hang``, ``oom``, ``crash``, ``ended``), ``ranks`` and ``reason``.
 
@@ -413,7 +420,10 @@ def _apply(state: RankLive, rec: Dict[str, Any]) -> bool:
         state.step_seconds = _num(rec.get("seconds"))
         state.steps_seen += 1
         if state.step is not None:
-            state.recent.append(_step_times(state.step, state.step_seconds, rec.get("phase_seconds")))
+            times = _step_times(state.step, state.step_seconds, rec)
+            state.recent.append(times)
+            if times.probe is not None:
+                state.probes.append((state.step, times.probe))
         return True
     if kind == "end":
         state.ended = True
@@ -422,12 +432,14 @@ def _apply(state: RankLive, rec: Dict[str, Any]) -> bool:
     return False
 
 
-def _step_times(step: int, seconds: Optional[float], phases: Any) -> "strag.StepTimes":
+def _step_times(step: int, seconds: Optional[float], rec: Dict[str, Any]) -> "strag.StepTimes":
     """A step record's times; a phase it did not enter took 0 s, a record without ``phase_seconds`` tells none."""
+    phases = rec.get("phase_seconds")
+    data, probe = strag.own_time(rec.get("data_seconds")), strag.own_time(rec.get("gpu_probe_seconds"))
     if not isinstance(phases, dict):
-        return strag.StepTimes(step, seconds, None, None)
+        return strag.StepTimes(step, seconds, None, None, data, probe)
     own = {name: _num(phases.get(name, 0.0)) for name, _ in PHASE_COLUMNS if name in ("idle", "forward")}
-    return strag.StepTimes(step, seconds, own["idle"], own["forward"])
+    return strag.StepTimes(step, seconds, own["idle"], own["forward"], data, probe)
 
 
 def seconds_since(value: Optional[float], now: Optional[float] = None) -> Optional[float]:

@@ -37,14 +37,14 @@ from zeropilot.runlog.layout import RunDir
 
 MAX_LINE = 1 << 20
 MAX_SIDE_FILE = 64 << 20
-MAX_STEP_ROWS = 4_000_000  # all ranks together: 14 columns of 8 bytes and 10 of 4, about 610 MB at most
+MAX_STEP_ROWS = 4_000_000  # all ranks together: 14 columns of 8 bytes and 12 of 4, about 640 MB at most
 MAX_EVENTS = 200_000  # non-step records, all ranks together
 MAX_STACK = 1 << 20
 #: a run of at most this many step records (all ranks) is read whole; a longer one is read sampled (module doc)
 FULL_ROWS = 1_000_000
 #: the step records a sampled run keeps at most (all ranks), on top of those around other records and the last ones
 SAMPLE_ROWS = 400_000
-#: step-record fields without a column of their own, kept as columns by name (``mem.x``, ``data_seconds``) per rank
+#: step-record fields without a column of their own, kept as columns by name (``mem.x``, ``loss``) per rank
 MAX_EXTRA_COLUMNS = 32
 #: the phases of a step record's ``phase_seconds`` (``guard.rank``) kept as columns, as ``(phase, column)``: the
 #: time before the forward (loading data) and in it (stragglers, ``runlog.stragglers``), in saves and loads
@@ -58,17 +58,21 @@ OTHER_PHASES = "other_phase_seconds"
 #: a step record's ``batch`` (``guard.rank``) kept as columns, as ``(key, column)``: the micro batches of the step,
 #: the largest micro batch and padded length among them (``runlog.timing``: the batch the plan is asked about)
 BATCH_COLUMNS = (("micro_batches", "micro_batches"), ("micro_batch_size", "micro_batch_size"), ("seq_len", "seq_len"))
+#: a step record's own-time fields (``guard.rank``) kept as columns: the seconds its DataLoader took to hand over the
+#: step's batches (``guard.data_time``) and the GPU probe read at its end (``guard.gpu_probe``): stragglers
+OWN_COLUMNS = ("data_seconds", "gpu_probe_seconds")
 STEP_COLUMNS = (("t", "step", "seconds") + MEMORY_FIELDS + tuple(c for _, c in PHASE_COLUMNS) + (OTHER_PHASES,)
-                + tuple(c for _, c in BATCH_COLUMNS))
-_FLOAT32 = frozenset(c for _, c in PHASE_COLUMNS + BATCH_COLUMNS) | {OTHER_PHASES}
+                + tuple(c for _, c in BATCH_COLUMNS) + OWN_COLUMNS)
+_FLOAT32 = frozenset(c for _, c in PHASE_COLUMNS + BATCH_COLUMNS) | {OTHER_PHASES} | frozenset(OWN_COLUMNS)
 _NAMED_PHASES = frozenset(p for p, _ in PHASE_COLUMNS)
 #: the key path of each column in a step record (``runlog.segments``' paths), and back
 COLUMN_PATHS: Dict[str, Tuple[str, ...]] = {"t": ("t",), "step": ("step",), "seconds": ("seconds",),
                                             **{f: ("mem", f) for f in MEMORY_FIELDS},
                                             **{c: ("phase_seconds", p) for p, c in PHASE_COLUMNS},
-                                            **{c: ("batch", k) for k, c in BATCH_COLUMNS}}
+                                            **{c: ("batch", k) for k, c in BATCH_COLUMNS},
+                                            **{c: (c,) for c in OWN_COLUMNS}}
 PATH_COLUMNS = {p: c for c, p in COLUMN_PATHS.items()}
-_KNOWN_TOP = frozenset({"v", "event", "t", "rank", "step", "seconds", "mem", "phase_seconds", "batch"})
+_KNOWN_TOP = frozenset({"v", "event", "t", "rank", "step", "seconds", "mem", "phase_seconds", "batch", *OWN_COLUMNS})
 _MEM_KEYS = frozenset(MEMORY_FIELDS)
 _BATCH_KEYS = frozenset(k for k, _ in BATCH_COLUMNS)
 _KNOWN_IN = {"mem": _MEM_KEYS, "phase_seconds": _NAMED_PHASES, "batch": _BATCH_KEYS}
@@ -78,7 +82,7 @@ _EMPTY: Dict[str, Any] = {}
 
 
 def extra_name(path: Tuple[str, ...]) -> Optional[str]:
-    """The column name of a step-record field the reader has no column for (``mem.new_field``, ``data_seconds``,
+    """The column name of a step-record field the reader has no column for (``mem.new_field``, ``loss``,
     ``batch.tokens``), or None: a field it knows, a path below one, or deeper than three keys."""
     if len(path) > 3:
         return None
@@ -300,6 +304,7 @@ def fold_records(records: RankRecords, recs: Iterator[Dict[str, Any]], budget: _
     phase_cols = [(phase, cols[name]) for phase, name in PHASE_COLUMNS]
     other_col = cols[OTHER_PHASES]
     batch_cols = [(key, cols[name]) for key, name in BATCH_COLUMNS]
+    own_cols = [(name, cols[name]) for name in OWN_COLUMNS]
     for rec in recs:
         if rec.get("event") != "step":
             if budget.events <= 0:
@@ -335,6 +340,8 @@ def fold_records(records: RankRecords, recs: Iterator[Dict[str, Any]], budget: _
         get = batch.get if type(batch) is dict else _EMPTY.get
         for name, col in batch_cols:
             col.append(_number(get(name)))
+        for name, col in own_cols:
+            col.append(_number(rec.get(name)))
         unknown = [((), rec.keys() - _KNOWN_TOP, rec)]
         for key, part, known in (("mem", mem, _MEM_KEYS), ("phase_seconds", phases, _NAMED_PHASES),
                                  ("batch", batch, _BATCH_KEYS)):

@@ -22,8 +22,8 @@ from zeropilot import safefile
 from zeropilot.errors import InputError
 from zeropilot.runlog import segments as seg
 from zeropilot.runlog.events import MEMORY_FIELDS
-from zeropilot.runlog.read import (BATCH_COLUMNS, LIMIT, MAX_LINE, NAN, OTHER_PHASES, PATH_COLUMNS, PHASE_COLUMNS,
-                                   ColStats, RankRecords, _Budget, _decode, _number, _other, extra_name,
+from zeropilot.runlog.read import (BATCH_COLUMNS, LIMIT, MAX_LINE, NAN, OTHER_PHASES, OWN_COLUMNS, PATH_COLUMNS,
+                                   PHASE_COLUMNS, ColStats, RankRecords, _Budget, _decode, _number, _other, extra_name,
                                    extend_extra, finish_columns, fold_records)
 
 MAX_COL_FILE = 1 << 30  # a compacted segment holds a few MB; a stranger's larger file is not read
@@ -128,6 +128,9 @@ def fold_rows(records: RankRecords, block: seg.Block, rows: Optional[List[int]])
         steps[name].extend(numbers(got) if got is not None else _nans(n))
     for key, name in BATCH_COLUMNS:
         got = values(("batch", key))
+        steps[name].extend(array("f", numbers(got) if got is not None else _nans(n)))
+    for name in OWN_COLUMNS:
+        got = values((name,))
         steps[name].extend(array("f", numbers(got) if got is not None else _nans(n)))
     _fold_phases(steps, cols, values, n)
     for path in cols:

@@ -42,6 +42,7 @@ REPORT_FIGURES = (
     Figure("plan_ratio", "vs plan", "ratio"),
     Figure("step_seconds_median", "step time (median)", "seconds"),
     Figure("data_seconds_median", "loading data (median)", "seconds"),
+    Figure("gpu_probe_seconds_median", "GPU probe (median)", "seconds"),
 )
 
 

@@ -346,27 +346,46 @@ def reading(records: RunRecords) -> Dict[str, Any]:
             "rows_read": sum(rec.n_steps for rec in records.ranks.values()), "sample_every": every}
 
 
-def spread_section(ranks: List[Dict[str, Any]], time_section: Dict[str, Any], found: List[Dict[str, Any]],
-                   verdict: Dict[str, Any]) -> Dict[str, Any]:
+def spread_section(records: RunRecords, ranks: List[Dict[str, Any]], time_section: Dict[str, Any],
+                   found: List[Dict[str, Any]], verdict: Dict[str, Any]) -> Dict[str, Any]:
     """The distribution of each rank figure over the ranks and nodes, and the outliers by name (``runlog.spread``):
-    what the text shows past :data:`~zeropilot.runlog.spread.MANY_RANKS` ranks."""
-    data = {r["rank"]: (r.get("phases") or {}).get("idle") for r in (time_section.get("measured") or {}).get("ranks")
+    what the text shows past :data:`~zeropilot.runlog.spread.MANY_RANKS` ranks. ``found``: the stragglers of every
+    evidence (``runlog.stragglers``: ``data``, ``phases``, ``gpu``)."""
+    idle = {r["rank"]: (r.get("phases") or {}).get("idle") for r in (time_section.get("measured") or {}).get("ranks")
             or []}
-    rows = [dict(r, data_seconds_median=data.get(r["rank"])) for r in ranks]
+    rows = []
+    for r in ranks:
+        cols = records.ranks[r["rank"]].steps
+        data = _median_of(cols["data_seconds"])  # the rank's DataLoader timed; else its time before the forward
+        rows.append(dict(r, data_seconds_median=data if data is not None else idle.get(r["rank"]),
+                         gpu_probe_seconds_median=_median_of(cols["gpu_probe_seconds"])))
     by_rank = {r["rank"]: r for r in rows}
-    outliers = [{"kind": "straggler", "rank": s["rank"], "figure": "data_seconds_median" if s["phase"] == "idle"
-                 else "forward_seconds_median", "value": s["own_seconds"], "median": s["peers_seconds"],
-                 "ratio": s["ratio"], "reason": None} for s in found]
+    outliers = [{"kind": "straggler", "evidence": s.get("evidence"), "rank": s["rank"],
+                 "figure": _STRAGGLER_FIGURE.get(s.get("evidence")) or ("data_seconds_median" if s.get("phase") ==
+                                                                      "idle" else "forward_seconds_median"),
+                 "value": s["own_seconds"], "median": s["peers_seconds"], "ratio": s["ratio"], "reason": None}
+                for s in found]
     memory = spread.memory_outlier(rows, ("peak_device_bytes", "peak_reserved_bytes", "host_rss_peak_bytes"))
     if memory is not None:
         outliers.append(dict(memory, reason=None))
     outliers += [dict(o, figure=None, value=None, median=None, ratio=None) for o in spread.verdict_outliers(verdict)]
     for o in outliers:
         row = by_rank.get(o["rank"]) or {}
+        o.setdefault("evidence", None)
         o.update(node=row.get("node"), host=row.get("host"))
     nodes = {r.get("node") for r in rows if r.get("node")}
     return {"ranks": len(rows), "nodes": len(nodes), "figures": spread.distributions(rows, spread.REPORT_FIGURES),
             "outliers": outliers}
+
+
+#: the figure of ``runlog.spread.REPORT_FIGURES`` a straggler of each evidence stands out in
+_STRAGGLER_FIGURE = {"data": "data_seconds_median", "gpu": "gpu_probe_seconds_median"}
+
+
+def _median_of(col) -> Optional[float]:
+    """The median of a column's numbers (NaN: none), or None when it has none."""
+    got = [x for x in col if x == x]
+    return statistics.median(got) if got else None
 
 
 def main_frames(text: str) -> List[str]:
@@ -408,7 +427,7 @@ def summarize(records: RunRecords, predictor: Optional[timing.Predictor] = None)
     if nodes is not None:
         verdict = job.node_verdict(records, ranks, verdict)
     time_section = timing.section(records, ranks, predictor)
-    found = stragglers.from_records(records)
+    found, gpu_found = stragglers.from_records(records), stragglers.gpu_from_records(records)
     return {
         "schema": REPORT_SCHEMA,
         "run_dir": str(records.root),
@@ -439,7 +458,8 @@ def summarize(records: RunRecords, predictor: Optional[timing.Predictor] = None)
         "locks_removed": nz.locks(run.get("locks_removed")),
         "builds": nz.builds(run.get("builds")),
         "stragglers": found,
-        "spread": spread_section(ranks, time_section, found, verdict),
+        "gpu_stragglers": gpu_found,
+        "spread": spread_section(records, ranks, time_section, found + gpu_found, verdict),
         "timeouts": timeouts.report(records),
         "problems": records.problems,
         "nodes": nodes,

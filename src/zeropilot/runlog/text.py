@@ -203,6 +203,8 @@ def figure(unit: str, value: Optional[float]) -> str:
         return "-"
     if unit == "bytes":
         return gib(value)
+    if unit == "seconds" and 0 < value < 0.01:
+        return f"{1e3 * value:.2f} ms"  # a GPU probe reading
     if unit == "seconds":
         return secs(value)
     if unit == "ratio":
@@ -445,7 +447,14 @@ def stragglers(summary: Dict[str, Any]) -> List[str]:
     """One line per straggler (``runlog.stragglers``)."""
     from zeropilot.runlog.stragglers import describe
 
-    return [f"straggler: {clean(describe(s))}" for s in summary.get("stragglers") or []]
+    found = (summary.get("stragglers") or []) + (summary.get("gpu_stragglers") or [])
+    if len(summary["ranks"]) <= MANY_RANKS:
+        return [f"straggler: {clean(describe(s))}" for s in found]
+    from zeropilot.runlog.stragglers import few
+
+    shown = few(found)  # one screen: at most 3 of each evidence
+    more = [f"straggler: ... {len(found) - len(shown)} more (--format json: stragglers, gpu_stragglers)"]
+    return [f"straggler: {clean(describe(s))}" for s in shown] + (more if len(found) > len(shown) else [])
 
 
 def render(summary: Dict[str, Any]) -> str:

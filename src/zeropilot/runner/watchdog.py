@@ -9,7 +9,8 @@ descendants of its first process, :mod:`zeropilot.runner.procs`) is alive and us
 changed, the deadline moves on by another timeout and the build is recorded (``builds`` in run.json) instead of a
 hang. On a hang it asks every live rank for its stacks (faulthandler's signal, see :mod:`zeropilot.guard.rank`) and
 its flight recorder (NCCL: its dump pipe; gloo: the guard's heartbeat thread, on ``.fr-request``), waits a moment
-for them, and writes the verdict of :mod:`zeropilot.guard.hangs`.
+for them, and writes the verdict of :mod:`zeropilot.guard.hangs`, with the ranks that straggled before the stall
+(:func:`stragglers_before`).
 
 Across nodes (the ranks publish their heartbeats in the job's c10d store, :mod:`zeropilot.guard.storebeat`) it
 reads every rank's from there too (:mod:`zeropilot.runner.peers`): progress anywhere in the job is progress; a
@@ -392,7 +393,7 @@ class Watchdog:
         fr = self._flight_recorder()
         world = self.peers.world_size if self.peers is not None else self.world_size
         d = self.deadline
-        verdict = hang_verdict(states, world, d.seconds, locks, fr)
+        verdict = hang_verdict(states, world, d.seconds, locks, fr, stragglers_before(self.dir.root))
         verdict["reason"] += f" (the {d.section.replace('_', ' ')} deadline: {d.basis})"
         if fr is not None and fr["text"]:
             verdict["reason"] += "; " + "; ".join(fr["text"])
@@ -412,6 +413,20 @@ class Watchdog:
         """The job ended: what the sections took is written once more (``timeouts.json``)."""
         self.sections.poll(self._beats())
         self.sections.flush()
+
+
+def stragglers_before(root: Path) -> List[Dict]:
+    """The ranks of this run directory that straggled over their newest steps before the stall: their own data time
+    or their GPU probe far above their peers' (``runlog.stragglers``, read from each rank file's tail)."""
+    from zeropilot.errors import InputError
+    from zeropilot.runlog.live import LiveRun
+
+    try:
+        live = LiveRun.open(root)
+        live.refresh()
+        return live.stragglers() + live.gpu_stragglers()
+    except (InputError, OSError):
+        return []
 
 
 def _str(value) -> Optional[str]:

@@ -5,6 +5,7 @@
                                             [--per_device_train_batch_size 2 --gradient_accumulation_steps 1]
                                             [--seq 16 --max_length N] [--deepspeed ds.json] [--step-sleep S]
                                             [--fault kill-rank1|hang-rank1 --fault-step K --fault-once FILE]
+                                            [--data-sleep R:S]
     python hf_train.py OUT_DIR --stage 0      (no DeepSpeed: a plain Trainer in one process)
 
 The batch flags carry the Trainer's own argument names, as scripts built on ``HfArgumentParser`` take them;
@@ -12,7 +13,8 @@ The batch flags carry the Trainer's own argument names, as scripts built on ``Hf
 cuts the samples (TRL's name for it).
 ``--fault`` makes rank 1 die (SIGKILL) or hang (sleep) at the end of step K, once: FILE is created when the fault
 fires and no fault fires while it exists (a transient fault, as a restart meets it). ``--step-sleep`` slows each
-step (a callback sleeps), so that a signal lands mid-run.
+step (a callback sleeps), so that a signal lands mid-run. ``--data-sleep R:S``: rank R's dataset takes S seconds
+more to hand over each batch (a slow disk or data pipeline on its node: a straggler).
 
 CPU (``use_cpu=True``, gloo); a tiny Qwen2 from config, random tokens. ``--load-best`` evaluates at
 every save and loads the best checkpoint back when training ends (``load_best_model_at_end``: under
@@ -50,6 +52,30 @@ class Faults(TrainerCallback):
         time.sleep(3600)  # hang-rank1
 
 
+class Rows(torch.utils.data.Dataset):
+    """The samples; each batch (``__getitems__``: the DataLoader fetches a batch at once) takes ``sleep`` s more."""
+
+    def __init__(self, rows, sleep):
+        self.rows, self.sleep = rows, sleep
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+    def __getitems__(self, indices):
+        if self.sleep:
+            time.sleep(self.sleep)
+        return [self.rows[i] for i in indices]
+
+
+def _data_sleep(text, rank):
+    """``R:S`` -> the seconds rank ``rank`` sleeps per batch."""
+    r, _, seconds = text.partition(":")
+    return float(seconds) if text and int(r) == rank else 0.0
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -69,6 +95,7 @@ def main():
     p.add_argument("--fault", choices=("none", "kill-rank1", "hang-rank1"), default="none")
     p.add_argument("--fault-step", type=int, default=3)
     p.add_argument("--fault-once", default="")
+    p.add_argument("--data-sleep", default="")
     a = p.parse_args()
     torch.set_num_threads(1)
     if a.stage:  # --stage 0: a plain Trainer, no DeepSpeed
@@ -94,6 +121,8 @@ def main():
     rows = torch.randint(0, TINY["vocab_size"], (64, a.seq), generator=gen)[:, :a.max_length or a.seq]
     data = [{"input_ids": r, "labels": r} for r in rows]
     evals = data[:8] if a.load_best else None
+    if a.data_sleep:
+        data = Rows(data, _data_sleep(a.data_sleep, int(os.environ.get("RANK", "0"))))
     callbacks = [Faults(a.fault, a.fault_step, a.fault_once, a.step_sleep)] if a.fault != "none" or a.step_sleep \
         else None
     Trainer(model=model, args=args, train_dataset=data, eval_dataset=evals, callbacks=callbacks).train()

@@ -329,22 +329,23 @@ def nodes(summary: Dict[str, Any]) -> Optional[str]:
 
 def stragglers(summary: Dict[str, Any]) -> Optional[str]:
     """Ranks whose own share of the step stayed above their peers' (``runlog.stragglers``)."""
-    from zeropilot.runlog.stragglers import describe
+    from zeropilot.runlog.stragglers import describe, evidence
 
     rows = []
     for x in summary.get("stragglers") or []:
         place = x.get("place") or {}
         rows.append([str(x["rank"]), "-" if x["ratio"] is None else f"{x['ratio']:.2f}×",
-                     f"{x['steps']} ({x['first_step']}-{x['last_step']})",
-                     "loading data" if x["phase"] == "idle" else "forward",
+                     f"{x['steps']} ({x['first_step']}-{x['last_step']})", evidence(x),
                      secs(x["own_seconds"]), secs(x["peers_seconds"]), secs(x["excess_seconds"]),
                      _e(place.get("host")), _e(place.get("node_rank")), _e(place.get("local_rank")),
                      _e(place.get("gpu"))])
-    if not rows:
+    found = (summary.get("stragglers") or []) + (summary.get("gpu_stragglers") or [])
+    if not found:
         return None
-    words = "".join(f"<li>{esc(describe(x))}</li>" for x in summary["stragglers"])
-    return f"<ul>{words}</ul>" + table(["rank", "ratio", "steps in a row", "where", "own", "peers' median",
-                                         "others wait", "host", "node", "local rank", "GPU"], rows, "stragglers")
+    words = "".join(f"<li>{esc(describe(x))}</li>" for x in found)
+    return f"<ul>{words}</ul>" + (table(["rank", "ratio", "steps in a row", "evidence", "own", "peers' median",
+                                          "others wait", "host", "node", "local rank", "GPU"], rows, "stragglers")
+                                   if rows else "")
 
 
 def deadlines(summary: Dict[str, Any]) -> Optional[str]:
