@@ -197,7 +197,7 @@ class JobSpec:
     every ``save_every`` steps, every rank ending each step at the job's time (its collectives); ``straggler`` loads its
     batches ``straggle_s`` slower from a third of the run on (every other rank waits for it in its backward), ``heavy``
     holds ``heavy_gib`` more memory, ``hang_rank`` stops in its forward at half the run and every other rank waits
-    for it (the watchdog's verdict names it)."""
+    for it (the watchdog's verdict names it), ``slow_gpu``'s card is slower (its GPU probe readings)."""
 
     nodes: int = 2
     per_node: int = 8
@@ -208,6 +208,9 @@ class JobSpec:
     heavy: Optional[int] = None
     heavy_gib: float = 3.0
     hang_rank: Optional[int] = None
+    slow_gpu: Optional[int] = None  # this rank's GPU probe reads ``slow_gpu_ratio`` x its peers' (guard.gpu_probe)
+    slow_gpu_ratio: float = 1.6
+    probe_every: int = 10  # steps between two GPU probes (guard.gpu_probe.EVERY)
     seed: int = 0
 
     @property
@@ -269,6 +272,10 @@ def job_records(spec: JobSpec, rank: int):
         if save_s:
             phases["save"] = save_s
         phases.update(forward=forward, backward=backward, step=opt)
+        own = {"data_seconds": round(idle - 0.0008 - rnd.random() * 2e-4, 6)}  # its DataLoader's part of idle
+        if spec.probe_every and step % spec.probe_every == 0:
+            probe = 4.2e-4 * (1 + rnd.random() * 0.02) * (spec.slow_gpu_ratio if rank == spec.slow_gpu else 1.0)
+            own["gpu_probe_seconds"] = round(probe, 7)
         last_end, save_s = end, 0.0
         alloc = alloc0 + rnd.randrange(0, 256) * 4096
         peak_a = max(peak_a, alloc + 5 * GiB + rnd.randrange(0, 64) * (1 << 20))
@@ -276,7 +283,7 @@ def job_records(spec: JobSpec, rank: int):
         mem = dict(mem, allocated_bytes=alloc, peak_allocated_bytes=peak_a, unallocated_reserved_bytes=reserved - alloc,
                    host_rss_bytes=rss)
         yield dict(base, event="step", t=end + rnd.random() * 4e-4, step=step, seconds=seconds if step > 1 else None,
-                   mem=mem, phase_seconds=phases,
+                   mem=mem, phase_seconds=phases, **own,
                    batch={"micro_batches": 2, "micro_batch_size": 4, "seq_len": 4096,
                           "tokens": 2 * 4 * 4096 - rnd.randrange(0, 2048)})
         if spec.save_every and step % spec.save_every == 0:
@@ -292,11 +299,16 @@ def job_records(spec: JobSpec, rank: int):
     yield dict(base, event="end", t=last_end + 1.0, steps=spec.steps)
 
 
-def write_job(root: Path, spec: JobSpec, jobs: int = 1, segment_bytes: Optional[int] = None) -> Path:
+def write_job(root: Path, spec: JobSpec, jobs: int = 1, segment_bytes: Optional[int] = None,
+              writer: bool = True, compact: bool = True) -> Path:
     """A whole job's run directory as ``zeropilot run`` leaves it on a shared folder: each node's ``run-node-K.json``,
     each rank's last heartbeat and its records in closed segments, compacted (``runlog.compact.write_segment``, the
     supervisor's own path) where the writer would have closed them (``runlog.events.SEGMENT_BYTES`` of JSON lines),
-    and the watchdog's verdict when a rank hangs. ``jobs`` processes write the ranks."""
+    and the watchdog's verdict when a rank hangs. ``jobs`` processes write the ranks. ``writer``: every record goes
+    through the guard's writer (``EventWriter``, which closes the segments) and the supervisor's end
+    (``runlog.compact.finish_rank``); else the records go to the compaction as records, not as lines: the same
+    columns, faster (segments closed where the writer would close them, to within a step). ``compact`` False: the
+    writer's files as they are before the supervisor's end (closed segments and live files of JSON lines)."""
     from zeropilot.runlog.events import SEGMENT_BYTES
 
     d = RunDir(Path(root))
@@ -307,9 +319,10 @@ def write_job(root: Path, spec: JobSpec, jobs: int = 1, segment_bytes: Optional[
         import multiprocessing
 
         with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            ends = pool.starmap(_write_job_rank, [(str(d.root), spec, r, size) for r in ranks], chunksize=4)
+            args = [(str(d.root), spec, r, size, writer, compact) for r in ranks]
+            ends = pool.starmap(_write_job_rank, args, chunksize=4)
     else:
-        ends = [_write_job_rank(str(d.root), spec, r, size) for r in ranks]
+        ends = [_write_job_rank(str(d.root), spec, r, size, writer, compact) for r in ranks]
     end_t = max(ends)
     hang = spec.hang_rank is not None
     for node in range(spec.nodes):
@@ -326,7 +339,8 @@ def write_job(root: Path, spec: JobSpec, jobs: int = 1, segment_bytes: Optional[
     return d.root
 
 
-def _write_job_rank(root: str, spec: JobSpec, rank: int, segment_bytes: int) -> float:
+def _write_job_rank(root: str, spec: JobSpec, rank: int, segment_bytes: int, writer: bool = True,
+                    compact: bool = True) -> float:
     """One rank's records as ``zeropilot run`` leaves them: segments closed where the writer closes them (when the
     next line would pass ``segment_bytes``; steps counted at the average size of the rank's first ones, every other
     record at its own), each compacted, then merged into one file (``runlog.compact.finish``'s ``merge_rank``); a
@@ -336,6 +350,15 @@ def _write_job_rank(root: str, spec: JobSpec, rank: int, segment_bytes: int) -> 
     from zeropilot.runlog.events import line
 
     d = RunDir(Path(root))
+    if writer:
+        from zeropilot.runlog.compact import finish_rank
+
+        with EventWriter(d.events(rank), segment_bytes) as w:
+            for rec in job_records(spec, rank):
+                w.write(rec)
+        if compact:
+            finish_rank(d, rank)
+        return _job_heartbeat(d, spec, rank, rec)
     parts, size, chunk, step_size, sized = [], 0, [], 0.0, []
     last_t = T0
     for rec in job_records(spec, rank):
@@ -360,7 +383,12 @@ def _write_job_rank(root: str, spec: JobSpec, rank: int, segment_bytes: int) -> 
         parts.append(segments.from_records(rank, len(parts) + 1, chunk))
     if parts:
         write_segment(d, segments.concat(parts) if len(parts) > 1 else parts[0])
-    step = chunk[-1].get("step") if chunk else 0
+    return _job_heartbeat(d, spec, rank, chunk[-1] if chunk else {"t": last_t})
+
+
+def _job_heartbeat(d: RunDir, spec: JobSpec, rank: int, last: Dict[str, Any]) -> float:
+    """The rank's last heartbeat (at its last record); that record's time."""
+    last_t, step = last["t"], last.get("step") or 0
     write_json_atomic(d.heartbeat(rank), {
         "t": last_t, "rank": rank, "pid": 4000 + rank % spec.per_node, "host": f"gpu-node-{rank // spec.per_node:03d}",
         "phase": "collective" if spec.hang_rank is not None and rank != spec.hang_rank else "idle",

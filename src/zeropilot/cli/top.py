@@ -262,6 +262,8 @@ def _short(unit: str, value: Optional[float]) -> str:
         return _size(None if value is None else int(value))
     if unit == "seconds" and value is not None and 0 < value < 0.1:
         return f"{1e3 * value:.1f}ms"  # a GPU probe reading: milliseconds
+    if unit == "seconds" and value is not None and value >= 86400:
+        return f"{value / 86400:.0f}d"
     if unit == "seconds":
         return _secs(value)
     if unit == "ratio":

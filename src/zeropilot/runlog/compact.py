@@ -122,24 +122,40 @@ def finish(root: Path, host: Optional[str] = None) -> List[Dict[str, int]]:
     such rank's compacted segments merged into one file (:func:`merge_rank`)."""
     d = RunDir(Path(root))
     host = socket.gethostname() if host is None else host
-    segs = d.segments()
-    closed = []
-    for rank in segs:
-        live = d.events(rank)
-        if not _ours(d, rank, host):
-            continue
-        closed.append(rank)
-        if not os.path.isfile(live) or os.path.islink(live):
-            continue
-        try:
-            os.rename(live, d.segment_jsonl(rank, d.next_segment(rank)))
-        except OSError:
-            continue
+    closed = [rank for rank in d.segments() if _ours(d, rank, host)]
+    for rank in closed:
+        close_live(d, rank)
     done = compact_closed(d.root, min_age_s=0.0)
     for rank, segs in d.segments().items():
         if rank in closed:
             merge_rank(d, rank, segs)
     return done
+
+
+def finish_rank(d: RunDir, rank: int) -> List[Dict[str, int]]:
+    """:func:`finish` for one rank that closed a segment (the synthetic jobs of the test suite write ranks in
+    parallel processes, each ending its own)."""
+    if rank not in d.segments():
+        return []
+    close_live(d, rank)
+    done = []
+    for s in d.segments()[rank]:
+        got = compact_segment(d, rank, s)
+        if got is not None:
+            done.append(dict(got, rank=rank, segment=s.seq))
+    merge_rank(d, rank, d.segments()[rank])
+    return done
+
+
+def close_live(d: RunDir, rank: int) -> None:
+    """A rank's live file closed as its last segment (a rename, as its writer closes one), when it is a file."""
+    live = d.events(rank)
+    if not os.path.isfile(live) or os.path.islink(live):
+        return
+    try:
+        os.rename(live, d.segment_jsonl(rank, d.next_segment(rank)))
+    except OSError:
+        pass
 
 
 def merge_rank(d: RunDir, rank: int, segs: List[Segment]) -> Optional[Path]:

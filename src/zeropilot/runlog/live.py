@@ -22,6 +22,7 @@ from zeropilot.errors import InputError
 from zeropilot.runlog.layout import RunDir, live_rank
 from zeropilot.runlog.read import MAX_LINE, MAX_SIDE_FILE, PHASE_COLUMNS
 from zeropilot.runlog import stragglers as strag
+from zeropilot.runlog import segments as seg
 
 TAIL_START = 4 << 20  # a file larger than this when first seen is read from its last 4 MiB on
 #: ``zeropilot top`` reads less at its first look: the last 256 KiB of each live file and its first 64 KiB (the
@@ -30,6 +31,9 @@ FIRST_LOOK = 256 << 10
 HEAD_WINDOW = 64 << 10
 RECENT_STEPS = 64  # steps per rank kept for the straggler view: it names a rank that straggles now
 RECENT_PROBES = 2 * strag.MIN_WINDOWS * strag.PROBE_WINDOW  # GPU probe readings per rank kept for the same view
+#: step records read per rank at a first look (and after a pause): those holding the newest RECENT_STEPS steps and
+#: RECENT_PROBES probes at the guard's default interval (``guard.gpu_probe.EVERY``); a compacted segment's tail
+RECENT_ROWS = seg.TAIL_ROWS
 READ_PER_REFRESH = 16 << 20  # bytes of one rank file read per refresh at most (the rest at the next)
 _decode = json.JSONDecoder().decode
 
@@ -299,12 +303,12 @@ def _is_step(raw: bytes) -> bool:
 
 def _newest(lines: List[bytes], state: RankLive) -> List[bytes]:
     """A long batch of lines (a first look, a pause) as ``top`` needs it: every record but steps, and the newest
-    :data:`RECENT_STEPS` steps (the others are counted as seen: the memory counters are cumulative, the newest say
+    :data:`RECENT_ROWS` steps (the others are counted as seen: the memory counters are cumulative, the newest say
     the peak)."""
-    if len(lines) <= 4 * RECENT_STEPS:
+    if len(lines) <= 4 * RECENT_ROWS:
         return lines
     steps = [i for i, ln in enumerate(lines) if _is_step(ln)]
-    old = set(steps[:-RECENT_STEPS])
+    old = set(steps[:-RECENT_ROWS])
     state.steps_seen += len(old)
     return [ln for i, ln in enumerate(lines) if i not in old]
 
@@ -340,7 +344,7 @@ def _earlier(segs: List[Any], problems: List[str]) -> Tuple[List[Dict[str, Any]]
                 continue
             lines = [ln for ln in data.split(b"\n")[:-1] if ln.strip()]
             steps = [j for j, ln in enumerate(lines) if _is_step(ln)]
-            drop = set(steps[:-RECENT_STEPS] if newest else steps)
+            drop = set(steps[:-RECENT_ROWS] if newest else steps)
             out += [r for j, ln in enumerate(lines) if j not in drop for r in [_record(ln)] if r is not None]
         elif s.col is not None:
             recs, highs = front_records(s.col, newest, problems)

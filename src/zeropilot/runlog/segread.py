@@ -265,13 +265,13 @@ def read_pieces(records: RankRecords, pieces: List[Piece], budget: _Budget, stri
         if piece.head is None and stride is None:
             fold_records(records, _lines(piece.path, problems), budget)
         elif piece.head is None:
-            _sampled_lines(records, piece, budget, stride, last, problems)
+            _sampled_lines(records, piece, budget, stride, i == 0, last, problems)
         else:
-            _col(records, piece, budget, stride, last, problems)
+            _col(records, piece, budget, stride, i == 0, last, problems)
     finish_columns(records)
 
 
-def _sampled_lines(records: RankRecords, piece: Piece, budget: _Budget, stride: int, last: bool,
+def _sampled_lines(records: RankRecords, piece: Piece, budget: _Budget, stride: int, first: bool, last: bool,
                    problems: List[str]) -> None:
     """A segment of JSON lines read for a sample: its lines as a segment in memory, then as a compacted one."""
     try:
@@ -287,10 +287,10 @@ def _sampled_lines(records: RankRecords, piece: Piece, budget: _Budget, stride: 
     odd = sum(1 for _, line in s.others if (_parse(line) or {}).get("event") == "step")
     records.total_steps = (records.total_steps or 0) + s.rows.n + odd
     tail = [s.rows.n - 1] if last and s.rows.n else []  # the rank's newest step: where it was last seen
-    _fold_sample(records, s.rows, seg.sample_rows(s.rows, s.others), tail, s.others, budget, stride)
+    _fold_sample(records, s.rows, seg.sample_rows(s.rows, s.others), tail, s.others, budget, stride, first)
 
 
-def _col(records: RankRecords, piece: Piece, budget: _Budget, stride: Optional[int], last: bool,
+def _col(records: RankRecords, piece: Piece, budget: _Budget, stride: Optional[int], first: bool, last: bool,
          problems: List[str]) -> None:
     """A compacted segment: every row group (up to any damage), or its head, sample and tail."""
     head, name = piece.head or {}, piece.path.name
@@ -330,7 +330,7 @@ def _col(records: RankRecords, piece: Piece, budget: _Budget, stride: Optional[i
     if tail_block is not None and tail_index:  # the rank's newest step: where it was last seen
         block, index = _union(block, index or [], tail_block.take([tail_block.n - 1]), tail_index[-1:])
         tail = [block.n - 1]
-    _fold_sample(records, block, list(range(block.n)), tail, others, budget, stride, index=index)
+    _fold_sample(records, block, list(range(block.n)), tail, others, budget, stride, first, index=index)
 
 
 def _decode_parts(piece: Piece, data: bytes, want: List[Dict[str, Any]], skip: frozenset = _ENVELOPE
@@ -445,16 +445,18 @@ def _union(a: seg.Block, ia: List[int], b: seg.Block, ib: List[int]) -> Tuple[se
 
 
 def _fold_sample(records: RankRecords, block: seg.Block, rows: List[int], tail: List[int],
-                 others: Sequence[Tuple[int, bytes]], budget: _Budget, stride: int,
+                 others: Sequence[Tuple[int, bytes]], budget: _Budget, stride: int, first: bool,
                  index: Optional[List[int]] = None) -> None:
-    """The rows of a sample a reading at ``stride`` keeps: multiples of the stride, the first rows, those around the
-    other records (``index``: each block row's number in its segment, when the block is a sample), and ``tail``."""
+    """The rows of a sample a reading at ``stride`` keeps: multiples of the stride, the rank's first rows (``first``:
+    the segment is the rank's first; the sample then does not depend on where segments were closed or merged),
+    those around the other records (``index``: each block row's number in its segment, when the block is a sample),
+    and ``tail``."""
     number = index if index is not None else list(range(block.n))
     near = {p + d for p, _ in others for d in (-1, 0)}
     steps = block.cols.get(("step",)) or [None] * block.n
     tail_set = set(tail)
     keep = [i for i in sorted(set(rows) | tail_set)
-            if i in tail_set or number[i] < seg.HEAD_ROWS or number[i] in near
+            if i in tail_set or (first and number[i] < seg.HEAD_ROWS) or number[i] in near
             or (type(steps[i]) is int and steps[i] % stride == 0)]
     placed = [(_upto(number, p, 0), line) for p, line in others]  # others at their place among the block's rows
     fold_segment(records, block, placed, budget, keep)
