@@ -8,7 +8,7 @@ a fake prompt).
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from zeropilot.runlog.spread import MANY_RANKS
 
@@ -391,11 +391,14 @@ def _hang(summary: Dict[str, Any]) -> List[str]:
     lines = [f"HANG: {clean(v['reason'] or 'no progress')} ({judged}, action {clean(h['action'])})"]
     if v.get("cause"):
         lines.append(f"  cause" + (f" ({clean(v['class'])})" if v.get("class") else "") + f": {clean(v['cause'])}")
-    for r in h["ranks"]:
+    for who, r in _hang_rows(h["ranks"], v["ranks"]):
         odd = " <- stuck" if r["rank"] in v["ranks"] else ""
         dead = " (process gone)" if r.get("alive") is False else ""
         waits = f", in {clean(r['where'][-1])}" if r.get("where") else ""
-        lines.append(f"  rank {r['rank']}: phase {clean(r['phase'])} at step {r['step']}{waits}{dead}{odd}")
+        lines.append(f"  {who}: phase {clean(r['phase'])} at step {r['step']}{waits}{dead}{odd}")
+    shown = sum(1 if who.startswith("rank ") else int(who.split()[0]) for who, _ in _hang_rows(h["ranks"], v["ranks"]))
+    if shown < len(h["ranks"]):
+        lines.append(f"  ... {len(h['ranks']) - shown} more ranks elsewhere (--format json: hang.ranks)")
     for lock in h.get("locks") or []:
         state = {"live": ", a build is working on it", "stale": ", no live build holds it"}.get(lock.get("state") or "", "")
         lines.append(f"  op-build lock: {clean(lock['path'])} ({secs(lock['age_s'])} old{state}"
@@ -408,6 +411,27 @@ def _hang(summary: Dict[str, Any]) -> List[str]:
         # faulthandler writes the most recent call first: the first frames are where the rank waits
         lines += [f"    rank {rank} stack: {clean(ln)}" for ln in stacks.get(rank, [])[:4]]
     return lines + _fixes(v.get("fixes") or [])
+
+
+def _hang_rows(ranks: List[Dict[str, Any]], stuck: List[int], limit: int = 6) -> List[Tuple[str, Dict[str, Any]]]:
+    """The watchdog's ranks as ``(who, row)``: one each up to :data:`MANY_RANKS`; past it, the stuck ranks one each
+    and the others grouped by where they wait (phase, step, frame, alive), the largest groups first."""
+    if len(ranks) <= MANY_RANKS:
+        return [(f"rank {r['rank']}", r) for r in ranks]
+    out = [(f"rank {r['rank']}", r) for r in ranks if r["rank"] in stuck][:limit]
+    groups: Dict[Any, List[Dict[str, Any]]] = {}
+    for r in ranks:
+        if r["rank"] not in stuck:
+            key = (r.get("phase"), r.get("step"), (r.get("where") or [None])[-1], r.get("alive"))
+            groups.setdefault(key, []).append(r)
+    for rows in sorted(groups.values(), key=len, reverse=True)[:max(limit - len(out), 1)]:
+        out.append((f"rank {rows[0]['rank']}" if len(rows) == 1 else f"{len(rows)} ranks ({_span(rows)})", rows[0]))
+    return out
+
+
+def _span(rows: List[Dict[str, Any]]) -> str:
+    nums = [r["rank"] for r in rows]
+    return f"{min(nums)}-{max(nums)}" if len(nums) == max(nums) - min(nums) + 1 else f"{min(nums)}..{max(nums)}"
 
 
 def _machine(summary: Dict[str, Any]) -> List[str]:
