@@ -178,6 +178,41 @@ def measure(args: argparse.Namespace) -> int:
     return 0
 
 
+def table(args: argparse.Namespace) -> int:
+    """The results of several ``measure`` runs as one markdown table (``results/scale.md``)."""
+    rows = [json.loads(Path(f).read_text(encoding="utf-8")) for f in args.results]
+    head = ["job (ranks x steps)"] + [f"{r['job']['ranks']:,} x {r['job']['steps']:,}" for r in rows]
+
+    def run(key: str, what: str) -> List[str]:
+        return [f"{what}"] + [f"{r[key]['wall_s']:.2f} s wall, {r[key]['cpu_s']:.2f} s CPU, "
+                              f"{r[key]['peak_rss_mb']:.0f} MB" for r in rows]
+
+    lines = [head, ["rank-steps"] + [f"{r['dir']['rank_steps']:,}" for r in rows],
+             ["run directory"] + [f"{r['dir']['bytes'] / 1e6:,.1f} MB in {r['dir']['files']:,} files" for r in rows],
+             ["bytes per rank-step"] + [f"{r['dir']['bytes_per_rank_step']:.1f} (JSON lines: "
+                                        f"{r['dir']['lines_bytes_per_rank_step']:.0f})" for r in rows],
+             run("cat", "`cat` of the directory"), run("report_text", "`report` (text)"),
+             run("report_json", "`report --format json`"), run("report_html", "`report --format html`"),
+             ["report text vs `cat`"] + [f"{r['ratios']['report_text_vs_cat']:.1f}x" for r in rows],
+             run("top_once", "`top --once` (a process)"),
+             ["top: first look (in process)"] + [f"{r['top_live']['first_look_s']:.2f} s" for r in rows],
+             ["top: refresh, nothing new"] + [f"{r['top_live']['refresh_nothing_new_s']:.3f} s" for r in rows],
+             ["top: refresh after every rank appended a step"] + [
+                 f"{r['top_live']['refresh_after_append_s']:.3f} s ({r['top_live']['new_steps_read']:,} steps read)"
+                 for r in rows],
+             ["screen lines (report text / top)"] + [f"{r['report_text']['stdout_lines']} / "
+                                                     f"{r['top_live']['screen_lines']}" for r in rows]]
+    if all("decode_every_row" in r for r in rows):
+        lines.insert(5, run("decode_every_row", "decoding every row (`segread.decode_segment`)"))
+    out = ["| " + " | ".join(lines[0]) + " |", "|" + "---|" * len(lines[0])]
+    out += ["| " + " | ".join(row) + " |" for row in lines[1:]]
+    text = "\n".join(out) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -198,6 +233,10 @@ def main(argv=None) -> int:
     m.add_argument("--tmp", default="/tmp")
     m.add_argument("--skip-decode", action="store_true")
     m.set_defaults(func=measure)
+    t = sub.add_parser("table")
+    t.add_argument("results", nargs="+")
+    t.add_argument("--out")
+    t.set_defaults(func=table)
     for name, fn in (("_decode", _decode_all), ("_top", _top)):
         s = sub.add_parser(name)
         s.add_argument("dir")

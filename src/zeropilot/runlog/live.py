@@ -302,15 +302,22 @@ def _is_step(raw: bytes) -> bool:
 
 
 def _newest(lines: List[bytes], state: RankLive) -> List[bytes]:
-    """A long batch of lines (a first look, a pause) as ``top`` needs it: every record but steps, and the newest
-    :data:`RECENT_ROWS` steps (the others are counted as seen: the memory counters are cumulative, the newest say
+    """A long batch of lines (a first look, a pause) as ``top`` needs it: every record but steps, and the steps
+    :func:`_old_steps` keeps (the others are counted as seen: the memory counters are cumulative, the newest say
     the peak)."""
     if len(lines) <= 4 * RECENT_ROWS:
         return lines
-    steps = [i for i, ln in enumerate(lines) if _is_step(ln)]
-    old = set(steps[:-RECENT_ROWS])
+    old = _old_steps([(_is_step(ln), b'"gpu_probe_seconds"' in ln) for ln in lines])
     state.steps_seen += len(old)
     return [ln for i, ln in enumerate(lines) if i not in old]
+
+
+def _old_steps(kinds: List[Tuple[bool, bool]]) -> set:
+    """The step records ``top`` does not need among records whose ``(is a step, holds a GPU probe)`` are ``kinds``:
+    all but the newest :data:`RECENT_STEPS` steps and the newest :data:`RECENT_PROBES` steps with a probe reading."""
+    steps = [i for i, (step, _) in enumerate(kinds) if step]
+    probes = [i for i in steps if kinds[i][1]]
+    return set(steps[:-RECENT_STEPS]) - set(probes[-RECENT_PROBES:])
 
 
 def _head_window(path: Path) -> List[bytes]:
@@ -343,11 +350,11 @@ def _earlier(segs: List[Any], problems: List[str]) -> Tuple[List[Dict[str, Any]]
             except InputError:
                 continue
             lines = [ln for ln in data.split(b"\n")[:-1] if ln.strip()]
-            steps = [j for j, ln in enumerate(lines) if _is_step(ln)]
-            drop = set(steps[:-RECENT_ROWS] if newest else steps)
+            drop = (_old_steps([(_is_step(ln), b'"gpu_probe_seconds"' in ln) for ln in lines]) if newest else
+                    {j for j, ln in enumerate(lines) if _is_step(ln)})
             out += [r for j, ln in enumerate(lines) if j not in drop for r in [_record(ln)] if r is not None]
         elif s.col is not None:
-            recs, highs = front_records(s.col, newest, problems)
+            recs, highs = front_records(s.col, newest, problems, _old_steps)
             out += recs
             for key, value in highs.items():
                 peaks[key] = max(peaks.get(key, value), value)

@@ -393,9 +393,11 @@ def read_records(path: Path, problems: Optional[List[str]] = None) -> List[Dict[
     return [] if got is None else list(seg.records(got.rows, got.others))
 
 
-def front_records(path: Path, with_tail: bool, problems: List[str]) -> Tuple[List[Dict[str, Any]], Dict[str, int]]:
+def front_records(path: Path, with_tail: bool, problems: List[str], drop=None
+                  ) -> Tuple[List[Dict[str, Any]], Dict[str, int]]:
     """What the front of a compacted segment says without its row groups: its records but steps (and, ``with_tail``,
-    its last steps among them), in their order; and the largest value of each memory field over all its steps."""
+    its last steps among them: those ``drop`` leaves, given each row's ``(True, holds a GPU probe)``), in their order;
+    and the largest value of each memory field over all its steps."""
     piece = open_col(path, problems)
     if piece is None:
         return [], {}
@@ -411,6 +413,11 @@ def front_records(path: Path, with_tail: bool, problems: List[str]) -> Tuple[Lis
         problems.append(f"{path.name}: {damage}: read up to it")
     others = parts.get("events", [])
     block, index = parts.get("tail", (seg.Block(0, {}, [()]), []))
+    if drop is not None and block.n:
+        probe = block.cols.get(("gpu_probe_seconds",)) or [seg.ABSENT] * block.n
+        gone = drop([(True, v is not seg.ABSENT) for v in probe])
+        keep = [i for i in range(block.n) if i not in gone]
+        block, index = block.take(keep), [(index or [])[i] for i in keep] if index else index
     placed = [(_upto(index or [], p, 0), line) for p, line in others]
     highs = {}
     for item in head.get("stats") or []:
