@@ -537,8 +537,8 @@ def nodes(summary: Dict[str, Any]) -> List[str]:
     if n:
         lines.append(f"nodes: {n['count']}" + (f" of {n['expected']}" if n.get("expected") else "")
                      + (f", world size {n['world_size']}" if n.get("world_size") else ""))
-    if n and len(n["list"]) > MANY_RANKS:
-        lines += _many_nodes(n)
+    if n and (len(n["list"]) > MANY_RANKS or len(summary["ranks"]) > MANY_RANKS):  # the spread has each figure's
+        lines += _many_nodes(n)  # nodes: what is left fits a few lines
     elif n:
         for node in n["list"]:
             ranks = node["ranks"]
