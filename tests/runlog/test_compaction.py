@@ -186,3 +186,24 @@ def test_merge_rank_leaves_segments_that_are_still_lines(lines_dir, tmp_path):
     d = RunDir(root)
     compact_segment(d, 0, d.segments()[0][0])
     assert merge_rank(d, 0, d.segments()[0]) is None  # its second segment is still JSON lines
+
+
+def test_the_supervisors_thread_compacts_closed_segments_and_leaves_live_files(lines_dir, tmp_path):
+    """``runlog.compact.Compactor`` (what ``zeropilot run`` starts): every closed segment compacted, the live files
+    left to their writers, the report unchanged."""
+    import time
+
+    from zeropilot.runlog.compact import Compactor
+
+    want = _report(lines_dir)
+    root = tmp_path / "running"
+    shutil.copytree(lines_dir, root)
+    d = RunDir(root)
+    worker = Compactor(root, every_s=0.05, min_age_s=0.0)
+    deadline = time.time() + 30
+    while time.time() < deadline and any(s.jsonl is not None for segs in d.segments().values() for s in segs):
+        time.sleep(0.05)
+    worker.stop()
+    assert all(s.jsonl is None and s.col is not None for segs in d.segments().values() for s in segs)
+    assert all(d.events(r).exists() for r in range(SPEC.world))
+    assert _report(root) == want

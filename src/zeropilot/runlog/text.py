@@ -492,7 +492,7 @@ def render(summary: Dict[str, Any]) -> str:
     lines += _verdict(summary) + _steps(summary) + _time(summary) + stragglers(summary) + _ranks(summary)
     lines += nodes(summary)
     many = len(summary["ranks"]) > MANY_RANKS
-    lines += _ops("save", summary["saves"], 3 if many else 12) + _ops("load", summary["loads"], 3 if many else 12)
+    lines += _ops("save", summary["saves"], 2 if many else 12) + _ops("load", summary["loads"], 2 if many else 12)
     for o in summary["ooms"]:
         lines += _oom(o)
     if summary.get("hang"):
