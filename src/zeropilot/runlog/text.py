@@ -225,8 +225,8 @@ def spread_lines(sp: Dict[str, Any], ranks: List[Dict[str, Any]]) -> List[str]:
             f" ({clean(where(by_rank.get(d['max_rank'])))})" if where(by_rank.get(d["max_rank"])) else "")
         lines.append(f"  {d['label']:<26}{figure(d['unit'], d['min']):>12}{figure(d['unit'], d['median']):>12}"
                      f"{figure(d['unit'], d['max']):>12}  {at}")
-    per_node = [d for d in sp["figures"] if d["nodes"] and d["unit"] != "count" and d["nodes"]["min"] != d["nodes"]["max"]
-                and d["key"] != "plan_ratio"]  # a figure alike on every node, or the plan's ratio, says nothing more
+    per_node = [d for d in sp["figures"] if d["nodes"] and d["unit"] != "count" and d["key"] != "plan_ratio"
+                and d["nodes"]["min"] != d["nodes"]["max"]]  # alike on every node, or the plan's ratio: nothing more
     if per_node:
         lines.append(f"  over the nodes (a node: the largest of its ranks; host RSS: their sum)")
         for d in per_node:
