@@ -144,7 +144,7 @@ def test_top_once_on_hostile_records(tmp_path, capsys):
 def test_top_reads_only_the_tail_of_a_large_file(tmp_path, capsys, monkeypatch):
     from zeropilot.runlog import live
 
-    monkeypatch.setattr(live, "TAIL_START", 1000)
+    monkeypatch.setattr(live, "FIRST_LOOK", 1000)  # top's first look at a live file: its last bytes
     recs = [{"event": "step", "t": 1.0 + i, "step": i + 1, "seconds": 0.1, "mem": {"host_rss_bytes": 1 << 20}}
             for i in range(200)]
     d = _run_dir(tmp_path / "run", recs)

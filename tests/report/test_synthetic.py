@@ -148,16 +148,23 @@ def test_a_run_without_an_end_is_running(tmp_path):
     assert summarize(read_run(d))["verdict"]["kind"] == "running"
 
 
-def test_many_ranks_keep_one_overview_series_each_and_sixteen_rank_charts(tmp_path):
+def test_many_ranks_draw_a_band_a_bar_per_rank_the_outliers_and_sixteen_rank_charts(tmp_path):
+    """Past 16 ranks the overview is the band from the lowest to the highest rank with the outliers' own lines, and
+    a bar per rank (every rank is in the page); the OOM's rank is named and drawn."""
     import re
 
     d = write_run(tmp_path / "wide", Spec(ranks=40, steps=30, save_every=10, oom_rank=33))
     out = tmp_path / "wide.html"
-    assert main(["report", str(d), "--format", "html", "--out", str(out)]) == 0
+    assert main(["report", str(d), "--format", "html", "--out", str(out)]) == 0  # the page is written
     page = out.read_text()
     overview = page[page.index('<svg id="overview"'):]
     overview = overview[:overview.index("</svg>")]
-    assert sorted(map(int, re.findall(r'data-rank="(\d+)"', overview))) == list(range(40))
+    assert '<polygon class="band"' in overview and "of 40 ranks" in overview
+    assert "33" in re.findall(r'data-rank="(\d+)"', overview)  # the OOM's rank, on its own line
+    bars = page[page.index('<svg id="ranks-memory"'):]
+    bars = bars[:bars.index("</svg>")]
+    assert sorted(map(int, re.findall(r'class="rbar[^"]*"[^>]*data-rank="(\d+)"', bars))) == list(range(40))
+    assert "rank 33: out of memory" in bars
     charts = sorted(map(int, re.findall(r'<svg id="mem-rank-(\d+)"', page)))
     assert len(charts) == 16 and {0, 33, 39} <= set(charts)  # the first, the OOM's, the last
 

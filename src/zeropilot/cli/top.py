@@ -118,7 +118,10 @@ def straggler_lines(found: List[Dict[str, Any]]) -> List[str]:
 
 
 def screen(live, now: float) -> List[str]:
-    """The whole table: a header, the verdict so far, one line per rank."""
+    """The whole table: a header, the verdict so far, one line per rank (past ``runlog.spread.MANY_RANKS`` ranks:
+    each column's distribution over the ranks and nodes, the outliers by name and their rows)."""
+    from zeropilot.runlog import stragglers as strag
+    from zeropilot.runlog.spread import MANY_RANKS
     from zeropilot.runlog.text import clean
 
     command = " ".join(map(str, live.run.get("command") or []))
@@ -127,10 +130,145 @@ def screen(live, now: float) -> List[str]:
     elapsed = f"  {_secs(end - started)} elapsed" if isinstance(started, (int, float)) else ""
     lines = [clean(f"zeropilot top  {live.root}  {time.strftime('%H:%M:%S', time.localtime(now))}{elapsed}"),
              clean(f"  {command}")[:400], verdict_line(live.verdict_so_far())]
-    lines += straggler_lines(live.stragglers() + live.gpu_stragglers()) + ["", _row(list(COLUMNS))]
-    lines += [rank_row(live.ranks[r], now) for r in sorted(live.ranks)]
+    found = live.stragglers() + live.gpu_stragglers()
+    if len(live.ranks) > MANY_RANKS:  # at most 3 of each evidence in words: the screen stays one screen
+        lines += straggler_lines(strag.few(found)) + [""] + spread_screen(live, now, found)
+    else:
+        lines += straggler_lines(found) + ["", _row(list(COLUMNS))]
+        lines += [rank_row(live.ranks[r], now) for r in sorted(live.ranks)]
     lines += [clean(f"note: {p}") for p in live.problems[:3]]
     return lines
+
+
+#: what ``top`` shows of each column past ``runlog.spread.MANY_RANKS`` ranks; the end that matters of each: a rank
+#: behind (the lowest step), else the highest
+def _top_figures():
+    from zeropilot.runlog.spread import Figure
+
+    return (Figure("step", "STEP", "count"), Figure("step_seconds", "STEP-T", "seconds"),
+            Figure("own_seconds", "OWN-T (data)", "seconds"), Figure("allocated_bytes", "ALLOC", "bytes"),
+            Figure("reserved_bytes", "RESERVED", "bytes"), Figure("peak_bytes", "PEAK", "bytes"),
+            Figure("peak_share", "PEAK/LIMIT", "ratio"), Figure("outside_torch_bytes", "OUTSIDE", "bytes"),
+            Figure("host_rss_bytes", "HOST-RSS", "bytes", "sum"), Figure("gpu_probe_seconds", "GPU probe", "seconds"),
+            Figure("beat_age_s", "BEAT", "seconds"))
+
+
+def live_rows(live, now: float) -> List[Dict[str, Any]]:
+    """One row per rank of the live state, in the keys of :func:`_top_figures` (``runlog.spread``'s rows)."""
+    from zeropilot.runlog.live import seconds_since
+
+    rows = []
+    for r in sorted(live.ranks):
+        st = live.ranks[r]
+        place = st.place or {}
+        node = f"node {place['node_rank']}" if isinstance(place.get("node_rank"), int) else (
+            f"host {place['host']}" if place.get("host") else None)
+        peak = st.peak_reserved if st.peak_reserved is not None else st.peak_allocated
+        beat_t = st.heartbeat.get("t") if isinstance(st.heartbeat.get("t"), (int, float)) else None
+        rows.append({"rank": r, "node": node, "host": place.get("host"), "step": st.step,
+                     "step_seconds": st.step_seconds, "own_seconds": st.own_seconds,
+                     "allocated_bytes": st.mem.get("allocated_bytes"), "reserved_bytes": st.mem.get("reserved_bytes"),
+                     "peak_bytes": peak, "peak_share": peak / st.limit if peak is not None and st.limit else None,
+                     "outside_torch_bytes": st.mem.get("outside_torch_bytes"),
+                     "host_rss_bytes": st.mem.get("host_rss_bytes"),
+                     "gpu_probe_seconds": st.probes[-1][1] if st.probes else None,
+                     "beat_age_s": None if st.ended or st.error or st.oom else seconds_since(beat_t, now)})
+    return rows
+
+
+#: a rank whose heartbeat is this much older than the median rank's, and at least QUIET_S old, is named
+QUIET_FACTOR, QUIET_S = 3.0, 10.0
+
+
+def spread_state(live, now: float, found: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """``{ranks, nodes, figures, outliers}`` of the live state (``runlog.spread``): stragglers, the rank with the
+    most memory, a rank behind the others, the quietest heartbeat, the ranks the verdict so far names."""
+    from zeropilot.runlog import spread
+
+    rows = live_rows(live, now)
+    figures = spread.distributions(rows, _top_figures())
+    by = {d["key"]: d for d in figures}
+    outliers = [{"kind": "straggler", "evidence": s.get("evidence"), "rank": s["rank"],
+                 "figure": "gpu_probe_seconds" if s.get("evidence") == "gpu" else "own_seconds",
+                 "value": s["own_seconds"], "median": s["peers_seconds"], "ratio": s["ratio"], "reason": None}
+                for s in found]
+    memory = spread.memory_outlier(rows, ("peak_bytes", "reserved_bytes", "host_rss_bytes"))
+    if memory is not None:
+        outliers.append(dict(memory, reason=None))
+    step = by.get("step")
+    if step and step["min"] < step["max"]:
+        outliers.append({"kind": "behind", "rank": step["min_rank"], "figure": "step", "value": step["min"],
+                         "median": step["median"], "ratio": None, "reason": None})
+    beat = by.get("beat_age_s")
+    if beat and beat["max"] >= max(QUIET_S, QUIET_FACTOR * beat["median"]):
+        outliers.append({"kind": "quiet", "rank": beat["max_rank"], "figure": "beat_age_s", "value": beat["max"],
+                         "median": beat["median"], "ratio": None, "reason": None})
+    outliers += [dict(o, figure=None, value=None, median=None, ratio=None)
+                 for o in spread.verdict_outliers(live.verdict_so_far())]
+    where = {r["rank"]: r for r in rows}
+    for o in outliers:
+        o.setdefault("evidence", None)
+        o.update(node=where.get(o["rank"], {}).get("node"), host=where.get(o["rank"], {}).get("host"))
+    return {"ranks": len(rows), "nodes": len({r["node"] for r in rows if r["node"]}), "figures": figures,
+            "outliers": outliers}
+
+
+def spread_screen(live, now: float, found: List[Dict[str, Any]]) -> List[str]:
+    """Many ranks in one screen: each column's minimum, median and maximum over the ranks (and the rank at the end
+    that matters), the nodes' spread, the outliers in words and their own rows."""
+    from zeropilot.runlog.spread import where
+    from zeropilot.runlog.text import clean, figure
+
+    sp = spread_state(live, now, found)
+    rows = {r["rank"]: r for r in live_rows(live, now)}
+    lines = [f"{sp['ranks']} ranks" + (f" on {sp['nodes']} nodes" if sp["nodes"] > 1 else "")
+             + ": over the ranks (STEP: the rank behind at the min)",
+             f"  {'':18}{'min':>9}{'median':>9}{'max':>9}  at the max"]
+    for d in sp["figures"]:
+        end = d["min_rank"] if d["key"] == "step" else d["max_rank"]
+        at = "-" if d["min"] == d["max"] else f"rank {end} ({clean(where(rows.get(end)))})"
+        lines.append(f"  {d['label']:<18}{_short(d['unit'], d['min']):>9}{_short(d['unit'], d['median']):>9}"
+                     f"{_short(d['unit'], d['max']):>9}  {at}")
+    nodes = [d for d in sp["figures"] if d["nodes"] and d["key"] in ("peak_bytes", "host_rss_bytes", "own_seconds")]
+    for d in nodes:
+        n = d["nodes"]
+        label = "node " + d["label"] + (" sum" if n["how"] == "sum" else "")
+        lines.append(f"  {label:<18}{_short(d['unit'], n['min']):>9}{_short(d['unit'], n['median']):>9}"
+                     f"{_short(d['unit'], n['max']):>9}  {clean(n['max_node'])}")
+    named = []
+    for o in sp["outliers"]:
+        named.append(o["rank"])
+        if o["kind"] == "straggler":
+            continue  # in words above
+        who = f"rank {o['rank']} ({clean(where(rows.get(o['rank'])))})"
+        if o["kind"] == "memory":
+            lines.append(f"  most memory: {who}: {figure('bytes', o['value'])}"
+                         + (f", {100 * (o['ratio'] - 1):.0f}% above the median rank" if o.get("ratio") else ""))
+        elif o["kind"] == "behind":
+            lines.append(f"  behind: {who} at step {o['value']:.0f}, the median rank at {o['median']:.0f}")
+        elif o["kind"] == "quiet":
+            lines.append(f"  quietest: {who}: last heartbeat {_secs(o['value'])} ago (the median rank's "
+                         f"{_secs(o['median'])})")
+        else:
+            lines.append(f"  {o['kind'].upper()}: {who}" + (f": {clean(o['reason'])}" if o.get("reason") else ""))
+    shown = list(dict.fromkeys(named))[:8]
+    if shown:
+        lines += ["", _row(list(COLUMNS))] + [rank_row(live.ranks[r], now) for r in shown if r in live.ranks]
+    return lines
+
+
+def _short(unit: str, value: Optional[float]) -> str:
+    if unit == "bytes":
+        return _size(None if value is None else int(value))
+    if unit == "seconds" and value is not None and 0 < value < 0.1:
+        return f"{1e3 * value:.1f}ms"  # a GPU probe reading: milliseconds
+    if unit == "seconds" and value is not None and value >= 86400:
+        return f"{value / 86400:.0f}d"
+    if unit == "seconds":
+        return _secs(value)
+    if unit == "ratio":
+        return "-" if value is None else f"{100 * value:.0f}%"
+    return "-" if value is None else f"{value:.0f}"
 
 
 def step_line(live, new: Dict[str, Any], now: float) -> str:
@@ -171,7 +309,9 @@ def document(live, now: float, final: Optional[Dict[str, Any]] = None) -> Dict[s
         "command": [str(c) for c in command] if isinstance(command, list) else [],
         "ended": live.ended, "verdict_so_far": live.verdict_so_far(),
         "ranks": [rank_json(live.ranks[r], now) for r in sorted(live.ranks)], "stragglers": live.stragglers(),
-        "gpu_stragglers": live.gpu_stragglers(), "final": final, "problems": list(live.problems)})
+        "gpu_stragglers": live.gpu_stragglers(),
+        "spread": spread_state(live, now, live.stragglers() + live.gpu_stragglers()),
+        "final": final, "problems": list(live.problems)})
 
 
 def _json_line(doc: Dict[str, Any]) -> str:

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from zeropilot.runlog.layout import RunDir, live_rank
+
 EVENT_VERSION = 1
 
 #: start: the guard is live in this rank (pid, host, local_rank, world_size, device, framework,
@@ -56,6 +58,10 @@ MEMORY_FIELDS = (
     "host_rss_bytes",
 )
 
+#: a rank's live file is closed as a segment (``rank-N.seg-K.jsonl``) once it would grow past this; the supervisor
+#: compacts closed segments (``runlog.compact``): a live file stays small for every reader that follows it
+SEGMENT_BYTES = 4 << 20
+
 #: Save and load phases, in the order they happen; a guard records the ones it can see.
 PHASES = ("gather_16bit", "model_states", "optimizer_states", "write", "wait")
 
@@ -69,23 +75,59 @@ def event(kind: str, rank: int, **fields: Any) -> Dict[str, Any]:
     return record
 
 
+def line(record: Dict[str, Any]) -> bytes:
+    """A record as the writer appends it: one JSON line (compact separators; what JSON cannot hold as text)."""
+    return (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode("utf-8")
+
+
 class EventWriter:
     """Appends records to one rank's file; each record is one ``write`` of one whole line.
 
     ``O_APPEND`` and one write per line keep lines whole even when the process is killed between
-    records; a reader drops at most a torn last line.
+    records; a reader drops at most a torn last line. A rank's live file (``rank-N.jsonl``) that would grow past
+    ``segment_bytes`` is closed first: renamed to the rank's next segment (``rank-N.seg-K.jsonl``, a rename: readers
+    that hold it read on to its end) and a new live file begun, so that what follows a run, and what the supervisor
+    compacts, comes in pieces of bounded size. A file of another name is never renamed.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd: Optional[int] = os.open(str(self.path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.segment_bytes = segment_bytes
+        self._rank = live_rank(self.path.name)
+        self._fd: Optional[int] = None
+        self._size = 0
+        self._open()
+
+    def _open(self) -> None:
+        self._fd = os.open(str(self.path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._size = os.fstat(self._fd).st_size
 
     def write(self, record: Dict[str, Any]) -> None:
         if self._fd is None:
             return
-        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
-        os.write(self._fd, line.encode("utf-8"))
+        data = line(record)
+        if self._rank is not None and self._size and self._size + len(data) > self.segment_bytes:
+            self._close_segment()
+        os.write(self._fd, data)
+        self._size += len(data)
+
+    def _close_segment(self) -> None:
+        """Rename the live file to the rank's next segment and open a new one (a file another process moved or
+        replaced meanwhile is left alone: writing goes on into a new live file)."""
+        d = RunDir(self.path.parent)
+        try:
+            same = os.path.samestat(os.fstat(self._fd), os.stat(self.path))
+        except OSError:
+            same = False
+        if same:
+            try:
+                os.rename(self.path, d.segment_jsonl(self._rank, d.next_segment(self._rank)))
+            except OSError:
+                return  # keep appending where we are: never lose a record over a rename
+        os.close(self._fd)
+        self._fd = None
+        self._open()
 
     def close(self) -> None:
         if self._fd is not None:
@@ -97,3 +139,4 @@ class EventWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+

@@ -8,7 +8,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 RUN_SCHEMA = "zeropilot.run/1"
 HEAL_SCHEMA = "zeropilot.heal/1"
@@ -19,6 +19,33 @@ STACKS_MARKER = "--- zeropilot: stacks requested at"
 _NODE_RUN_FILE = re.compile(r"^run-node-[A-Za-z0-9._-]{1,96}\.json$")
 _ATTEMPT_DIR = re.compile(r"^attempt-(\d{1,4})$")
 _RANK_FILE = re.compile(r"^(rank|heartbeat-rank|oom-rank|stacks-rank)-(\d{1,6})\.(jsonl|json|txt)$")
+#: a closed segment of a rank's records: ``rank-N.seg-K.jsonl`` as the writer closed it, ``rank-N.seg-K.col`` once
+#: the supervisor compacted it, ``rank-N.seg-K-L.col`` segments K to L compacted into one (``runlog.compact``)
+_SEGMENT_FILE = re.compile(r"^rank-(\d{1,6})\.seg-(\d{1,9})(?:-(\d{1,9}))?\.(jsonl|col)$")
+
+
+def live_rank(name: str) -> Optional[int]:
+    """The rank whose live file (``rank-N.jsonl``) this name is, else None."""
+    m = _RANK_FILE.match(name)
+    return int(m.group(2)) if m and m.group(1) == "rank" and m.group(3) == "jsonl" else None
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One closed segment of a rank's records (or several compacted into one file: ``seq`` to ``last``): they are
+    read in this order, before the rank's live ``rank-N.jsonl``. Its files: the JSON lines as closed, the compacted
+    columns, or both for a moment (a compaction wrote its file and has not removed the lines yet); ``covered``: the
+    files of the segments a merged file holds, while they are still there (a merge stopped before removing them)."""
+
+    seq: int
+    jsonl: Optional[Path]
+    col: Optional[Path]
+    last: Optional[int] = None
+    covered: Tuple["Segment", ...] = ()
+
+    @property
+    def end(self) -> int:
+        return self.seq if self.last is None else self.last
 
 
 @dataclass(frozen=True)
@@ -89,7 +116,55 @@ class RunDir:
         return self.root / "timeouts.json"
 
     def events(self, rank: int) -> Path:
+        """Rank N's live records: the file its guard appends to (the newest segment)."""
         return self.root / f"rank-{rank}.jsonl"
+
+    def segment_jsonl(self, rank: int, seq: int) -> Path:
+        """Closed segment ``seq`` of rank N's records, as the writer closed it (renamed from ``rank-N.jsonl``)."""
+        return self.root / f"rank-{rank}.seg-{seq:06d}.jsonl"
+
+    def segment_col(self, rank: int, seq: int, last: Optional[int] = None) -> Path:
+        """Closed segment ``seq`` of rank N's records compacted into columns (``runlog.segments``); with ``last``,
+        segments ``seq`` to ``last`` in one file."""
+        return self.root / (f"rank-{rank}.seg-{seq:06d}.col" if last is None else
+                            f"rank-{rank}.seg-{seq:06d}-{last:06d}.col")
+
+    def segments(self, names: Optional[List[str]] = None) -> Dict[int, List[Segment]]:
+        """Rank -> its closed segments in order (``names``: the folder's listing, when the caller has it). A file
+        holding segments K to L stands for them (their own files, if still there, are its ``covered``)."""
+        if names is None:
+            try:
+                names = os.listdir(self.root)
+            except OSError:
+                return {}
+        single: Dict[int, Dict[int, Dict[str, Path]]] = {}
+        merged: Dict[int, List[Tuple[int, int, Path]]] = {}
+        for name in names:
+            m = _SEGMENT_FILE.match(name)
+            if not m:
+                continue
+            rank, seq = int(m.group(1)), int(m.group(2))
+            if m.group(3) is None:
+                single.setdefault(rank, {}).setdefault(seq, {})[m.group(4)] = self.root / name
+            elif m.group(4) == "col" and int(m.group(3)) >= seq:
+                merged.setdefault(rank, []).append((seq, int(m.group(3)), self.root / name))
+        out: Dict[int, List[Segment]] = {}
+        for rank in sorted(single.keys() | merged.keys()):
+            own = {k: Segment(k, f.get("jsonl"), f.get("col")) for k, f in single.get(rank, {}).items()}
+            found: List[Segment] = []
+            upto = 0
+            for a, b, path in sorted(merged.get(rank, []), key=lambda x: (x[0], -x[1])):
+                if a > upto:  # the widest file first; one overlapping a file taken already is left out
+                    found.append(Segment(a, None, path, b, tuple(own.pop(k) for k in range(a, b + 1) if k in own)))
+                    upto = b
+            found += own.values()
+            out[rank] = sorted(found, key=lambda x: x.seq)
+        return out
+
+    def next_segment(self, rank: int, names: Optional[List[str]] = None) -> int:
+        """The number the next closed segment of rank N takes."""
+        segs = self.segments(names).get(rank, [])
+        return max(s.end for s in segs) + 1 if segs else 1
 
     def heartbeat(self, rank: int) -> Path:
         return self.root / f"heartbeat-rank-{rank}.json"
@@ -127,8 +202,9 @@ class RunDir:
         return self.root / "build-locks.jsonl"
 
     def ranks(self, kind: str = "rank") -> List[int]:
-        """Ranks that have a file of this kind (``rank``, ``heartbeat-rank``, ``oom-rank``, ``stacks-rank``)."""
-        found = []
+        """Ranks that have a file of this kind (``rank``, ``heartbeat-rank``, ``oom-rank``, ``stacks-rank``); for
+        ``rank``, a live file or a closed segment."""
+        found = set()
         try:
             names = os.listdir(self.root)
         except OSError:
@@ -136,7 +212,11 @@ class RunDir:
         for name in names:
             m = _RANK_FILE.match(name)
             if m and m.group(1) == kind:
-                found.append(int(m.group(2)))
+                found.add(int(m.group(2)))
+            elif kind == "rank" and name.endswith((".jsonl", ".col")):
+                m = _SEGMENT_FILE.match(name)
+                if m:
+                    found.add(int(m.group(1)))
         return sorted(found)
 
 
@@ -178,6 +258,40 @@ def write_text_atomic(path: Path, text: str, mode: Optional[int] = None) -> None
         except OSError:
             pass
         raise
+
+
+def write_bytes_durable(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file, ``fsync`` and a rename, then ``fsync`` the folder: once
+    this returns the file is whole on disk, and until it does the old state stands (a compacted segment is written
+    so before the lines it replaces are removed).
+
+    Raises:
+        OSError: the write, the sync or the rename failed; no temporary file is left behind.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, _file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        dir_fd = os.open(str(path.parent), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
 
 
 def write_json_atomic(path: Path, payload: Dict[str, Any]) -> None:

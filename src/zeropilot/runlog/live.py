@@ -15,17 +15,25 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from zeropilot import safefile
 from zeropilot.errors import InputError
-from zeropilot.runlog.layout import RunDir
+from zeropilot.runlog.layout import RunDir, live_rank
 from zeropilot.runlog.read import MAX_LINE, MAX_SIDE_FILE, PHASE_COLUMNS
 from zeropilot.runlog import stragglers as strag
+from zeropilot.runlog import segments as seg
 
 TAIL_START = 4 << 20  # a file larger than this when first seen is read from its last 4 MiB on
+#: ``zeropilot top`` reads less at its first look: the last 256 KiB of each live file and its first 64 KiB (the
+#: rank's start, init and setup records), the other records and newest steps of its closed segments
+FIRST_LOOK = 256 << 10
+HEAD_WINDOW = 64 << 10
 RECENT_STEPS = 64  # steps per rank kept for the straggler view: it names a rank that straggles now
 RECENT_PROBES = 2 * strag.MIN_WINDOWS * strag.PROBE_WINDOW  # GPU probe readings per rank kept for the same view
+#: step records read per rank at a first look (and after a pause): those holding the newest RECENT_STEPS steps and
+#: RECENT_PROBES probes at the guard's default interval (``guard.gpu_probe.EVERY``); a compacted segment's tail
+RECENT_ROWS = seg.TAIL_ROWS
 READ_PER_REFRESH = 16 << 20  # bytes of one rank file read per refresh at most (the rest at the next)
 _decode = json.JSONDecoder().decode
 
@@ -61,40 +69,108 @@ class RankLive:
 
 
 class _Tail:
-    """New whole lines of one append-only file, from where the last read stopped."""
+    """New whole lines of one rank's live file (``rank-N.jsonl``), from where the last read stopped.
 
-    def __init__(self, path: Path) -> None:
+    The rank's writer closes its live file as a segment (a rename, ``runlog.events``) and begins a new one: the tail
+    reads the rest of the closed file first (the same file, by its inode), then the new one from its start. A closed
+    segment the supervisor compacted before this reader came back to it (``runlog.compact`` waits a minute) is read
+    from its columns: the records after the last line this tail returned.
+    """
+
+    def __init__(self, path: Path, tail_start: Optional[int] = None) -> None:
         self.path = path
+        self.tail_start = TAIL_START if tail_start is None else tail_start
         self.offset: Optional[int] = None  # None: not opened yet
         self.partial = b""
         self.skip_first = False  # the next line is the end of a line cut off (tail start, a too-long line)
         self.started_in_middle = False
+        self.ident: Optional[tuple] = None  # (device, inode) of the file the offset is in
+        self.moved = False  # the file we read was renamed (closed as a segment): the next live file starts at 0
+        self.last_line = b""
 
     def lines(self) -> List[bytes]:
+        out: List[bytes] = []
         try:
             fd = safefile.open_regular(self.path, follow_symlinks=False)
         except InputError:
-            return []
+            if self.ident is not None:  # renamed: closed as a segment (or the run's last one, at its end)
+                out, self.ident, self.moved = self._drain_moved(), None, True
+            return out
         try:
-            size = os.fstat(fd).st_size
-            if self.offset is None or size < self.offset:  # first look, or the file was replaced
+            st = os.fstat(fd)
+            ident = (st.st_dev, st.st_ino)
+            if self.ident is not None and ident != self.ident:
+                out, self.moved = self._drain_moved(), True
+            if self.moved:
+                self.offset, self.partial, self.skip_first, self.moved = 0, b"", False, False
+            elif self.offset is None or st.st_size < self.offset:  # first look, or the file was replaced
                 self.offset, self.partial, self.skip_first = 0, b"", False
-                if size > TAIL_START:
-                    self.offset, self.skip_first, self.started_in_middle = size - TAIL_START, True, True
+                if st.st_size > self.tail_start:
+                    self.offset = st.st_size - self.tail_start
+                    self.skip_first = self.started_in_middle = True
+            self.ident = ident
             os.lseek(fd, self.offset, os.SEEK_SET)
-            data = os.read(fd, min(size - self.offset, READ_PER_REFRESH)) if size > self.offset else b""
+            data = os.read(fd, min(st.st_size - self.offset, READ_PER_REFRESH)) if st.st_size > self.offset else b""
         except OSError:
-            return []
+            return out
         finally:
             os.close(fd)
         self.offset += len(data)
+        return out + self._split(data)
+
+    def _split(self, data: bytes) -> List[bytes]:
         lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()  # an unfinished last line waits for the next refresh
         if self.skip_first and lines:
             lines, self.skip_first = lines[1:], False
         if len(self.partial) > MAX_LINE:  # never a record: drop it, and its end when it comes
             self.partial, self.skip_first = b"", True
-        return [ln for ln in lines if ln.strip()]
+        lines = [ln for ln in lines if ln.strip()]
+        if lines:
+            self.last_line = lines[-1]
+        return lines
+
+    def _drain_moved(self) -> List[bytes]:
+        """The rest of the file this tail was reading, now a closed segment: from its JSON lines (the same inode),
+        else from its compacted columns (the records after the last line returned)."""
+        rank = live_rank(self.path.name)
+        if rank is None or self.offset is None:
+            return []
+        newest = RunDir(self.path.parent).segments().get(rank, [])[-3:]
+        for s in reversed(newest):
+            try:
+                st = os.stat(s.jsonl, follow_symlinks=False) if s.jsonl is not None else None
+            except OSError:
+                st = None
+            if st is not None and (st.st_dev, st.st_ino) == self.ident:
+                try:
+                    data = safefile.read_bytes(s.jsonl, MAX_REST, follow_symlinks=False)[self.offset:]
+                except InputError:
+                    return []
+                got = self._split(data)
+                self.partial = b""  # a torn last line of a closed segment never ends
+                return got
+        return _records_after(newest, self.last_line)
+
+
+MAX_REST = 1 << 30
+
+
+def _records_after(segs: List[Any], last_line: bytes) -> List[bytes]:
+    """The records of compacted segments after the one whose line is ``last_line`` (by its time), as JSON lines."""
+    from zeropilot.runlog.segread import read_records
+
+    last = _record(last_line) if last_line else None
+    t = last.get("t") if isinstance(last, dict) and isinstance(last.get("t"), (int, float)) else None
+    out = []
+    for s in segs:
+        if s.col is None or s.jsonl is not None:
+            continue
+        for rec in read_records(s.col):
+            rt = rec.get("t")
+            if t is None or (isinstance(rt, (int, float)) and rt > t):
+                out.append(json.dumps(rec, separators=(",", ":"), default=str).encode("utf-8"))
+    return out
 
 
 @dataclass
@@ -126,12 +202,25 @@ class LiveRun:
         """Read what is new; returns the new step records (``rank``, ``step``, ``seconds``) in file order."""
         d = RunDir(self.root)
         problems: List[str] = []
-        self.run = _side_json(d.run_file, problems) or self.run
+        self.run = _side_json(d.run_file, problems) or _node_runs(d, problems) or self.run
         new_steps: List[Dict[str, Any]] = []
+        segs: Optional[Dict[int, List[Any]]] = None
         for r in d.ranks("rank"):
-            tail = self._tails.setdefault(r, _Tail(d.events(r)))
             state = self.ranks.setdefault(r, RankLive(r))
-            for raw in tail.lines():
+            tail = self._tails.get(r)
+            first = tail is None
+            if first:
+                tail = self._tails[r] = _Tail(d.events(r), FIRST_LOOK)
+                segs = d.segments() if segs is None else segs
+                earlier, peaks = _earlier(segs.get(r, []), problems)  # closed segments: before the live file
+                for rec in earlier:
+                    _apply(state, rec)
+                state.peak_reserved = _larger(state.peak_reserved, peaks.get("peak_reserved_bytes"))
+                state.peak_allocated = _larger(state.peak_allocated, peaks.get("peak_allocated_bytes"))
+            lines = tail.lines()
+            if first and tail.started_in_middle:
+                lines = _head_window(d.events(r)) + lines
+            for raw in _newest(lines, state):
                 rec = _record(raw)
                 if rec is None:
                     state.skipped_lines += 1
@@ -188,6 +277,88 @@ class LiveRun:
         where = f"step {min(steps)}" + (f"-{max(steps)}" if steps and max(steps) != min(steps) else "") \
             if steps else "before the first step"
         return {"kind": "running", "ranks": [], "reason": f"{len(self.ranks)} rank(s), {where}"}
+
+
+def _node_runs(d: RunDir, problems: List[str]) -> Optional[Dict[str, Any]]:
+    """The nodes' ``run-node-K.json`` as one ``run.json`` (a job whose nodes share this directory), or None."""
+    from zeropilot.runlog.read import merge_runs
+
+    runs = {}
+    for path in d.node_run_files():
+        got = _side_json(path, problems)
+        if got is not None:
+            runs[path.name[len("run-node-"):-len(".json")]] = got
+    if not runs:
+        return None
+    merged = merge_runs(runs, [])
+    if any("ended_at" not in r for r in runs.values()):
+        merged.pop("ended_at", None)  # the job goes on while one node's supervisor runs
+        merged.pop("exit_code", None)
+    return merged
+
+
+def _is_step(raw: bytes) -> bool:
+    return b'"event":"step"' in raw or b'"event": "step"' in raw
+
+
+def _newest(lines: List[bytes], state: RankLive) -> List[bytes]:
+    """A long batch of lines (a first look, a pause) as ``top`` needs it: every record but steps, and the steps
+    :func:`_old_steps` keeps (the others are counted as seen: the memory counters are cumulative, the newest say
+    the peak)."""
+    if len(lines) <= 4 * RECENT_ROWS:
+        return lines
+    old = _old_steps([(_is_step(ln), b'"gpu_probe_seconds"' in ln) for ln in lines])
+    state.steps_seen += len(old)
+    return [ln for i, ln in enumerate(lines) if i not in old]
+
+
+def _old_steps(kinds: List[Tuple[bool, bool]]) -> set:
+    """The step records ``top`` does not need among records whose ``(is a step, holds a GPU probe)`` are ``kinds``:
+    all but the newest :data:`RECENT_STEPS` steps and the newest :data:`RECENT_PROBES` steps with a probe reading."""
+    steps = [i for i, (step, _) in enumerate(kinds) if step]
+    probes = [i for i in steps if kinds[i][1]]
+    return set(steps[:-RECENT_STEPS]) - set(probes[-RECENT_PROBES:])
+
+
+def _head_window(path: Path) -> List[bytes]:
+    """The records but steps among the first :data:`HEAD_WINDOW` bytes of a live file read from its end."""
+    try:
+        fd = safefile.open_regular(path, follow_symlinks=False)
+    except InputError:
+        return []
+    try:
+        data = os.read(fd, HEAD_WINDOW)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    return [ln for ln in data.split(b"\n")[:-1] if ln.strip() and not _is_step(ln)]
+
+
+def _earlier(segs: List[Any], problems: List[str]) -> Tuple[List[Dict[str, Any]], Dict[str, int]]:
+    """What ``top`` takes from a rank's closed segments at its first look: every record but steps and the newest
+    segment's last steps, in their order; and the highest memory counters over all their steps."""
+    from zeropilot.runlog.segread import front_records
+
+    out: List[Dict[str, Any]] = []
+    peaks: Dict[str, int] = {}
+    for i, s in enumerate(segs):
+        newest = i == len(segs) - 1
+        if s.jsonl is not None:
+            try:
+                data = safefile.read_bytes(s.jsonl, MAX_REST, follow_symlinks=False)
+            except InputError:
+                continue
+            lines = [ln for ln in data.split(b"\n")[:-1] if ln.strip()]
+            drop = (_old_steps([(_is_step(ln), b'"gpu_probe_seconds"' in ln) for ln in lines]) if newest else
+                    {j for j, ln in enumerate(lines) if _is_step(ln)})
+            out += [r for j, ln in enumerate(lines) if j not in drop for r in [_record(ln)] if r is not None]
+        elif s.col is not None:
+            recs, highs = front_records(s.col, newest, problems, _old_steps)
+            out += recs
+            for key, value in highs.items():
+                peaks[key] = max(peaks.get(key, value), value)
+    return out, peaks
 
 
 def _ints(values: Any) -> List[int]:

@@ -15,6 +15,7 @@ from zeropilot.runlog.events import MEMORY_FIELDS
 
 MAX_TEXT = 4000
 MAX_ITEMS = 200
+MAX_RANKS = 1 << 16  # per-rank lists (hang.json's ranks): every rank of a large job is kept
 
 
 LIMIT = float(1 << 62)  # no time, step, second or byte count of a real run comes near 4.6e18
@@ -263,7 +264,7 @@ def hang(record: Dict[str, Any]) -> Dict[str, Any]:
         "t": num(record.get("t")),
         "timeout_s": num(record.get("timeout_s")),
         "action": text(record.get("action")),
-        "ranks": ranks[:MAX_ITEMS],
+        "ranks": ranks[:MAX_RANKS],
         "locks": locks(record.get("locks")),
         "builds": builds(record.get("builds")),
         "flight_recorder": texts(record.get("flight_recorder")),

@@ -2,11 +2,22 @@
 
 Step records are the bulk of a run (100k steps x 8 ranks is 800k lines), so they are kept as
 columns of ``array('d')`` (NaN for null) rather than 800k dicts; every other record is kept whole.
+A rank's records are its closed segments in order (``rank-N.seg-K.jsonl`` as the writer closed them, or
+``rank-N.seg-K.col`` once compacted: ``runlog.segments``), then its live ``rank-N.jsonl``.
+
+A run of at most :data:`FULL_ROWS` step records is read whole. A longer one (1,024 ranks x 100k steps) is read
+**sampled**: every rank's steps at the same step numbers (multiples of the segments' sample stride, doubled until
+the run fits :data:`SAMPLE_ROWS`), its first steps, the steps around every other record (the step holding a save,
+the one before it) and its newest step, with exact aggregates over every step record (count, minimum, maximum and
+where, sum: :class:`ColStats`) from the segments' heads: peaks, maxima, counts and means are exact, medians are those
+of the sample.
+
 A run directory may come from someone else: lines longer than :data:`MAX_LINE` and lines that are
 not JSON objects are skipped and counted, never fatal; JSON side files over :data:`MAX_SIDE_FILE`
-are refused with a problem note. Memory stays bounded whatever the directory holds: at most
-:data:`MAX_STEP_ROWS` step records and :data:`MAX_EVENTS` other records per run are kept (the rest
-are counted in a note), and each rank's stack file is read up to :data:`MAX_STACK` bytes.
+are refused with a problem note; a damaged segment is read up to the damage, with a note saying where. Memory
+stays bounded whatever the directory holds: at most :data:`MAX_STEP_ROWS` step records and :data:`MAX_EVENTS`
+other records per run are kept (the rest are counted in a note), and each rank's stack file is read up to
+:data:`MAX_STACK` bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +40,14 @@ MAX_SIDE_FILE = 64 << 20
 MAX_STEP_ROWS = 4_000_000  # all ranks together: 14 columns of 8 bytes and 12 of 4, about 640 MB at most
 MAX_EVENTS = 200_000  # non-step records, all ranks together
 MAX_STACK = 1 << 20
+#: a run of at most this many step records (all ranks) is read whole; a longer one is read sampled (module doc): the
+#: report of a whole reading costs about 11 us a step record (64 ranks x 10k steps: 7.2 s), of a sampled one about
+#: 0.3 us (1,024 x 10k: 2.9 s; bench/report/results/scale.md), so the report stays within seconds at any size
+FULL_ROWS = 250_000
+#: the step records a sampled run keeps at most (all ranks), on top of those around other records and the last ones
+SAMPLE_ROWS = 400_000
+#: step-record fields without a column of their own, kept as columns by name (``mem.x``, ``loss``) per rank
+MAX_EXTRA_COLUMNS = 32
 #: the phases of a step record's ``phase_seconds`` (``guard.rank``) kept as columns, as ``(phase, column)``: the
 #: time before the forward (loading data) and in it (stragglers, ``runlog.stragglers``), in saves and loads
 #: (learned timeouts, ``runlog.timeouts``), in the backward and the optimizer step (the step's split,
@@ -48,9 +67,50 @@ STEP_COLUMNS = (("t", "step", "seconds") + MEMORY_FIELDS + tuple(c for _, c in P
                 + tuple(c for _, c in BATCH_COLUMNS) + OWN_COLUMNS)
 _FLOAT32 = frozenset(c for _, c in PHASE_COLUMNS + BATCH_COLUMNS) | {OTHER_PHASES} | frozenset(OWN_COLUMNS)
 _NAMED_PHASES = frozenset(p for p, _ in PHASE_COLUMNS)
+#: the key path of each column in a step record (``runlog.segments``' paths), and back
+COLUMN_PATHS: Dict[str, Tuple[str, ...]] = {"t": ("t",), "step": ("step",), "seconds": ("seconds",),
+                                            **{f: ("mem", f) for f in MEMORY_FIELDS},
+                                            **{c: ("phase_seconds", p) for p, c in PHASE_COLUMNS},
+                                            **{c: ("batch", k) for k, c in BATCH_COLUMNS},
+                                            **{c: (c,) for c in OWN_COLUMNS}}
+PATH_COLUMNS = {p: c for c, p in COLUMN_PATHS.items()}
+_KNOWN_TOP = frozenset({"v", "event", "t", "rank", "step", "seconds", "mem", "phase_seconds", "batch", *OWN_COLUMNS})
+_MEM_KEYS = frozenset(MEMORY_FIELDS)
+_BATCH_KEYS = frozenset(k for k, _ in BATCH_COLUMNS)
+_KNOWN_IN = {"mem": _MEM_KEYS, "phase_seconds": _NAMED_PHASES, "batch": _BATCH_KEYS}
 NAN = float("nan")
 _decode = json.JSONDecoder().decode
 _EMPTY: Dict[str, Any] = {}
+
+
+def extra_name(path: Tuple[str, ...]) -> Optional[str]:
+    """The column name of a step-record field the reader has no column for (``mem.new_field``, ``loss``,
+    ``batch.tokens``), or None: a field it knows, a path below one, or deeper than three keys."""
+    if len(path) > 3:
+        return None
+    known = _KNOWN_IN.get(path[0])
+    if known is None:
+        return None if path[0] in _KNOWN_TOP else ".".join(path)
+    return ".".join(path) if len(path) > 1 and path[1] not in known else None
+
+
+@dataclass
+class ColStats:
+    """Exact aggregates of one column over every step record of a rank (a sampled reading holds fewer rows):
+    how many numbers, the smallest and largest and the ``(step, t)`` of the first row holding each, their sum."""
+
+    n: int
+    lo: float
+    hi: float
+    total: float
+    lo_at: Tuple[Optional[float], Optional[float]]
+    hi_at: Tuple[Optional[float], Optional[float]]
+
+    def merge(self, later: "ColStats") -> "ColStats":
+        """These aggregates with those of later rows (a tie keeps the earlier row)."""
+        lo, lo_at = (self.lo, self.lo_at) if self.lo <= later.lo else (later.lo, later.lo_at)
+        hi, hi_at = (self.hi, self.hi_at) if self.hi >= later.hi else (later.hi, later.hi_at)
+        return ColStats(self.n + later.n, lo, hi, self.total + later.total, lo_at, hi_at)
 
 
 @dataclass
@@ -61,16 +121,71 @@ class RankRecords:
     steps: Dict[str, array] = field(default_factory=lambda: {c: array("f" if c in _FLOAT32 else "d")
                                                              for c in STEP_COLUMNS})
     events: List[Dict[str, Any]] = field(default_factory=list)  # every record but steps, in file order
+    #: sampled reading (module doc): the step stride of the sample held in ``steps``; None: every step record
+    sample_every: Optional[int] = None
+    #: sampled reading: the rank's step records in all, and exact aggregates per column over all of them
+    total_steps: Optional[int] = None
+    stats: Dict[str, ColStats] = field(default_factory=dict)
+    _computed: Dict[str, Optional[ColStats]] = field(default_factory=dict, repr=False)
 
     @property
     def n_steps(self) -> int:
+        """Step rows held (all of them, or the sample)."""
         return len(self.steps["t"])
+
+    @property
+    def step_records(self) -> int:
+        """Step records the rank wrote (more than :attr:`n_steps` when sampled)."""
+        return self.total_steps if self.total_steps is not None else self.n_steps
 
     def of(self, kind: str) -> List[Dict[str, Any]]:
         return [e for e in self.events if e.get("event") == kind]
 
     def column(self, name: str) -> List[Optional[float]]:
         return [None if math.isnan(x) else x for x in self.steps[name]]
+
+    def col_stats(self, name: str) -> Optional[ColStats]:
+        """Aggregates of a column over every step record (None: no number in it)."""
+        if self.sample_every is not None:
+            return self.stats.get(name)
+        if name not in self._computed:
+            self._computed[name] = self._stats_of(name)
+        return self._computed[name]
+
+    def _stats_of(self, name: str) -> Optional[ColStats]:
+        col = self.steps.get(name)
+        if col is None:
+            return None
+        nums = [x for x in col if x == x]  # NaN != NaN
+        if not nums:
+            return None
+        lo, hi = min(nums), max(nums)
+        i_lo, i_hi = col.index(lo), col.index(hi)
+        step, t = self.steps["step"], self.steps["t"]
+        return ColStats(len(nums), lo, hi, math.fsum(nums), (step[i_lo], t[i_lo]), (step[i_hi], t[i_hi]))
+
+    def col_max(self, name: str) -> Optional[float]:
+        s = self.col_stats(name)
+        return None if s is None else s.hi
+
+    def col_min(self, name: str) -> Optional[float]:
+        s = self.col_stats(name)
+        return None if s is None else s.lo
+
+    def shift_time(self, offset: float) -> None:
+        """Move every time of the step records back by ``offset`` seconds (a node's clock aligned)."""
+        col = self.steps["t"]
+        for i in range(len(col)):
+            col[i] -= offset
+        self._computed.clear()
+        for name, s in self.stats.items():
+            if name == "t":
+                s = ColStats(s.n, s.lo - offset, s.hi - offset, s.total - s.n * offset, s.lo_at, s.hi_at)
+            self.stats[name] = ColStats(s.n, s.lo, s.hi, s.total, _later(s.lo_at, offset), _later(s.hi_at, offset))
+
+
+def _later(at: Tuple[Optional[float], Optional[float]], offset: float) -> Tuple[Optional[float], Optional[float]]:
+    return at[0], None if at[1] is None else at[1] - offset
 
 
 @dataclass
@@ -118,6 +233,8 @@ class _Budget:
     events: int
     dropped_steps: int = 0
     dropped_events: int = 0
+    stride: Optional[int] = None  # the sample's step stride (None: every step record is read)
+    planned: bool = False  # the stride was chosen for the whole job (several directories), not per directory
 
 
 def regular_file(path: Path, problems: List[str]) -> bool:
@@ -173,9 +290,16 @@ def _lines(path: Path, problems: List[str]) -> Iterator[Dict[str, Any]]:
 
 
 def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budget] = None) -> RankRecords:
-    """One rank's records: steps as columns, the rest whole, within the run's row budgets."""
-    budget = budget if budget is not None else _Budget(MAX_STEP_ROWS, MAX_EVENTS)
+    """One rank's records from one file of JSON lines: steps as columns, the rest whole, within the run's budgets."""
     records = RankRecords(rank)
+    fold_records(records, _lines(path, problems), budget if budget is not None else _Budget(MAX_STEP_ROWS,
+                                                                                             MAX_EVENTS))
+    finish_columns(records)
+    return records
+
+
+def fold_records(records: RankRecords, recs: Iterator[Dict[str, Any]], budget: _Budget) -> None:
+    """Append records read one by one: a step record to the columns, any other to ``events``."""
     cols = records.steps
     t_col, step_col, secs_col = cols["t"], cols["step"], cols["seconds"]
     mem_cols = [(name, cols[name]) for name in MEMORY_FIELDS]
@@ -183,7 +307,7 @@ def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budg
     other_col = cols[OTHER_PHASES]
     batch_cols = [(key, cols[name]) for key, name in BATCH_COLUMNS]
     own_cols = [(name, cols[name]) for name in OWN_COLUMNS]
-    for rec in _lines(path, problems):
+    for rec in recs:
         if rec.get("event") != "step":
             if budget.events <= 0:
                 budget.dropped_events += 1
@@ -197,6 +321,7 @@ def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budg
         budget.steps -= 1
         mem = rec.get("mem")
         get = mem.get if isinstance(mem, dict) else _EMPTY.get
+        row = len(t_col)
         t_col.append(_number(rec.get("t")))
         step_col.append(_number(rec.get("step")))
         secs_col.append(_number(rec.get("seconds")))
@@ -212,13 +337,73 @@ def read_rank(path: Path, rank: int, problems: List[str], budget: Optional[_Budg
             for name, col in phase_cols:
                 col.append(NAN)
             other_col.append(NAN)
+            phases = _EMPTY
         batch = rec.get("batch")
         get = batch.get if type(batch) is dict else _EMPTY.get
         for name, col in batch_cols:
             col.append(_number(get(name)))
         for name, col in own_cols:
             col.append(_number(rec.get(name)))
-    return records
+        unknown = [((), rec.keys() - _KNOWN_TOP, rec)]
+        for key, part, known in (("mem", mem, _MEM_KEYS), ("phase_seconds", phases, _NAMED_PHASES),
+                                 ("batch", batch, _BATCH_KEYS)):
+            if type(part) is dict and part:
+                unknown.append(((key,), part.keys() - known, part))
+        if any(keys for _, keys, _ in unknown):
+            _fold_extras(records, unknown, row)
+
+
+def _fold_extras(records: RankRecords, unknown: List[Tuple[Tuple[str, ...], Any, Dict[str, Any]]], row: int) -> None:
+    """A step record's fields without a column of their own, as columns by name (:func:`extra_name`): ``unknown``
+    holds ``(prefix, keys, object)`` for the record and each of its objects with keys the reader has no column for."""
+    from zeropilot.runlog.segments import MAX_DEPTH, flatten
+
+    paths: List[Tuple[str, ...]] = []
+    values: List[Any] = []
+    for prefix, keys, obj in unknown:
+        for key in sorted(keys, key=list(obj).index) if len(keys) > 1 else keys:
+            value = obj[key]
+            if type(value) is dict and value and len(prefix) < MAX_DEPTH:
+                flatten(value, prefix + (key,), len(prefix) + 1, paths, values)
+            else:
+                paths.append(prefix + (key,))
+                values.append(value)
+    for path, value in zip(paths, values):
+        name = extra_name(path)
+        if name is not None and type(value) in (int, float):
+            set_extra(records, name, row, _number(value))
+
+
+def set_extra(records: RankRecords, name: str, row: int, value: float) -> None:
+    """Row ``row`` of the extra column ``name`` (created, NaN before, when it is new and the rank has room)."""
+    col = records.steps.get(name)
+    if col is None:
+        if len(records.steps) >= len(STEP_COLUMNS) + MAX_EXTRA_COLUMNS:
+            return
+        col = records.steps[name] = array("d")
+    if len(col) < row:
+        col.extend(array("d", [NAN]) * (row - len(col)))
+    col.append(value)
+
+
+def extend_extra(records: RankRecords, name: str, row: int, values: array) -> None:
+    """Rows ``row`` on of the extra column ``name`` (:func:`set_extra`, for many rows at once)."""
+    col = records.steps.get(name)
+    if col is None:
+        if len(records.steps) >= len(STEP_COLUMNS) + MAX_EXTRA_COLUMNS:
+            return
+        col = records.steps[name] = array("d")
+    if len(col) < row:
+        col.extend(array("d", [NAN]) * (row - len(col)))
+    col.extend(values)
+
+
+def finish_columns(records: RankRecords) -> None:
+    """Extra columns padded with NaN to the rank's rows."""
+    n = records.n_steps
+    for name, col in records.steps.items():
+        if len(col) < n:
+            col.extend(array(col.typecode, [NAN]) * (n - len(col)))
 
 
 def _other(phases: Dict[str, Any]) -> float:
@@ -294,13 +479,17 @@ def read_run(root: Path, budget: Optional[_Budget] = None) -> RunRecords:
     if run is None and node_runs:
         run = merge_runs(node_runs, problems)
     budget = budget if budget is not None else _Budget(MAX_STEP_ROWS, MAX_EVENTS)
-    ranks = {r: read_rank(d.events(r), r, problems, budget) for r in d.ranks("rank")
-             if regular_file(d.events(r), problems)}
+    pieces = rank_pieces(d, problems)
+    if not budget.planned:
+        budget.stride = plan_stride(sum(p.rows for ps in pieces.values() for p in ps))
+    ranks = {r: _read_pieces(r, ps, budget, problems) for r, ps in pieces.items() if ps}
     if budget.dropped_steps or budget.dropped_events:
         problems.append(f"run larger than the reader's budget: {budget.dropped_steps} step record(s) and "
                         f"{budget.dropped_events} other record(s) not read")
     if run is None and not ranks:
         raise InputError("not a run directory: no run.json and no rank-N.jsonl", path=root)
+    if run is None and not any(rec.n_steps or rec.events for rec in ranks.values()) and problems:
+        raise InputError("nothing in it could be read: " + "; ".join(problems[:3]), path=root)
     ooms = _by_rank(d.ranks("oom-rank"), lambda r: read_side_json(d.oom(r), problems))
     beats = _by_rank(d.ranks("heartbeat-rank"), lambda r: read_side_json(d.heartbeat(r), problems))
     stacks = _by_rank(d.ranks("stacks-rank"), lambda r: read_stack(d.stacks(r), problems))
@@ -309,6 +498,71 @@ def read_run(root: Path, budget: Optional[_Budget] = None) -> RunRecords:
     return RunRecords(root=root, run=run, ranks=ranks, ooms=ooms, hang=read_side_json(d.hang_file, problems),
                       heartbeats=beats, problems=problems, stacks=stacks, node_runs=node_runs,
                       rank_dirs={r: root for r in ranks}, timeouts=timeouts, heal=heal)
+
+
+def rank_pieces(d: RunDir, problems: List[str]) -> Dict[int, List[Any]]:
+    """Rank -> the files its records are in, in order (``runlog.segread.Piece``): each closed segment (its JSON
+    lines while they are there, else its compacted file, whose head is read), then the live file."""
+    from zeropilot.runlog.segread import Piece, open_col
+
+    try:
+        names = os.listdir(d.root)
+    except OSError:
+        names = []
+    segs = d.segments(names)
+    out: Dict[int, List[Any]] = {}
+    for r in d.ranks("rank"):
+        pieces: List[Any] = []
+        for s in segs.get(r, []):
+            _segment_pieces(s, pieces, problems, open_col, Piece)
+        live = d.events(r)
+        if os.path.lexists(live) and regular_file(live, problems):
+            pieces.append(Piece(live, size=_size(live)))
+        out[r] = pieces
+    return out
+
+
+def _segment_pieces(s: Any, pieces: List[Any], problems: List[str], open_col: Callable, piece: Callable) -> None:
+    """A closed segment's piece: its JSON lines while there, else its compacted file (a merged file that cannot be
+    read: the files of the segments it holds, where they are still there)."""
+    if s.jsonl is not None and regular_file(s.jsonl, problems):
+        pieces.append(piece(s.jsonl, size=_size(s.jsonl)))
+        return
+    if s.col is not None and regular_file(s.col, problems):
+        got = open_col(s.col, problems)
+        if got is not None:
+            pieces.append(got)
+            return
+    for c in s.covered:
+        _segment_pieces(c, pieces, problems, open_col, piece)
+
+
+def plan_stride(rows: int) -> Optional[int]:
+    """The sample's step stride for a run of ``rows`` step records: None (every one) up to :data:`FULL_ROWS`, else
+    the segments' stride doubled until the sample fits :data:`SAMPLE_ROWS`."""
+    from zeropilot.runlog.segments import SAMPLE_EVERY
+
+    if rows <= FULL_ROWS:
+        return None
+    stride = SAMPLE_EVERY
+    while rows // stride > SAMPLE_ROWS:
+        stride *= 2
+    return stride
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path, follow_symlinks=False).st_size
+    except OSError:
+        return 0
+
+
+def _read_pieces(rank: int, pieces: List[Any], budget: _Budget, problems: List[str]) -> RankRecords:
+    from zeropilot.runlog.segread import read_pieces
+
+    records = RankRecords(rank)
+    read_pieces(records, pieces, budget, budget.stride, problems)
+    return records
 
 
 def merge_runs(runs: Dict[str, Dict[str, Any]], problems: List[str]) -> Dict[str, Any]:

@@ -312,6 +312,18 @@ def find_gpu(ranks: Mapping[int, Iterable[Tuple[int, float]]],
     return out[:MAX_NAMED]
 
 
+def few(found: Sequence[Dict[str, Any]], each: int = 3) -> List[Dict[str, Any]]:
+    """The first ``each`` stragglers of each evidence (``data``, ``phases``, ``gpu``), in their order: what one screen
+    names of many ranks (``runlog.spread``)."""
+    seen: Dict[Any, int] = {}
+    out = []
+    for s in found:
+        seen[s.get("evidence")] = seen.get(s.get("evidence"), 0) + 1
+        if seen[s.get("evidence")] <= each:
+            out.append(s)
+    return out
+
+
 # -- from a run directory ------------------------------------------------------------------------------------
 
 

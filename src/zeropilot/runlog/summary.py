@@ -15,7 +15,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional
 
-from zeropilot.runlog import job, normalize as nz, stragglers, timeouts, timing
+from zeropilot.runlog import job, normalize as nz, spread, stragglers, timeouts, timing
 from zeropilot.runlog.events import MEMORY_FIELDS
 from zeropilot.runlog.frames import display
 from zeropilot.runlog.heal import section as heal_section
@@ -28,11 +28,6 @@ VERDICTS = ("ok", "oom", "hang", "crash", "running")
 
 def _finite(values) -> List[float]:
     return [v for v in values if v == v]  # NaN != NaN
-
-
-def _max(values) -> Optional[int]:
-    top = max((v for v in values if v == v), default=None)
-    return None if top is None else int(top)
 
 
 def window_peak(before: Optional[float], after: Optional[float]) -> Optional[int]:
@@ -87,12 +82,10 @@ def _peak_source(rec: RankRecords, events: List[Dict[str, Any]], key: str) -> Op
     set it: a step (the peak happened in that step) or a save/load/init/oom (it happened there).
     """
     best: Optional[Dict[str, Any]] = None
-    col = rec.steps[key]
-    top = _max(col)
-    if top is not None:
-        i = next(i for i, x in enumerate(col) if not math.isnan(x) and int(x) == top)
-        best = {"event": "step", "step": nz.integer(rec.steps["step"][i]), "t": nz.num(rec.steps["t"][i]),
-                "bytes": top}
+    stats = rec.col_stats(key)  # over every step record, also when the reading holds a sample of them
+    if stats is not None:
+        best = {"event": "step", "step": nz.integer(stats.hi_at[0]), "t": nz.num(stats.hi_at[1]),
+                "bytes": int(stats.hi)}
     for e in events:
         for field in ("mem_peak", "mem_after", "mem"):
             value = _mem_peak(e.get(field), key)
@@ -128,7 +121,8 @@ _EVENT_MEMS = ("mem_before", "mem_peak", "mem_after", "mem")
 
 def _column_max(rec: RankRecords, events: List[Dict[str, Any]], field: str) -> Optional[int]:
     """The highest value of a memory field over the step records and every memory object of the other records."""
-    top = _max(rec.steps[field])
+    high = rec.col_max(field)
+    top = None if high is None else int(high)
     for e in events:
         for key in _EVENT_MEMS:
             top = _larger(top, _mem_peak(e.get(key), field))
@@ -155,15 +149,16 @@ def _rank_summary(rec: RankRecords, plan_bytes: Optional[int], oom: Optional[Dic
     events = _with_oom(rec, oom)
     peak_reserved = _column_max(rec, events, "peak_reserved_bytes")  # saves, loads and OOMs peak between steps
     ended = any(e.get("event") == "end" for e in rec.events)
-    times = _finite(cols["t"]) + [t for t in (nz.num(e.get("t")) for e in rec.events) if t is not None]
-    steps = _finite(cols["step"])
+    times = [t for t in (rec.col_min("t"), rec.col_max("t")) if t is not None]
+    times += [t for t in (nz.num(e.get("t")) for e in rec.events) if t is not None]
+    last_step = rec.col_max("step")
     secs = _finite(cols["seconds"])
     outside = _column_max(rec, events, "outside_torch_bytes")
     # what the plan predicts (gpu_peak_bytes) is the reserved peak plus memory outside PyTorch (FACTS.md)
     device_peak = peak_reserved + outside if peak_reserved is not None and outside is not None else None
     return {
         "rank": rec.rank,
-        "steps": int(max(steps)) if steps else 0,
+        "steps": int(last_step) if last_step is not None else 0,
         "peak_reserved_bytes": peak_reserved,
         "peak_allocated_bytes": _column_max(rec, events, "peak_allocated_bytes"),
         "outside_torch_bytes": outside,
@@ -175,7 +170,7 @@ def _rank_summary(rec: RankRecords, plan_bytes: Optional[int], oom: Optional[Dic
         "ended": ended,
         "last_record_t": max(times, default=None),
         "first_record_t": min(times, default=None),
-        "step_records": rec.n_steps,
+        "step_records": rec.step_records,
         "step_seconds_median": statistics.median(secs) if secs else None,
         "peak_reserved_at": _peak_source(rec, events, "peak_reserved_bytes"),
         "host_rss_peak_at": _peak_source(rec, events, "host_rss_bytes"),
@@ -324,14 +319,73 @@ def _last_seen(records: RunRecords, rank: Dict[str, Any]) -> str:
 
 
 def _step_seconds(records: RunRecords) -> Dict[str, Any]:
-    """Step time over every rank's steps: median, p90, max, mean, and the first step's (warm-up)."""
+    """Step time over every rank's steps: median, p90 (of the steps read: a sample of a long run's), max, mean and
+    count (of every step record), and the first step's (warm-up)."""
     secs = sorted(s for rec in records.ranks.values() for s in _finite(rec.steps["seconds"]))
     firsts = [rec.steps["seconds"][0] for rec in records.ranks.values()
               if rec.n_steps and not math.isnan(rec.steps["seconds"][0])]
     if not secs:
         return {"median": None, "max": None, "p90": None, "mean": None, "count": 0, "first": None}
-    return {"median": statistics.median(secs), "max": secs[-1], "p90": secs[min(len(secs) - 1, int(0.9 * len(secs)))],
-            "mean": _mean(secs), "count": len(secs), "first": max(firsts) if firsts else None}
+    stats = [s for s in (rec.col_stats("seconds") for rec in records.ranks.values()) if s is not None]
+    count = sum(s.n for s in stats)
+    return {"median": statistics.median(secs), "max": max(s.hi for s in stats),
+            "p90": secs[min(len(secs) - 1, int(0.9 * len(secs)))],
+            "mean": _mean_of(math.fsum(s.total for s in stats), count), "count": count,
+            "first": max(firsts) if firsts else None}
+
+
+def _mean_of(total: float, count: int) -> Optional[float]:
+    x = total / count if count else None
+    return x if x is not None and math.isfinite(x) else None
+
+
+def reading(records: RunRecords) -> Dict[str, Any]:
+    """How the step records were read: all of them, or a sample (``runlog.read``) whose medians the report gives."""
+    every = next((rec.sample_every for rec in records.ranks.values() if rec.sample_every is not None), None)
+    return {"step_records": sum(rec.step_records for rec in records.ranks.values()),
+            "rows_read": sum(rec.n_steps for rec in records.ranks.values()), "sample_every": every}
+
+
+def spread_section(records: RunRecords, ranks: List[Dict[str, Any]], time_section: Dict[str, Any],
+                   found: List[Dict[str, Any]], verdict: Dict[str, Any]) -> Dict[str, Any]:
+    """The distribution of each rank figure over the ranks and nodes, and the outliers by name (``runlog.spread``):
+    what the text shows past :data:`~zeropilot.runlog.spread.MANY_RANKS` ranks. ``found``: the stragglers of every
+    evidence (``runlog.stragglers``: ``data``, ``phases``, ``gpu``)."""
+    idle = {r["rank"]: (r.get("phases") or {}).get("idle") for r in (time_section.get("measured") or {}).get("ranks")
+            or []}
+    rows = []
+    for r in ranks:
+        cols = records.ranks[r["rank"]].steps
+        data = _median_of(cols["data_seconds"])  # the rank's DataLoader timed; else its time before the forward
+        rows.append(dict(r, data_seconds_median=data if data is not None else idle.get(r["rank"]),
+                         gpu_probe_seconds_median=_median_of(cols["gpu_probe_seconds"])))
+    by_rank = {r["rank"]: r for r in rows}
+    outliers = [{"kind": "straggler", "evidence": s.get("evidence"), "rank": s["rank"],
+                 "figure": _STRAGGLER_FIGURE.get(s.get("evidence")) or ("data_seconds_median" if s.get("phase") ==
+                                                                      "idle" else "forward_seconds_median"),
+                 "value": s["own_seconds"], "median": s["peers_seconds"], "ratio": s["ratio"], "reason": None}
+                for s in found]
+    memory = spread.memory_outlier(rows, ("peak_device_bytes", "peak_reserved_bytes", "host_rss_peak_bytes"))
+    if memory is not None:
+        outliers.append(dict(memory, reason=None))
+    outliers += [dict(o, figure=None, value=None, median=None, ratio=None) for o in spread.verdict_outliers(verdict)]
+    for o in outliers:
+        row = by_rank.get(o["rank"]) or {}
+        o.setdefault("evidence", None)
+        o.update(node=row.get("node"), host=row.get("host"))
+    nodes = {r.get("node") for r in rows if r.get("node")}
+    return {"ranks": len(rows), "nodes": len(nodes), "figures": spread.distributions(rows, spread.REPORT_FIGURES),
+            "outliers": outliers}
+
+
+#: the figure of ``runlog.spread.REPORT_FIGURES`` a straggler of each evidence stands out in
+_STRAGGLER_FIGURE = {"data": "data_seconds_median", "gpu": "gpu_probe_seconds_median"}
+
+
+def _median_of(col) -> Optional[float]:
+    """The median of a column's numbers (NaN: none), or None when it has none."""
+    got = [x for x in col if x == x]
+    return statistics.median(got) if got else None
 
 
 def main_frames(text: str) -> List[str]:
@@ -372,6 +426,8 @@ def summarize(records: RunRecords, predictor: Optional[timing.Predictor] = None)
     verdict = _verdict(records, ranks, ooms, hang)
     if nodes is not None:
         verdict = job.node_verdict(records, ranks, verdict)
+    time_section = timing.section(records, ranks, predictor)
+    found, gpu_found = stragglers.from_records(records), stragglers.gpu_from_records(records)
     return {
         "schema": REPORT_SCHEMA,
         "run_dir": str(records.root),
@@ -380,7 +436,8 @@ def summarize(records: RunRecords, predictor: Optional[timing.Predictor] = None)
         "verdict": verdict,
         "steps": max((r["steps"] for r in ranks), default=0),
         "step_seconds": _step_seconds(records),
-        "time": timing.section(records, ranks, predictor),
+        "reading": reading(records),
+        "time": time_section,
         "ranks": ranks,
         "saves": _checkpoint_ops(records, "save"),
         "loads": _checkpoint_ops(records, "load"),
@@ -400,8 +457,9 @@ def summarize(records: RunRecords, predictor: Optional[timing.Predictor] = None)
         "on_hang": nz.text(run.get("on_hang")),
         "locks_removed": nz.locks(run.get("locks_removed")),
         "builds": nz.builds(run.get("builds")),
-        "stragglers": stragglers.from_records(records),
-        "gpu_stragglers": stragglers.gpu_from_records(records),
+        "stragglers": found,
+        "gpu_stragglers": gpu_found,
+        "spread": spread_section(records, ranks, time_section, found + gpu_found, verdict),
         "timeouts": timeouts.report(records),
         "problems": records.problems,
         "nodes": nodes,

@@ -8,7 +8,9 @@ a fake prompt).
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
+
+from zeropilot.runlog.spread import MANY_RANKS
 
 GiB = float(1 << 30)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -51,6 +53,10 @@ def _steps(summary: Dict[str, Any]) -> List[str]:
         line += f", step time median {secs(st['median'])}, p90 {secs(st['p90'])}, max {secs(st['max'])}"
         if st.get("first") is not None:
             line += f" (first step {secs(st['first'])})"
+    read = summary.get("reading") or {}
+    if read.get("sample_every"):
+        return [line, f"  {read['step_records']:,} step records: medians over every {read['sample_every']}th step of "
+                      f"each rank ({read['rows_read']:,} read); peaks, maxima, counts and means over all of them"]
     return [line]
 
 
@@ -177,6 +183,8 @@ _RANK_COLUMNS = (
 def _ranks(summary: Dict[str, Any]) -> List[str]:
     if not summary["ranks"]:
         return ["no rank recorded anything"]
+    if len(summary["ranks"]) > MANY_RANKS and summary.get("spread"):
+        return spread_lines(summary["spread"], summary["ranks"])
     cells = [[fn(r) for _, _, fn in _RANK_COLUMNS] for r in summary["ranks"]]
     keep = [i for i in range(len(_RANK_COLUMNS)) if i < 2 or any(row[i] != "-" for row in cells)]
 
@@ -187,6 +195,70 @@ def _ranks(summary: Dict[str, Any]) -> List[str]:
             out.append(values[i].ljust(-width) if width < 0 else values[i].rjust(width))
         return "  ".join(out).rstrip()
     return [fmt([h for h, _, _ in _RANK_COLUMNS])] + [fmt(row) for row in cells]
+
+
+def figure(unit: str, value: Optional[float]) -> str:
+    """A figure of ``runlog.spread`` in its unit."""
+    if value is None:
+        return "-"
+    if unit == "bytes":
+        return gib(value)
+    if unit == "seconds" and 0 < value < 0.01:
+        return f"{1e3 * value:.2f} ms"  # a GPU probe reading
+    if unit == "seconds":
+        return secs(value)
+    if unit == "ratio":
+        return _pct(value)
+    return f"{value:,.0f}"
+
+
+def spread_lines(sp: Dict[str, Any], ranks: List[Dict[str, Any]]) -> List[str]:
+    """Many ranks in a few lines (``runlog.spread``): each figure's minimum, median and maximum over the ranks and
+    over the nodes, the rank or node at the maximum, then the outliers by name."""
+    from zeropilot.runlog.spread import where
+
+    by_rank = {r["rank"]: r for r in ranks}
+    nodes = f" on {sp['nodes']} nodes" if sp.get("nodes", 0) > 1 else ""
+    lines = [f"ranks: {sp['ranks']}{nodes}; over the ranks:{'min':>8}{'median':>12}{'max':>12}  at the max"]
+    for d in sp["figures"]:
+        at = "-" if d["min"] == d["max"] else f"rank {d['max_rank']}" + (
+            f" ({clean(where(by_rank.get(d['max_rank'])))})" if where(by_rank.get(d["max_rank"])) else "")
+        lines.append(f"  {d['label']:<26}{figure(d['unit'], d['min']):>12}{figure(d['unit'], d['median']):>12}"
+                     f"{figure(d['unit'], d['max']):>12}  {at}")
+    per_node = [d for d in sp["figures"] if d["nodes"] and d["unit"] != "count" and d["key"] != "plan_ratio"
+                and d["nodes"]["min"] != d["nodes"]["max"]]  # alike on every node, or the plan's ratio: nothing more
+    if per_node:
+        lines.append(f"  over the nodes (a node: the largest of its ranks; host RSS: their sum)")
+        for d in per_node:
+            n = d["nodes"]
+            at = "-" if n["min"] == n["max"] else clean(n["max_node"])
+            lines.append(f"  {d['label']:<26}{figure(d['unit'], n['min']):>12}{figure(d['unit'], n['median']):>12}"
+                         f"{figure(d['unit'], n['max']):>12}  {at}")
+    for o in sp["outliers"]:
+        if o["kind"] != "straggler":  # named above, in a line of their own
+            lines.append(outlier_line(o, by_rank.get(o["rank"])))
+    lines.append("  every rank: --format json (ranks) or --format html (a band over the ranks, the outliers drawn)")
+    return lines
+
+
+def outlier_line(o: Dict[str, Any], row: Optional[Dict[str, Any]]) -> str:
+    """One outlier of ``runlog.spread`` in words."""
+    from zeropilot.runlog.spread import where
+
+    place = clean(where(row) or "")
+    who = f"rank {o['rank']}" + (f" ({place})" if place else "")
+    if o["kind"] == "memory":
+        above = f", {100 * (o['ratio'] - 1):.0f}% above the median rank's {gib(o['median'])}" if o.get("ratio") else ""
+        at = (row or {}).get("peak_reserved_at")
+        first = f" (peak reserved first at {_peak_at(at)})" if at and o["figure"] != "host_rss_peak_bytes" else ""
+        name = {"peak_device_bytes": "device peak", "peak_reserved_bytes": "peak reserved"}.get(o["figure"], "host RSS")
+        return f"  most memory: {who}: {name} {gib(o['value'])}{above}{first}"
+    if o["kind"] == "straggler":
+        ratio = f"{o['ratio']:.1f}x" if o.get("ratio") else "far above"
+        return (f"  straggler: {who}: {ratio} its peers' median time of its own each step ({secs(o['value'])} "
+                f"against {secs(o['median'])})")
+    what = {"hang": "hung", "crash": "failed first", "oom": "out of memory"}.get(o["kind"], o["kind"])
+    return f"  {what}: {who}" + (f": {clean(o['reason'])}" if o.get("reason") else "")
 
 
 def size(value: Optional[float]) -> str:
@@ -235,15 +307,22 @@ def _op_peak(o: Dict[str, Any]) -> Optional[int]:
 
 
 def _ops(kind: str, ops: List[Dict[str, Any]], limit: int = 12) -> List[str]:
-    """Saves or loads grouped by step; a long run shows its first and last ones."""
+    """Saves or loads grouped by step; a long run shows its first and last ones (``limit`` in all: the first
+    ``limit // 2``, the rest from the end)."""
     groups: Dict[Any, List[Dict[str, Any]]] = {}
     for o in ops:
         groups.setdefault((o.get("step"), o.get("tag")), []).append(o)
     keys = list(groups)
-    shown = keys if len(keys) <= limit else keys[: limit // 2] + keys[-limit // 2:]
+    head = limit // 2
+    shown = keys if len(keys) <= limit else keys[:head] + keys[head - limit:]
     lines: List[str] = []
+    if len(keys) > limit:
+        slowest = [max((o["seconds"] for o in g if o["seconds"] is not None), default=None) for g in groups.values()]
+        took = sorted(x for x in slowest if x is not None)
+        lines.append(f"{len(keys)} {kind}s" + (f", the slowest rank's {secs(took[len(took) // 2])} (median), "
+                                              f"{secs(took[-1])} at most" if took else "") + ":")
     for i, key in enumerate(shown):
-        if len(keys) > limit and i == limit // 2:
+        if len(keys) > limit and i == head:
             lines.append(f"... {len(keys) - limit} more {kind}s (all in --format json or html)")
         lines += _group_line(kind, groups[key])
     return lines
@@ -312,11 +391,14 @@ def _hang(summary: Dict[str, Any]) -> List[str]:
     lines = [f"HANG: {clean(v['reason'] or 'no progress')} ({judged}, action {clean(h['action'])})"]
     if v.get("cause"):
         lines.append(f"  cause" + (f" ({clean(v['class'])})" if v.get("class") else "") + f": {clean(v['cause'])}")
-    for r in h["ranks"]:
+    for who, r in _hang_rows(h["ranks"], v["ranks"]):
         odd = " <- stuck" if r["rank"] in v["ranks"] else ""
         dead = " (process gone)" if r.get("alive") is False else ""
         waits = f", in {clean(r['where'][-1])}" if r.get("where") else ""
-        lines.append(f"  rank {r['rank']}: phase {clean(r['phase'])} at step {r['step']}{waits}{dead}{odd}")
+        lines.append(f"  {who}: phase {clean(r['phase'])} at step {r['step']}{waits}{dead}{odd}")
+    shown = sum(1 if who.startswith("rank ") else int(who.split()[0]) for who, _ in _hang_rows(h["ranks"], v["ranks"]))
+    if shown < len(h["ranks"]):
+        lines.append(f"  ... {len(h['ranks']) - shown} more ranks elsewhere (--format json: hang.ranks)")
     for lock in h.get("locks") or []:
         state = {"live": ", a build is working on it", "stale": ", no live build holds it"}.get(lock.get("state") or "", "")
         lines.append(f"  op-build lock: {clean(lock['path'])} ({secs(lock['age_s'])} old{state}"
@@ -329,6 +411,27 @@ def _hang(summary: Dict[str, Any]) -> List[str]:
         # faulthandler writes the most recent call first: the first frames are where the rank waits
         lines += [f"    rank {rank} stack: {clean(ln)}" for ln in stacks.get(rank, [])[:4]]
     return lines + _fixes(v.get("fixes") or [])
+
+
+def _hang_rows(ranks: List[Dict[str, Any]], stuck: List[int], limit: int = 6) -> List[Tuple[str, Dict[str, Any]]]:
+    """The watchdog's ranks as ``(who, row)``: one each up to :data:`MANY_RANKS`; past it, the stuck ranks one each
+    and the others grouped by where they wait (phase, step, frame, alive), the largest groups first."""
+    if len(ranks) <= MANY_RANKS:
+        return [(f"rank {r['rank']}", r) for r in ranks]
+    out = [(f"rank {r['rank']}", r) for r in ranks if r["rank"] in stuck][:limit]
+    groups: Dict[Any, List[Dict[str, Any]]] = {}
+    for r in ranks:
+        if r["rank"] not in stuck:
+            key = (r.get("phase"), r.get("step"), (r.get("where") or [None])[-1], r.get("alive"))
+            groups.setdefault(key, []).append(r)
+    for rows in sorted(groups.values(), key=len, reverse=True)[:max(limit - len(out), 1)]:
+        out.append((f"rank {rows[0]['rank']}" if len(rows) == 1 else f"{len(rows)} ranks ({_span(rows)})", rows[0]))
+    return out
+
+
+def _span(rows: List[Dict[str, Any]]) -> str:
+    nums = [r["rank"] for r in rows]
+    return f"{min(nums)}-{max(nums)}" if len(nums) == max(nums) - min(nums) + 1 else f"{min(nums)}..{max(nums)}"
 
 
 def _machine(summary: Dict[str, Any]) -> List[str]:
@@ -370,7 +473,13 @@ def stragglers(summary: Dict[str, Any]) -> List[str]:
     from zeropilot.runlog.stragglers import describe
 
     found = (summary.get("stragglers") or []) + (summary.get("gpu_stragglers") or [])
-    return [f"straggler: {clean(describe(s))}" for s in found]
+    if len(summary["ranks"]) <= MANY_RANKS:
+        return [f"straggler: {clean(describe(s))}" for s in found]
+    from zeropilot.runlog.stragglers import few
+
+    shown = few(found)  # one screen: at most 3 of each evidence
+    more = [f"straggler: ... {len(found) - len(shown)} more (--format json: stragglers, gpu_stragglers)"]
+    return [f"straggler: {clean(describe(s))}" for s in shown] + (more if len(found) > len(shown) else [])
 
 
 def render(summary: Dict[str, Any]) -> str:
@@ -382,16 +491,42 @@ def render(summary: Dict[str, Any]) -> str:
         lines += timeline(summary["heal"], clean) + [f"report of {clean(summary['run_dir'])}:"]
     lines += _verdict(summary) + _steps(summary) + _time(summary) + stragglers(summary) + _ranks(summary)
     lines += nodes(summary)
-    lines += _ops("save", summary["saves"]) + _ops("load", summary["loads"])
+    many = len(summary["ranks"]) > MANY_RANKS
+    lines += _ops("save", summary["saves"], 2 if many else 12) + _ops("load", summary["loads"], 2 if many else 12)
     for o in summary["ooms"]:
         lines += _oom(o)
     if summary.get("hang"):
         lines += _hang(summary)
     lines += _machine(summary)
     lines += _environment(summary)
-    lines += [f"note: {clean(p)}" for p in summary.get("problems") or []]
+    problems = summary.get("problems") or []
+    cut = 5 if many else len(problems)
+    lines += [f"note: {clean(p)}" for p in problems[:cut]]
+    if len(problems) > cut:
+        lines.append(f"note: ... {len(problems) - cut} more notes (--format json: problems)")
     lines.append(f"run directory: {clean(summary['run_dir'])}")
     return "\n".join(lines) + "\n"
+
+
+def _many_nodes(n: Dict[str, Any]) -> List[str]:
+    """Nodes past :data:`MANY_RANKS`: what is not in the distributions above (exits, supervisors without an end,
+    the clocks, findings), in a few lines."""
+    failed = [x for x in n["list"] if x.get("exit_code") not in (0, None)]
+    silent = [x for x in n["list"] if x.get("exit_code") is None and x.get("supervisor_ended") is False]
+    lines = [f"  exit status 0 on {len(n['list']) - len(failed) - len(silent)} nodes"
+             + "".join(f"; {x['node']}: exit {x['exit_code']}" for x in failed[:4])
+             + (f"; no end recorded by the supervisor of {', '.join(clean(x['node']) for x in silent[:4])}"
+                + (f" and {len(silent) - 4} more" if len(silent) > 4 else "") if silent else "")]
+    clock = n.get("clock") or {}
+    moved = [x for x in clock.get("nodes") or [] if x.get("applied")]
+    if moved:
+        worst = max(moved, key=lambda x: abs(x["offset_s"]))
+        lines.append(f"  clocks: aligned on {clean(clock.get('anchor') or '?')}: {len(moved)} node(s) shifted, by up "
+                     f"to {abs(worst['offset_s']):.3f} s ({clean(worst['node'])})")
+    elif clock.get("how"):
+        lines.append(f"  clocks: {clean(clock['how'])}")
+    lines += [f"  finding: {clean(f['message'])}" for f in (n.get("findings") or [])[:4]]
+    return lines
 
 
 def nodes(summary: Dict[str, Any]) -> List[str]:
@@ -402,6 +537,9 @@ def nodes(summary: Dict[str, Any]) -> List[str]:
     if n:
         lines.append(f"nodes: {n['count']}" + (f" of {n['expected']}" if n.get("expected") else "")
                      + (f", world size {n['world_size']}" if n.get("world_size") else ""))
+    if n and (len(n["list"]) > MANY_RANKS or len(summary["ranks"]) > MANY_RANKS):  # the spread has each figure's
+        lines += _many_nodes(n)  # nodes: what is left fits a few lines
+    elif n:
         for node in n["list"]:
             ranks = node["ranks"]
             who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}" \

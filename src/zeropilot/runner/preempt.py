@@ -46,8 +46,25 @@ TAIL_BYTES = 64 << 10
 
 
 def last_steps(folder: Path, rank: int, limit: int = 8) -> List[Dict[str, Any]]:
-    """The last ``step`` records of a rank (``step``, ``t``), from the tail of its ``rank-N.jsonl``."""
-    path = RunDir(folder).events(rank)
+    """The last ``step`` records of a rank (``step``, ``t``), from the tail of its ``rank-N.jsonl`` (and of its newest
+    closed segment when the live file was just begun: ``runlog.events`` closes it every few MB)."""
+    d = RunDir(folder)
+    out = _steps(_tail(d.events(rank)))
+    if len(out) < limit:
+        segs = d.segments().get(rank, [])
+        newest = segs[-1] if segs else None
+        if newest is not None and newest.jsonl is not None:
+            out = _steps(_tail(newest.jsonl)) + out
+        elif newest is not None and newest.col is not None:
+            from zeropilot.runlog.segread import front_records
+
+            recs, _ = front_records(newest.col, True, [])
+            out = [{"step": r["step"], "t": r.get("t")} for r in recs
+                   if r.get("event") == "step" and isinstance(r.get("step"), int)] + out
+    return out[-limit:]
+
+
+def _tail(path: Path) -> List[bytes]:
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -55,7 +72,10 @@ def last_steps(folder: Path, rank: int, limit: int = 8) -> List[Dict[str, Any]]:
             data = fh.read(TAIL_BYTES)
     except OSError:
         return []
-    lines = data.splitlines()[1 if size > TAIL_BYTES else 0:]  # a cut first line is no record
+    return data.splitlines()[1 if size > TAIL_BYTES else 0:]  # a cut first line is no record
+
+
+def _steps(lines: List[bytes]) -> List[Dict[str, Any]]:
     out = []
     for line in lines[-256:]:
         try:
@@ -64,7 +84,7 @@ def last_steps(folder: Path, rank: int, limit: int = 8) -> List[Dict[str, Any]]:
             continue
         if isinstance(rec, dict) and rec.get("event") == "step" and isinstance(rec.get("step"), int):
             out.append({"step": rec["step"], "t": rec.get("t")})
-    return out[-limit:]
+    return out
 
 
 def stop_step(steps_by_rank: Dict[int, List[Dict[str, Any]]], lead_s: float = LEAD_S,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from zeropilot.runlog.compact import Compactor, finish_quietly as compact_finish
 from zeropilot.runlog.layout import RunDir, write_json_atomic
 from zeropilot.runner import preempt
 from zeropilot.runner.procs import kill_session
@@ -249,6 +250,7 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
         previous[sig] = signal.signal(sig, forward)
     for sig in preempt.SIGNALS:
         previous[sig] = signal.signal(sig, preemption)
+    compactor = Compactor(d.root)  # closed segments of the ranks' records into columns (runlog.compact)
     told: set = set()
     hang = None
     try:
@@ -278,6 +280,8 @@ def supervise(opts: RunOptions, run_record: Dict) -> Dict:
             dog.peers.close()
         dog.close()
     kill_session(proc.pid)  # nothing of the job outlives zeropilot run
+    compactor.stop()
+    compact_finish(d.root)  # this machine's ranks are gone: their last segments compacted too
     _remove_pipes(env.get(PIPE_ENV, ""), d.root)
     removed = _remove_left_locks(d, env)
     record = dict(run_record)

@@ -326,14 +326,37 @@ def step_chart(records: RunRecords, chart_id: str) -> Optional[str]:
     return chart.svg()
 
 
+def step_band(records: RunRecords, summary: Dict[str, Any], chart_id: str) -> Optional[str]:
+    """Seconds per step of many ranks: the band over the ranks against the step, the outliers drawn."""
+    from zeropilot.runlog.report_html import bands
+
+    series = {r: (rec.steps["step"], rec.steps["seconds"]) for r, rec in records.ranks.items()
+              if _has(rec.steps["seconds"])}
+    if not series:
+        return None
+    steps = [s for xs, _ in series.values() for s in (min(xs), max(xs)) if not math.isnan(s)]
+    x0, x1 = (min(steps), max(steps)) if steps else (0.0, 1.0)
+    tops = [summary["step_seconds"]["p90"]]
+    chart = Chart(chart_id, WIDTH, 200, (x0, max(x1, x0 + 1)), (0.0, _y_top(tops) * 1.5),
+                  x_label=lambda v: f"{v:.0f}", y_label=lambda v: f"{v:.2g} s",
+                  title="seconds per step (above the chart: steps that held a save)")
+    chart.axes(x_ticks=[t for t in nice_ticks(*chart.x_range, n=8) if t == int(t)])
+    clipped = {r: (xs, array("d", (min(y, chart.y_range[1]) if y == y else y for y in ys)))
+               for r, (xs, ys) in series.items()}
+    bands.over_time(clipped, chart.x_range, bands.outlier_ranks(summary), chart, "seconds per step")
+    return chart.svg()
+
+
 def ranks_to_chart(summary: Dict[str, Any]) -> List[int]:
-    """Every rank, or with more than :data:`MAX_RANK_CHARTS`: the verdict's, rank 0, the highest peaks, the last."""
+    """Every rank, or with more than :data:`MAX_RANK_CHARTS`: the verdict's, rank 0, the outliers (with many ranks,
+    ``runlog.spread``), the highest peaks, the last."""
     ranks = [r["rank"] for r in summary["ranks"]]
     if len(ranks) <= MAX_RANK_CHARTS:
         return ranks
     def peak(r: Dict[str, Any]) -> float:
         return float(r["peak_reserved_bytes"] or r["host_rss_peak_bytes"] or 0)
     pick = [r for r in summary["verdict"]["ranks"] if r in ranks][:4] + [ranks[0], ranks[-1]]
+    pick += [o["rank"] for o in (summary.get("spread") or {}).get("outliers") or [] if o["rank"] in ranks][:6]
     for r in sorted(summary["ranks"], key=peak, reverse=True):
         if len(set(pick)) >= MAX_RANK_CHARTS:
             break

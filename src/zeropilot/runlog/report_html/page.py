@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from zeropilot.runlog.read import RunRecords
-from zeropilot.runlog.report_html import charts, sections
+from zeropilot.runlog.report_html import bands, charts, sections
+from zeropilot.runlog.spread import MANY_RANKS
 from zeropilot.runlog.report_html.svg import esc
 from zeropilot.runlog.text import metric_label, metric_value
 
@@ -48,6 +49,10 @@ rect.op{fill:#7b61ff;opacity:.10}rect.load{fill:#00897b;opacity:.12}rect.phase{o
 .ev-oom,.ev-error{color:#c62828;font-weight:600}.ev-save,.ev-load{color:#5e35b1}
 .compare{display:grid;grid-template-columns:1fr 1fr;gap:12px}
 b.fits{color:#2e7d32}b.nofit{color:#c62828}details.folded summary{color:#5f6b7a;font-size:12px}
+polygon.band{fill:#1f77b4;opacity:.18;stroke:none}.median{stroke:#1f77b4;stroke-width:1.2}.outlier{stroke-width:1.8}
+.rbar{stroke:#9bb7d4}.o0{stroke:#d62728;fill:#d62728}.o1{stroke:#ff7f0e;fill:#ff7f0e}.o2{stroke:#2ca02c;fill:#2ca02c}
+.o3{stroke:#9467bd;fill:#9467bd}.o4{stroke:#8c564b;fill:#8c564b}.o5{stroke:#e377c2;fill:#e377c2}
+polyline.o0,polyline.o1,polyline.o2,polyline.o3,polyline.o4,polyline.o5{fill:none}text.o0,text.o1,text.o2{stroke:none}
 """
 
 LEGEND_MEM = (("#1f77b4", "allocated"), ("#ff7f0e", "reserved"), ("#d62728", "peak reserved (counter)"),
@@ -87,8 +92,11 @@ def _memory_sections(records: RunRecords, summary: Dict[str, Any]) -> Tuple[str,
     ranks = sorted(records.ranks)
     prep = charts.prepare(records, t0, end)
     gpu = charts.gpu_fields(records)
-    overview = (rank_legend(ranks) + charts.overview_chart(prep, summary, end, "overview", gpu, t0)
-                if ranks else "<p>no rank recorded anything</p>")
+    if len(ranks) > MANY_RANKS:
+        overview = _many_memory(records, summary, prep, end, gpu)
+    else:
+        overview = (rank_legend(ranks) + charts.overview_chart(prep, summary, end, "overview", gpu, t0)
+                    if ranks else "<p>no rank recorded anything</p>")
     events = {r: rec.events for r, rec in records.ranks.items()}
     drawn = charts.ranks_to_chart(summary)
     per_rank = "".join(f"<h3>rank {r}</h3>" + charts.memory_chart(prep[r], summary, r, end, t0, gpu, events)
@@ -100,11 +108,48 @@ def _memory_sections(records: RunRecords, summary: Dict[str, Any]) -> Tuple[str,
     return overview, (mem_legend + per_rank if per_rank else "")
 
 
+def band_legend(summary: Dict[str, Any]) -> str:
+    """The legend of the charts of many ranks: the band, the median rank, each outlier."""
+    colors = ("#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
+    return legend([("rgba(31,119,180,.3)", "from the lowest to the highest rank"), ("#1f77b4", "the median rank")]
+                  + [(c, f"rank {r}: {what}") for (r, what), c in zip(bands.outlier_ranks(summary), colors)])
+
+
+def _many_memory(records: RunRecords, summary: Dict[str, Any], prep: Dict[int, Any], end: float, gpu: bool) -> str:
+    """Memory of many ranks: a band over time and a bar per rank, the outliers drawn (``report_html.bands``)."""
+    field = "reserved_bytes" if gpu else "host_rss_bytes"
+    peak = "peak_reserved_bytes" if gpu else "host_rss_peak_bytes"
+    outliers = bands.outlier_ranks(summary)
+    chart = charts.Chart("overview", charts.WIDTH, 260, (0.0, end), (0.0, charts._y_top(
+        [r.get(peak) for r in summary["ranks"]])), x_label=charts.fmt_time, y_label=charts.fmt_gib,
+        title="memory of every rank")
+    chart.axes(y_ticks=charts.gib_ticks(chart))
+    bands.over_time({r: (p.xs, p.cols[field]) for r, p in prep.items()}, (0.0, end), outliers, chart,
+                    field.replace("_bytes", "").replace("_", " "))
+    plan = summary["ranks"][0]["plan_bytes"] if summary["ranks"] else None
+    if plan is not None and plan <= chart.y_range[1]:
+        chart.hline(plan, "plan", f"plan {charts.fmt_gib(plan)}")
+    rows = [{"rank": r["rank"], "low": records.ranks[r["rank"]].col_min(field), "high": r.get(peak)}
+            for r in summary["ranks"] if r["rank"] in records.ranks]
+    nodes = [(n["node"], n["ranks"][0]) for n in (summary.get("nodes") or {}).get("list") or [] if n["ranks"]]
+    per_rank = bands.over_ranks(rows, "low", "high", charts.fmt_gib, "memory of each rank: lowest to peak",
+                                "ranks-memory", outliers, nodes, charts.gib_ticks)
+    data = {r["rank"]: (r.get("phases") or {}).get("idle") for r in summary["time"]["measured"]["ranks"]}
+    waits = bands.over_ranks([{"rank": r, "low": 0.0, "high": v} for r, v in sorted(data.items())], "low", "high",
+                             lambda v: f"{v:.3g} s", "loading data each step, median per rank", "ranks-data",
+                             outliers, nodes)
+    return (band_legend(summary) + chart.svg() + "<h3>each rank (x: the rank; node boundaries marked)</h3>"
+            + (per_rank or "") + (waits or ""))
+
+
 def render(records: RunRecords, summary: Dict[str, Any]) -> str:
     """The page for one run."""
     t0 = charts.run_start(records)
     overview, per_rank = _memory_sections(records, summary)
-    steps = charts.step_chart(records, "steptime")
+    if len(records.ranks) > MANY_RANKS:
+        steps = charts.step_band(records, summary, "steptime")
+    else:
+        steps = charts.step_chart(records, "steptime")
     body = "".join([
         "<h1>zeropilot report</h1>",
         sections.verdict(summary),
@@ -118,7 +163,8 @@ def render(records: RunRecords, summary: Dict[str, Any]) -> str:
         section("memory", "Memory, all ranks", overview),
         section("ranks", "Peaks per rank against the plan", sections.ranks(summary)),
         section("memory-per-rank", "Memory per rank over time", per_rank or None),
-        section("steps", "Step time", (rank_legend(sorted(records.ranks)) + steps) if steps else None),
+        section("steps", "Step time", ((band_legend(summary) if len(records.ranks) > MANY_RANKS
+                                         else rank_legend(sorted(records.ranks))) + steps) if steps else None),
         section("saves", "Saves", sections.ops(summary, "saves")),
         section("loads", "Loads", sections.ops(summary, "loads") if summary["loads"] else None),
         section("log", "Event log", sections.event_log(records, t0)),
