@@ -1,7 +1,7 @@
 """The report, ``top`` and the run directory at 1,024 ranks: a synthetic job of nodes x ranks x steps.
 
     python bench/report/bench_scale.py write DIR [--nodes 128 --per-node 8 --steps 100000 --jobs 2]
-    python bench/report/bench_scale.py measure DIR --out bench/report/results/scale.json
+    python bench/report/bench_scale.py measure DIR --out bench/report/results/scale-<name>.json
 
 ``write`` makes the job's run directory as ``zeropilot run`` leaves it (``tests/report/synth.py``: ``job_records``
 gives every rank's records as the guard writes them, ``write_job`` writes them through the guard's writer, which

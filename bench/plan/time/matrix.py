@@ -214,22 +214,6 @@ HOLDOUT5 = [
 ]
 
 
-def call5_rows(profile: str) -> list:
-    """Call 5's rows: HOLDOUT5 with predictions from ``profile`` (call 4's host figures)."""
-    from fit import inputs_of
-    from zeropilot.memory.profile import load
-    from zeropilot.memory.speed import speed_for
-    from zeropilot.memory.steptime import estimate_time
-
-    host = speed_for(None, load(profile))
-    rows = []
-    for row, model, settings, why in HOLDOUT5:
-        s = spec(row, model, settings, "holdout", why)
-        s["pred_step_s"] = round(estimate_time(inputs_of(s, 79.1), host).step_s, 4)
-        rows.append(s)
-    return rows
-
-
 #: call 7 (issue 40): held-out rows new to the model (shapes and settings calls 1-5 did not run), after the terms of
 #: branch timeterms (ZeRO-3's forward-type hooks apart from the backward's, the step's float64 norm and copies, one
 #: GPU's parameter offload waited for by the host); predictions written before it runs with call 5's host
@@ -251,8 +235,9 @@ HOLDOUT7 = [
 ]
 
 
-def call7_rows(profile: str) -> list:
-    """Call 7's rows: HOLDOUT7 with predictions from ``profile`` (call 5's host figures)."""
+def held_out_rows(table: list, profile: str) -> list:
+    """A call's held-out rows (``HOLDOUT5``, ``HOLDOUT7``), each with its step time predicted from ``profile`` (an
+    earlier call's host figures: ``data/callN/profile_host.json``) before the call."""
     from fit import inputs_of
     from zeropilot.memory.profile import load
     from zeropilot.memory.speed import speed_for
@@ -260,7 +245,7 @@ def call7_rows(profile: str) -> list:
 
     host = speed_for(None, load(profile))
     rows = []
-    for row, model, settings, why in HOLDOUT7:
+    for row, model, settings, why in table:
         s = spec(row, model, settings, "holdout", why)
         s["pred_step_s"] = round(estimate_time(inputs_of(s, 79.1), host).step_s, 4)
         rows.append(s)
@@ -278,9 +263,9 @@ def main(argv=None) -> int:
     ap.add_argument("out")
     ap.add_argument("--profile", help="holdout: the profile call 1's calibrate wrote")
     args = ap.parse_args(argv)
+    tables = {"call5": HOLDOUT5, "call7": HOLDOUT7}
     rows = (fit_rows() if args.which == "fit" else holdout_rows(args.profile) if args.which == "holdout"
-            else call3_rows(args.profile) if args.which == "call3" else call5_rows(args.profile)
-            if args.which == "call5" else call7_rows(args.profile))
+            else call3_rows(args.profile) if args.which == "call3" else held_out_rows(tables[args.which], args.profile))
     Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"{len(rows)} rows -> {args.out}")
     return 0

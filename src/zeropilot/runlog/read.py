@@ -376,14 +376,7 @@ def _fold_extras(records: RankRecords, unknown: List[Tuple[Tuple[str, ...], Any,
 
 def set_extra(records: RankRecords, name: str, row: int, value: float) -> None:
     """Row ``row`` of the extra column ``name`` (created, NaN before, when it is new and the rank has room)."""
-    col = records.steps.get(name)
-    if col is None:
-        if len(records.steps) >= len(STEP_COLUMNS) + MAX_EXTRA_COLUMNS:
-            return
-        col = records.steps[name] = array("d")
-    if len(col) < row:
-        col.extend(array("d", [NAN]) * (row - len(col)))
-    col.append(value)
+    extend_extra(records, name, row, array("d", (value,)))
 
 
 def extend_extra(records: RankRecords, name: str, row: int, values: array) -> None:
