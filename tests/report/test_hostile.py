@@ -11,7 +11,7 @@ import json
 from tests.report.synth import Spec, write_json_lines, write_run
 from zeropilot.cli import main
 from zeropilot.runlog import read_run, summarize
-from zeropilot.runlog import read as reader
+from zeropilot.runlog import columns, read as reader
 
 EVIL = "<script>alert(1)</script><img src=http://x.invalid/a.png onerror=alert(2)>\x1b[2J\x1b]0;pwned\x07"
 
@@ -73,7 +73,7 @@ def test_reader_budgets_bound_memory_and_say_so(tmp_path, monkeypatch):
                      + [{"event": "save", "t": 100 + i} for i in range(20)])
     monkeypatch.setattr(reader, "MAX_STEP_ROWS", 30)
     monkeypatch.setattr(reader, "MAX_EVENTS", 5)
-    monkeypatch.setattr(reader, "MAX_LINE", 200)
+    monkeypatch.setattr(columns, "MAX_LINE", 200)  # read where the lines are read
     with open(d / "rank-0.jsonl", "a") as fh:
         fh.write(json.dumps({"event": "end", "pad": "x" * 1000}) + "\n")
     records = read_run(d)

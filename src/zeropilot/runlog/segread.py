@@ -22,7 +22,7 @@ from zeropilot import safefile
 from zeropilot.errors import InputError
 from zeropilot.runlog import segments as seg
 from zeropilot.runlog.events import MEMORY_FIELDS
-from zeropilot.runlog.read import (BATCH_COLUMNS, LIMIT, MAX_LINE, NAN, OTHER_PHASES, OWN_COLUMNS, PATH_COLUMNS,
+from zeropilot.runlog.columns import (BATCH_COLUMNS, LIMIT, MAX_LINE, NAN, OTHER_PHASES, OWN_COLUMNS, PATH_COLUMNS,
                                    PHASE_COLUMNS, ColStats, RankRecords, _Budget, _decode, _number, _other, extra_name,
                                    extend_extra, finish_columns, fold_records)
 
@@ -256,7 +256,7 @@ def _rows(records: RankRecords, block: seg.Block, rows: List[int], budget: _Budg
 def read_pieces(records: RankRecords, pieces: List[Piece], budget: _Budget, stride: Optional[int],
                 problems: List[str]) -> None:
     """Fold a rank's pieces, in order, whole (``stride`` None) or sampled at ``stride`` steps."""
-    from zeropilot.runlog.read import _lines
+    from zeropilot.runlog.columns import _lines
 
     if stride is not None:
         records.sample_every, records.total_steps = stride, 0
