@@ -218,7 +218,7 @@ class Watchdog:
         except OSError:
             pass
         for rank, hb in beats.items():
-            if hb.get("host") not in (None, socket.gethostname()):
+            if hb.get("host") not in (None, self.host):
                 continue  # a rank of another node in a shared run directory: its pid means nothing here
             pid = hb.get("pid")  # the signal faulthandler listens on (guard.rank: ZEROPILOT_STACK_SIGNAL)
             if _alive(pid):
