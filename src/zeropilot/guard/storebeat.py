@@ -5,7 +5,10 @@ is, a sequence number) under ``zeropilot/hb/<global rank>`` in the ``TCPStore`` 
 ``MASTER_ADDR:MASTER_PORT`` (torchrun's agent store, DeepSpeed's and accelerate's launchers alike), from a daemon
 thread of its own, through a client connection of its own: one ``set`` every :data:`STORE_BEAT_S` seconds, never a
 collective, nothing the training loop waits for. The watchdog of every node (:mod:`zeropilot.runner.peers`) reads
-all of them and writes the first verdict under :data:`VERDICT_KEY` (``compare_set``: one verdict for the job).
+its own node's ranks and relays them, without their frames, under :data:`NODE_PREFIX` ``<node rank>``; it reads the
+other nodes' relays (one ``list_keys`` and one ``multi_get`` a beat, whatever the number of ranks), a rank's own
+key only where no node relays it, and every rank's frames once, when it judges. One node judges
+(:data:`JUDGE_KEY`) and writes the verdict under :data:`VERDICT_KEY` (``compare_set``: one verdict for the job).
 
 ``ZEROPILOT_STORE=HOST:PORT`` names another store; ``ZEROPILOT_STORE=off`` turns it off (then only a shared run
 directory gives a node's watchdog the other nodes' heartbeats). On one node the store is not used.
@@ -22,7 +25,9 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 STORE_ENV = "ZEROPILOT_STORE"
 PREFIX = "zeropilot/hb/"
+NODE_PREFIX = "zeropilot/node/"  # + node rank: that node's watchdog relays its ranks' heartbeats (no frames)
 VERDICT_KEY = "zeropilot/verdict"
+JUDGE_KEY = "zeropilot/judge"  # the node whose watchdog judges (``compare_set``): the others wait for its verdict
 SEEN_PREFIX = "zeropilot/verdict-seen/"  # + node rank: that node's watchdog has taken the verdict
 STORE_BEAT_S = 1.0  # one set per rank per second: the rate limit (bench/guard/store_beat.py measures its cost)
 CONNECT_TIMEOUT_S = 10.0

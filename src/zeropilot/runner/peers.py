@@ -1,9 +1,15 @@
 """The watchdog's view of the ranks on other nodes, read from the job's c10d store (imports torch lazily).
 
 The ranks publish their heartbeats there (:mod:`zeropilot.guard.storebeat`); a daemon thread of ``zeropilot run``
-reads every rank's key every :data:`~zeropilot.guard.storebeat.STORE_BEAT_S` seconds through a client connection of
-its own (``check`` then ``get``: key-value only, never a collective) and keeps the latest of each with the local
-time its sequence number last moved. A rank whose sequence number stands still for :data:`SILENT_S` is silent: its
+reads them every :data:`~zeropilot.guard.storebeat.STORE_BEAT_S` seconds through a client connection of its own
+(key-value only, never a collective) and keeps the latest of each with the local time its sequence number last
+moved. Its own node's ranks it reads directly and relays, without their frames, in one key of its node
+(``NODE_PREFIX``); the other nodes' ranks it reads from their nodes' relays: a ``list_keys``, a ``multi_get`` of
+the relays and a ``set`` of its own a beat, whatever the number of ranks (with 128 nodes of 8 ranks, every rank's
+key read by every node was 2 × 1,024 round trips per node and beat: ``bench/guard/watchdog_scale.py``). A rank no
+node relays (a node without ``zeropilot run``: DeepSpeed's pdsh runner) is read from its own key after
+:data:`RELAY_GRACE_S`; every rank's frames are read once, when this node judges (:meth:`Peers.fetch_frames`). A
+torch without ``list_keys``/``multi_get`` gets the per-rank ``check`` and ``get`` of every rank. A rank whose sequence number stands still for :data:`SILENT_S` is silent: its
 process, or its whole node, is gone or frozen. The store not answering for :data:`STORE_GONE_S` after it answered
 once is the store gone: the master node (its launcher serves the store) died or was cut off. (A store whose
 machine froze does not refuse: a call to it never returns. So the age of the last answer counts, not errors; the
@@ -20,6 +26,10 @@ from typing import Any, Dict, List, Optional, Tuple
 from zeropilot.guard import storebeat
 
 SILENT_S = 10.0
+#: when judging a stall (no rank progressed for the deadline, at least ``timeouts.STEP_FLOOR_S``), a rank whose
+#: publisher, a thread that beats whatever its main thread does, missed this many seconds of beats is gone: the
+#: ranks stalled waiting for it (a dead rank's last beat often shows it in a collective, like the others)
+SILENT_JUDGED_S = 4 * storebeat.STORE_BEAT_S
 FIRST_ANSWER_S = 60.0  # the watchdog waits this long for the store's first answer before judging without it
 STORE_GONE_S = 15.0
 READER_CONNECT_S = 3.0
@@ -27,6 +37,10 @@ RECONNECT_S = 5.0  # after a failure: the job is often ending then, and a connec
 LINGER_S = 3 * storebeat.STORE_BEAT_S + READER_CONNECT_S + 2  # a stopping node waits this long for the others
 STATUS_FILE = "store-peers.json"
 MAX_VALUE = 256 * 1024  # a heartbeat larger than this is not one of ours
+MAX_RELAY = 4 * 1024 * 1024  # a node's relay: its ranks' heartbeats without frames
+RELAY_GRACE_S = 3 * storebeat.STORE_BEAT_S  # a rank's key no node relays after this is read on its own
+FETCH_CHUNK = 256  # rank keys per ``multi_get`` when reading the frames
+JUDGE_WAIT_S = 10.0  # a node that lost the claim to judge waits this long for the judge's verdict
 
 
 class Peers:
@@ -47,6 +61,11 @@ class Peers:
         self.confirmed = True  # False after a verdict this node could not publish: the store's, once read, wins
         self.seen_by: set = set()  # node ranks whose watchdog has taken the job's verdict (their key is set)
         self._status_seen: List[int] = []
+        self.local: set = set()  # this node's ranks (the watchdog's own heartbeat files): read and relayed
+        self.node: Optional[int] = None  # this node's rank, from its ranks' heartbeats
+        self.relay_seq = 0
+        self.frames: Dict[int, List[Dict[str, Any]]] = {}  # rank -> frames read when judging
+        self._uncovered: Dict[int, float] = {}  # rank -> when its key was first seen that no node relays
         self._store = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -60,14 +79,89 @@ class Peers:
     def _read(self, store, key: str) -> Optional[Dict[str, Any]]:
         if not store.check([key]):
             return None
-        raw = store.get(key)
-        if len(raw) > MAX_VALUE:
-            return None
-        try:
-            value = json.loads(raw.decode("utf-8", "replace"))
-        except ValueError:
-            return None
-        return value if isinstance(value, dict) else None
+        return _parse(store.get(key))
+
+    def _read_each(self, store) -> Tuple[Dict[int, Optional[Dict[str, Any]]], Optional[Dict[str, Any]], set]:
+        """Every rank's own key (``check`` then ``get``): a torch without ``list_keys``/``multi_get``."""
+        got = {r: self._read(store, f"{storebeat.PREFIX}{r}") for r in range(self.world_size)}
+        verdict = self._read(store, storebeat.VERDICT_KEY)
+        nodes = {hb.get("node_rank") for hb in got.values() if hb is not None}
+        seen_by = {n for n in nodes if isinstance(n, int) and store.check([f"{storebeat.SEEN_PREFIX}{n}"])} \
+            if verdict is not None else set()
+        return got, verdict, seen_by
+
+    def _read_relayed(self, store, now: float
+                      ) -> Tuple[Dict[int, Optional[Dict[str, Any]]], Optional[Dict[str, Any]], set]:
+        """This node's ranks from their keys (relayed under its node's key), the others from their nodes' relays."""
+        keys = set(store.list_keys())
+        rank_keys = {_suffix(k, storebeat.PREFIX): k for k in keys if k.startswith(storebeat.PREFIX)}
+        rank_keys = {r: k for r, k in rank_keys.items() if r is not None and r < self.world_size}
+        got: Dict[int, Optional[Dict[str, Any]]] = {}
+        local = sorted(r for r in self.local if r in rank_keys)
+        if local:
+            got.update(zip(local, (_parse(raw) for raw in store.multi_get([rank_keys[r] for r in local]))))
+            nodes = {hb.get("node_rank") for hb in got.values() if hb is not None}
+            node = nodes.pop() if len(nodes) == 1 else None
+            if isinstance(node, int) and not isinstance(node, bool):
+                self.node, self.relay_seq = node, self.relay_seq + 1
+                beats = {str(r): {k: v for k, v in hb.items() if k != "frames"} for r, hb in got.items() if hb}
+                store.set(f"{storebeat.NODE_PREFIX}{node}", json.dumps(
+                    {"node": node, "seq": self.relay_seq, "t": time.time(), "beats": beats}, separators=(",", ":")))
+        own = f"{storebeat.NODE_PREFIX}{self.node}" if self.node is not None else None
+        relays = sorted(k for k in keys if k.startswith(storebeat.NODE_PREFIX) and k != own)
+        for raw in store.multi_get(relays) if relays else []:
+            relay = _parse(raw, MAX_RELAY)
+            for r, hb in (relay.get("beats") if relay and isinstance(relay.get("beats"), dict) else {}).items():
+                if str(r).isdigit() and int(r) < self.world_size and int(r) not in got and isinstance(hb, dict):
+                    got[int(r)] = hb
+        for r in [r for r in self._uncovered if r in got]:
+            del self._uncovered[r]
+        alone = [r for r in sorted(rank_keys) if r not in got
+                 and now - self._uncovered.setdefault(r, now) >= RELAY_GRACE_S]
+        if alone:
+            got.update(zip(alone, (_parse(raw) for raw in store.multi_get([rank_keys[r] for r in alone]))))
+        verdict = _parse(store.get(storebeat.VERDICT_KEY)) if storebeat.VERDICT_KEY in keys else None
+        seen_by = {n for n in (_suffix(k, storebeat.SEEN_PREFIX) for k in keys) if n is not None}
+        return got, verdict, seen_by
+
+    def fetch_frames(self, timeout_s: float = 3 * READER_CONNECT_S) -> None:
+        """Every rank's frames from its own key, once (the relays carry none): for the verdict of this node."""
+        ranks = sorted(self.snapshot()[0])
+        found: Dict[int, List[Dict[str, Any]]] = {}
+
+        def run(store) -> None:
+            if not _fast(store):
+                return
+            for i in range(0, len(ranks), FETCH_CHUNK):
+                part = ranks[i:i + FETCH_CHUNK]
+                for r, raw in zip(part, store.multi_get([f"{storebeat.PREFIX}{r}" for r in part])):
+                    hb = _parse(raw)
+                    if hb is not None and isinstance(hb.get("frames"), list):
+                        found[r] = hb["frames"]
+
+        if ranks:
+            self._in_thread(run, timeout_s)
+        with self._lock:
+            self.frames.update(found)
+
+    def claim(self, node: Optional[int]) -> bool:
+        """Whether this node judges: the first to claim the job's judgment (``compare_set``), or no store answer."""
+        if node is None or self.gone_for() >= STORE_GONE_S:
+            return True
+        held: List[Any] = []
+        self._in_thread(lambda store: held.append(store.compare_set(storebeat.JUDGE_KEY, "", str(node))),
+                        READER_CONNECT_S + 2)
+        return not held or held[0] in (str(node).encode(), str(node))
+
+    def wait_verdict(self, wait_s: float = JUDGE_WAIT_S) -> Optional[Dict[str, Any]]:
+        """The judge's verdict once the reader sees it (waiting up to ``wait_s``); None when none came."""
+        end = time.time() + wait_s
+        while time.time() < end:
+            with self._lock:
+                if self.verdict is not None:
+                    return self.verdict
+            time.sleep(0.2)
+        return None
 
     def refresh(self) -> bool:
         """One read of every rank's heartbeat and of the verdict; False when the store did not answer."""
@@ -76,11 +170,7 @@ class Peers:
             if self._store is None:
                 self._store = storebeat.connect(self.addr, READER_CONNECT_S)
             store = self._store
-            got = {r: self._read(store, f"{storebeat.PREFIX}{r}") for r in range(self.world_size)}
-            verdict = self._read(store, storebeat.VERDICT_KEY)
-            nodes = {hb.get("node_rank") for hb in got.values() if hb is not None}
-            seen_by = {n for n in nodes if isinstance(n, int) and store.check([f"{storebeat.SEEN_PREFIX}{n}"])} \
-                if verdict is not None else set()
+            got, verdict, seen_by = self._read_relayed(store, now) if _fast(store) else self._read_each(store)
         except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/DistStoreError/TimeoutError
             self._store = None
             with self._lock:
@@ -129,8 +219,11 @@ class Peers:
             self._stop.wait(storebeat.STORE_BEAT_S)
 
     def snapshot(self) -> Tuple[Dict[int, Dict[str, Any]], Dict[int, float]]:
+        """Every rank's latest heartbeat (with the frames :meth:`fetch_frames` read, where the beat has none)."""
         with self._lock:
-            return dict(self.beats), dict(self.moved)
+            beats = {r: hb if "frames" in hb or r not in self.frames else dict(hb, frames=self.frames[r])
+                     for r, hb in self.beats.items()}
+            return beats, dict(self.moved)
 
     def silent(self, now: Optional[float] = None, after_s: float = SILENT_S) -> List[int]:
         """Ranks seen once whose heartbeat stopped moving ``after_s`` ago without a clean end (phase ``exit``)."""
@@ -209,6 +302,27 @@ class Peers:
         """Stop the reader and wait for it (a thread inside a store call at the interpreter's exit aborts it)."""
         self._stop.set()
         self._thread.join(timeout=2 * READER_CONNECT_S + 2)  # a connect in progress ends (torch retries once)
+
+
+def _fast(store) -> bool:
+    """Whether the store client reads many keys in one round trip (``list_keys`` and ``multi_get``, torch 2.6+)."""
+    return hasattr(store, "list_keys") and hasattr(store, "multi_get")
+
+
+def _parse(raw: Any, limit: int = MAX_VALUE) -> Optional[Dict[str, Any]]:
+    """A JSON object from the store (another process's report: checked, never trusted); None otherwise."""
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) > limit:
+        return None
+    try:
+        value = json.loads(bytes(raw).decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _suffix(key: str, prefix: str) -> Optional[int]:
+    tail = key[len(prefix):]
+    return int(tail) if tail.isdigit() and len(tail) < 10 else None
 
 
 def _quiet(fn):
