@@ -4,12 +4,16 @@ The ranks publish their heartbeats there (:mod:`zeropilot.guard.storebeat`); a d
 reads them every :data:`~zeropilot.guard.storebeat.STORE_BEAT_S` seconds through a client connection of its own
 (key-value only, never a collective) and keeps the latest of each with the local time its sequence number last
 moved. Its own node's ranks it reads directly and relays, without their frames, in one key of its node
-(``NODE_PREFIX``); the other nodes' ranks it reads from their nodes' relays: a ``list_keys``, a ``multi_get`` of
-the relays and a ``set`` of its own a beat, whatever the number of ranks (with 128 nodes of 8 ranks, every rank's
-key read by every node was 2 × 1,024 round trips per node and beat: ``bench/guard/watchdog_scale.py``). A rank no
-node relays (a node without ``zeropilot run``: DeepSpeed's pdsh runner) is read from its own key after
-:data:`RELAY_GRACE_S`; every rank's frames are read once, when this node judges (:meth:`Peers.fetch_frames`). A
-torch without ``list_keys``/``multi_get`` gets the per-rank ``check`` and ``get`` of every rank. A rank whose sequence number stands still for :data:`SILENT_S` is silent: its
+(``NODE_PREFIX``); the other nodes' ranks it reads from their nodes' relays: five round trips a beat whatever the
+number of ranks (the list of relays, a ``multi_get`` of them, a ``multi_get`` of its own ranks, the ``set`` of its
+relay, the verdict); with 128 nodes of 8 ranks, every rank's key read by every node was 2 × 1,024 round trips per
+node and beat (``bench/guard/watchdog_scale.py``). A rank no node relays (a node without ``zeropilot run``:
+DeepSpeed's pdsh runner) is read from its own key after :data:`RELAY_GRACE_S`; every rank's frames are read once,
+when this node judges (:meth:`Peers.fetch_frames`). Keys are found in lists kept by ``append``
+(``storebeat.NODES_KEY``, ``RANKS_KEY``) and read with a ``compare_set`` that never waits (:func:`_peek`), never
+with ``list_keys``: it holds Python's lock while it waits, and a frozen store froze the whole ``zeropilot run``
+(``tests/guard/test_watch_nodes.py``, the store's node frozen). A torch without ``multi_get``/``append`` gets the
+per-rank ``check`` and ``get`` of every rank. A rank whose sequence number stands still for :data:`SILENT_S` is silent: its
 process, or its whole node, is gone or frozen. The store not answering for :data:`STORE_GONE_S` after it answered
 once is the store gone: the master node (its launcher serves the store) died or was cut off. (A store whose
 machine froze does not refuse: a call to it never returns. So the age of the last answer counts, not errors; the
@@ -66,6 +70,8 @@ class Peers:
         self.relay_seq = 0
         self.frames: Dict[int, List[Dict[str, Any]]] = {}  # rank -> frames read when judging
         self._uncovered: Dict[int, float] = {}  # rank -> when its key was first seen that no node relays
+        self.registered: set = set()  # ranks whose key exists (:data:`storebeat.RANKS_KEY`, as last read)
+        self.listed: Optional[int] = None  # the node this reader listed in :data:`storebeat.NODES_KEY`
         self._store = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -82,7 +88,7 @@ class Peers:
         return _parse(store.get(key))
 
     def _read_each(self, store) -> Tuple[Dict[int, Optional[Dict[str, Any]]], Optional[Dict[str, Any]], set]:
-        """Every rank's own key (``check`` then ``get``): a torch without ``list_keys``/``multi_get``."""
+        """Every rank's own key (``check`` then ``get``): a torch without ``multi_get``/``append``."""
         got = {r: self._read(store, f"{storebeat.PREFIX}{r}") for r in range(self.world_size)}
         verdict = self._read(store, storebeat.VERDICT_KEY)
         nodes = {hb.get("node_rank") for hb in got.values() if hb is not None}
@@ -92,37 +98,47 @@ class Peers:
 
     def _read_relayed(self, store, now: float
                       ) -> Tuple[Dict[int, Optional[Dict[str, Any]]], Optional[Dict[str, Any]], set]:
-        """This node's ranks from their keys (relayed under its node's key), the others from their nodes' relays."""
-        keys = set(store.list_keys())
-        rank_keys = {_suffix(k, storebeat.PREFIX): k for k in keys if k.startswith(storebeat.PREFIX)}
-        rank_keys = {r: k for r, k in rank_keys.items() if r is not None and r < self.world_size}
+        """This node's ranks from their keys (relayed under its node's key), the others from their nodes' relays.
+
+        Every key read exists (a ``multi_get`` of a missing key waits for it): the relays from :data:`NODES_KEY`, the
+        ranks' keys from :data:`RANKS_KEY`, read only while some rank is neither relayed nor known."""
         got: Dict[int, Optional[Dict[str, Any]]] = {}
-        local = sorted(r for r in self.local if r in rank_keys)
-        if local:
-            got.update(zip(local, (_parse(raw) for raw in store.multi_get([rank_keys[r] for r in local]))))
-            nodes = {hb.get("node_rank") for hb in got.values() if hb is not None}
-            node = nodes.pop() if len(nodes) == 1 else None
-            if isinstance(node, int) and not isinstance(node, bool):
-                self.node, self.relay_seq = node, self.relay_seq + 1
-                beats = {str(r): {k: v for k, v in hb.items() if k != "frames"} for r, hb in got.items() if hb}
-                store.set(f"{storebeat.NODE_PREFIX}{node}", json.dumps(
-                    {"node": node, "seq": self.relay_seq, "t": time.time(), "beats": beats}, separators=(",", ":")))
-        own = f"{storebeat.NODE_PREFIX}{self.node}" if self.node is not None else None
-        relays = sorted(k for k in keys if k.startswith(storebeat.NODE_PREFIX) and k != own)
-        for raw in store.multi_get(relays) if relays else []:
+        own = self.node
+        relays = [n for n in _listed(_peek(store, storebeat.NODES_KEY), 1 << 20) if n != own]
+        for raw in store.multi_get([f"{storebeat.NODE_PREFIX}{n}" for n in relays]) if relays else []:
             relay = _parse(raw, MAX_RELAY)
             for r, hb in (relay.get("beats") if relay and isinstance(relay.get("beats"), dict) else {}).items():
-                if str(r).isdigit() and int(r) < self.world_size and int(r) not in got and isinstance(hb, dict):
+                if str(r).isdigit() and int(r) < self.world_size and isinstance(hb, dict):
                     got[int(r)] = hb
+        if (self.local | (set(range(self.world_size)) - set(got))) - self.registered:
+            self.registered |= {r for r in _listed(_peek(store, storebeat.RANKS_KEY), self.world_size)}
+        local = sorted(self.local & self.registered)
+        if local:
+            got.update(zip(local, (_parse(raw) for raw in store.multi_get([f"{storebeat.PREFIX}{r}" for r in local]))))
+            self._relay(store, {r: got[r] for r in local})
         for r in [r for r in self._uncovered if r in got]:
             del self._uncovered[r]
-        alone = [r for r in sorted(rank_keys) if r not in got
+        alone = [r for r in sorted(self.registered) if r not in got
                  and now - self._uncovered.setdefault(r, now) >= RELAY_GRACE_S]
         if alone:
-            got.update(zip(alone, (_parse(raw) for raw in store.multi_get([rank_keys[r] for r in alone]))))
-        verdict = _parse(store.get(storebeat.VERDICT_KEY)) if storebeat.VERDICT_KEY in keys else None
-        seen_by = {n for n in (_suffix(k, storebeat.SEEN_PREFIX) for k in keys) if n is not None}
+            got.update(zip(alone, (_parse(raw) for raw in store.multi_get([f"{storebeat.PREFIX}{r}" for r in alone]))))
+        verdict = _parse(_peek(store, storebeat.VERDICT_KEY))
+        seen_by = set(_listed(_peek(store, storebeat.SEEN_KEY), 1 << 20)) if verdict is not None else set()
         return got, verdict, seen_by
+
+    def _relay(self, store, local: Dict[int, Optional[Dict[str, Any]]]) -> None:
+        """This node's ranks' heartbeats, without their frames, in its node's key (listed once in the nodes')."""
+        nodes = {hb.get("node_rank") for hb in local.values() if hb is not None}
+        node = nodes.pop() if len(nodes) == 1 else None
+        if not isinstance(node, int) or isinstance(node, bool) or node < 0:
+            return
+        self.node, self.relay_seq = node, self.relay_seq + 1
+        beats = {str(r): {k: v for k, v in hb.items() if k != "frames"} for r, hb in local.items() if hb}
+        store.set(f"{storebeat.NODE_PREFIX}{node}", json.dumps(
+            {"node": node, "seq": self.relay_seq, "t": time.time(), "beats": beats}, separators=(",", ":")))
+        if self.listed != node:
+            store.append(storebeat.NODES_KEY, f"{node},")
+            self.listed = node
 
     def fetch_frames(self, timeout_s: float = 3 * READER_CONNECT_S) -> None:
         """Every rank's frames from its own key, once (the relays carry none): for the verdict of this node."""
@@ -172,7 +188,7 @@ class Peers:
             store = self._store
             got, verdict, seen_by = self._read_relayed(store, now) if _fast(store) else self._read_each(store)
         except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/DistStoreError/TimeoutError
-            self._store = None
+            self._store, self.registered, self.listed = None, set(), None  # a new store (a restart) lists anew
             with self._lock:
                 self.first_failure = self.first_failure or now
                 self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
@@ -262,7 +278,7 @@ class Peers:
             value = json.dumps(record, separators=(",", ":"), default=str)
             held.append(store.compare_set(storebeat.VERDICT_KEY, "", value))
             if node is not None:
-                store.set(f"{storebeat.SEEN_PREFIX}{node}", "1")
+                _mark_seen(store, node)
 
         self._in_thread(run, 3 * READER_CONNECT_S + 5)  # once per job; a loaded machine answers slowly
         try:
@@ -280,7 +296,7 @@ class Peers:
         """Mark node ``node`` as having taken the job's verdict (a key in the store; waits at most a few seconds)."""
         if node is None or self.gone_for() >= STORE_GONE_S:
             return
-        self._in_thread(lambda store: store.set(f"{storebeat.SEEN_PREFIX}{node}", "1"), READER_CONNECT_S + 2)
+        self._in_thread(lambda store: _mark_seen(store, node), READER_CONNECT_S + 2)
 
     def _in_thread(self, fn, timeout_s: float) -> None:
         """``fn(store)`` on a connection of its own, in a daemon thread joined with ``timeout_s`` (a frozen store's
@@ -305,8 +321,34 @@ class Peers:
 
 
 def _fast(store) -> bool:
-    """Whether the store client reads many keys in one round trip (``list_keys`` and ``multi_get``, torch 2.6+)."""
-    return hasattr(store, "list_keys") and hasattr(store, "multi_get")
+    """Whether the store client reads many keys in one round trip and keeps lists (``multi_get``, ``append``)."""
+    return hasattr(store, "multi_get") and hasattr(store, "append")
+
+
+ABSENT = "\x00zeropilot:absent"
+
+
+def _peek(store, key: str) -> Optional[bytes]:
+    """``key``'s value, or None when it does not exist, in one round trip that never waits for the key (``get``
+    does): a ``compare_set`` to the value it expects, which writes nothing (a missing key answers the expected)."""
+    raw = store.compare_set(key, ABSENT, ABSENT)
+    return None if raw in (ABSENT, ABSENT.encode()) else raw
+
+
+def _listed(raw: Optional[bytes], below: int) -> List[int]:
+    """The numbers of a list kept by ``append`` (``"3,17,"``) that are under ``below``, in order, once each."""
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) > 8 * 1024 * 1024:
+        return []
+    out = dict.fromkeys(int(t) for t in bytes(raw).split(b",") if t.isdigit() and len(t) < 10 and int(t) < below)
+    return list(out)
+
+
+def _mark_seen(store, node: int) -> None:
+    """Node ``node``'s watchdog has taken the verdict: in the list the readers read, or its own key (torch < 2.6)."""
+    if _fast(store):
+        store.append(storebeat.SEEN_KEY, f"{node},")
+    else:
+        store.set(f"{storebeat.SEEN_PREFIX}{node}", "1")
 
 
 def _parse(raw: Any, limit: int = MAX_VALUE) -> Optional[Dict[str, Any]]:
