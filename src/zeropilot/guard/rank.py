@@ -81,9 +81,11 @@ class RankGuard:
     """Records and heartbeat of one rank in a run directory."""
 
     def __init__(self, root: Path, rank: int, framework: str, host: Optional[str] = None,
-                 env: Optional[Dict[str, str]] = None) -> None:
+                 env: Optional[Dict[str, str]] = None, threads: bool = True) -> None:
         """``host`` and ``env`` default to this machine's name and ``os.environ``: a simulation names its own
-        (``bench/guard/watchdog_scale.py`` runs many stand-in ranks of many simulated nodes in one process)."""
+        (``bench/guard/watchdog_scale.py`` runs many stand-in ranks of many simulated nodes in one process). With
+        ``threads=False`` the guard starts no thread: the caller calls :meth:`tick` every :data:`BEAT_S` and its
+        store publisher's ``publish`` every ``storebeat.STORE_BEAT_S`` (the simulation's one clock for all)."""
         self.env = os.environ if env is None else env
         self.dir = RunDir(Path(root))
         self.rank = rank
@@ -135,11 +137,13 @@ class RankGuard:
         self.announced = False
         self.beat(force=True)
         self._thread = threading.Thread(target=self._beat_loop, name="zeropilot-heartbeat", daemon=True)
-        self._thread.start()
+        if threads:
+            self._thread.start()
         from zeropilot.guard import storebeat
 
         self.place = rank_place(self.env, self.host)
-        self.store_beat = storebeat.start(self, self.place, self.env)  # across nodes: heartbeats in the job's c10d store
+        # across nodes: heartbeats in the job's c10d store
+        self.store_beat = storebeat.start(self, self.place, self.env, thread=threads)
         if self.store_beat is not None:
             self.beat(force=True)  # the node's watchdog finds the store's address here
 
@@ -231,9 +235,14 @@ class RankGuard:
         while not self._stop.wait(BEAT_S):
             if os.getpid() != self.pid:  # a forked child (DataLoader worker) is not this rank
                 return
-            self._sample()
-            self.beat()
-            self._dump_flight_recorder_if_asked()
+            self.tick()
+
+    def tick(self) -> None:
+        """One beat of the heartbeat thread: the main thread's activity, the heartbeat file, a flight-recorder
+        request."""
+        self._sample()
+        self.beat()
+        self._dump_flight_recorder_if_asked()
 
     def _dump_flight_recorder_if_asked(self) -> None:
         """The watchdog touched ``.fr-request``: write this rank's flight recorder (gloo has no dump pipe).

@@ -73,6 +73,11 @@ class Peers:
         self.registered: set = set()  # ranks whose key exists (:data:`storebeat.RANKS_KEY`, as last read)
         self.listed: Optional[int] = None  # the node this reader listed in :data:`storebeat.NODES_KEY`
         self._store = None
+        # a second connection the reader makes once it is up, for the verdict's calls (claim, publish, the frames):
+        # a c10d connect holds Python's lock while it waits (5 s at times on a loaded machine), the whole
+        # ``zeropilot run`` with it, and a verdict is no time to make one
+        self._spare = None
+        self._spare_busy = threading.Lock()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="zeropilot-peers", daemon=True)
@@ -187,8 +192,11 @@ class Peers:
                 self._store = storebeat.connect(self.addr, READER_CONNECT_S)
             store = self._store
             got, verdict, seen_by = self._read_relayed(store, now) if _fast(store) else self._read_each(store)
+            if self._spare is None:
+                self._spare = storebeat.connect(self.addr, READER_CONNECT_S)
         except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/DistStoreError/TimeoutError
             self._store, self.registered, self.listed = None, set(), None  # a new store (a restart) lists anew
+            self._spare = None
             with self._lock:
                 self.first_failure = self.first_failure or now
                 self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
@@ -299,9 +307,18 @@ class Peers:
         self._in_thread(lambda store: _mark_seen(store, node), READER_CONNECT_S + 2)
 
     def _in_thread(self, fn, timeout_s: float) -> None:
-        """``fn(store)`` on a connection of its own, in a daemon thread joined with ``timeout_s`` (a frozen store's
-        call never returns)."""
+        """``fn(store)`` on the reader's spare connection (a new one when it is busy or broken), in a daemon thread
+        joined with ``timeout_s`` (a frozen store's call never returns)."""
         def run() -> None:
+            spare = self._spare
+            if spare is not None and self._spare_busy.acquire(blocking=False):
+                try:  # (a call that never returns keeps it busy: the next ones connect anew)
+                    fn(spare)
+                    return
+                except Exception:  # noqa: BLE001 - the connection broke: a new one
+                    self._spare = None
+                finally:
+                    self._spare_busy.release()
             fn(storebeat.connect(self.addr, READER_CONNECT_S))
 
         thread = threading.Thread(target=_quiet(run), name="zeropilot-verdict", daemon=True)
