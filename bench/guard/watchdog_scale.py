@@ -456,7 +456,7 @@ def worker(cfg: Dict[str, Any]) -> None:
         for mark, t in (("from", steady[0]), ("to", steady[1])):
             if mark not in cpu and now >= t:
                 cpu[mark] = {"t": now, **thread_cpu()}
-    time.sleep(cfg.get("linger", 5.0))  # the others take the verdict while this one still answers
+    time.sleep(cfg.get("linger_s", 5.0))  # the others take the verdict while this one still answers
     samples.append({"t": time.time(), **counts.snapshot()})
     clock.stop.set()
     result = {"nodes": [n.result() for n in nodes], "samples": samples, "ranks": len(ranks),
@@ -555,7 +555,7 @@ def scenario(args: argparse.Namespace, name: str) -> Dict[str, Any]:
         cfg = {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "world": world, "port": port,
                "period": args.period, "beat_s": args.beat_s, "store_beat_s": args.store_beat_s,
                "stop_step": args.learn_steps + 1, "culprit": args.culprit, "scenario": name, "dead_pid": dead.pid,
-               "hang_timeout": args.hang_timeout, "out": str(work), "go": str(work / "go")}
+               "hang_timeout": args.hang_timeout, "out": str(work), "go": str(work / "go"), "linger_s": args.linger_s}
         per = -(-args.nodes // args.workers)
         procs = []
         for w in range(args.workers):
@@ -697,6 +697,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--boot-s", type=float, default=600.0, help="the most time the workers have to make their nodes")
     ap.add_argument("--idle-s", type=float, default=2.0, help="probe time with the store idle")
     ap.add_argument("--hang-timeout", type=float, default=120.0, help="--hang-timeout (unseen sections)")
+    ap.add_argument("--linger-s", type=float, default=5.0, help="a worker whose nodes all have their verdict "
+                    "answers this long more (stacks, the store) for the others")
     ap.add_argument("--max-verdict-s", type=float, default=60.0, help="give up on verdicts this long after the stop")
     ap.add_argument("--tmp", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
                     help="folder for the nodes' run directories (removed after; default: /dev/shm when there is one)")
