@@ -150,20 +150,52 @@ class Peers:
         ranks = sorted(self.snapshot()[0])
         found: Dict[int, List[Dict[str, Any]]] = {}
 
-        def run(store) -> None:
+        own: Dict[int, Dict[str, Any]] = {}
+
+        def run(store) -> None:  # the frames, and the beats a stale relay left behind
             if not _fast(store):
                 return
             for i in range(0, len(ranks), FETCH_CHUNK):
                 part = ranks[i:i + FETCH_CHUNK]
                 for r, raw in zip(part, store.multi_get([f"{storebeat.PREFIX}{r}" for r in part])):
                     hb = _parse(raw)
-                    if hb is not None and isinstance(hb.get("frames"), list):
-                        found[r] = hb["frames"]
+                    if hb is not None:
+                        own[r] = hb
+                        if isinstance(hb.get("frames"), list):
+                            found[r] = hb["frames"]
 
         if ranks:
             self._in_thread(run, timeout_s)
         with self._lock:
             self.frames.update(found)
+        self._moved_since(own)
+
+    def confirm_silent(self, ranks: List[int], timeout_s: float = READER_CONNECT_S + 2) -> List[int]:
+        """Those of ``ranks`` whose own key stood still too: a node's relay stands still when its watchdog is slow
+        (its process held for seconds), not its ranks; only a rank silent in its own key is gone."""
+        own: Dict[int, Dict[str, Any]] = {}
+
+        def run(store) -> None:
+            raws = store.multi_get([f"{storebeat.PREFIX}{r}" for r in ranks]) if _fast(store) else \
+                [store.get(f"{storebeat.PREFIX}{r}") for r in ranks]
+            own.update((r, hb) for r, hb in zip(ranks, map(_parse, raws)) if hb is not None)
+
+        if ranks:
+            self._in_thread(run, timeout_s)
+        moved = self._moved_since(own)
+        return [r for r in ranks if r not in moved]
+
+    def _moved_since(self, own: Dict[int, Dict[str, Any]]) -> set:
+        """Take the ranks' beats read from their own keys where their sequence number moved; those ranks."""
+        now = time.time()
+        moved = set()
+        with self._lock:
+            for r, hb in own.items():
+                if _newer(hb, self.beats.get(r)):
+                    self.beats[r] = {k: v for k, v in hb.items() if k != "frames"}
+                    self.moved[r] = now
+                    moved.add(r)
+        return moved
 
     def claim(self, node: Optional[int]) -> bool:
         """Whether this node judges: the first to claim the job's judgment (``compare_set``), or no store answer."""
@@ -207,8 +239,10 @@ class Peers:
             for r, hb in got.items():
                 if hb is None:
                     continue
-                if hb.get("seq") != (self.beats.get(r) or {}).get("seq"):
+                if _newer(hb, self.beats.get(r)):
                     self.moved[r] = now
+                elif r in self.beats:
+                    continue  # not older than what a rank's own key said (a relay a beat behind it)
                 self.beats[r] = hb
             if verdict is not None:
                 if self.verdict != verdict and not self.confirmed:
@@ -335,6 +369,17 @@ class Peers:
         """Stop the reader and wait for it (a thread inside a store call at the interpreter's exit aborts it)."""
         self._stop.set()
         self._thread.join(timeout=2 * READER_CONNECT_S + 2)  # a connect in progress ends (torch retries once)
+
+
+def _newer(hb: Dict[str, Any], known: Optional[Dict[str, Any]]) -> bool:
+    """Whether heartbeat ``hb`` is a later one of its rank than ``known``: another process (a restart), or a larger
+    sequence number (a node's relay may be a beat or more behind the rank's own key)."""
+    if known is None:
+        return True
+    seq, old = hb.get("seq"), known.get("seq")
+    if hb.get("pid") != known.get("pid") or not isinstance(seq, int) or not isinstance(old, int):
+        return seq != old or hb.get("pid") != known.get("pid")
+    return seq > old
 
 
 def _fast(store) -> bool:
