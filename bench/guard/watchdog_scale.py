@@ -20,8 +20,8 @@ What runs (issue 41, item 4):
   (``train.py``, ``model.py``, ``torch/distributed/distributed_c10d.py``), so the verdict reads them as it reads a
   real rank's. The worker answers the watchdog's stack request (the marker the watchdog appends to
   ``stacks-rank-N.txt``, then its signal) with each rank's main thread in faulthandler's format. A rank costs its
-  worker about 0.25 ms of CPU a second (the heartbeat file's rename most of it; the run directories go to
-  ``/dev/shm`` when there is one, as a node's own disk: a rename on this machine's ext4 cost 4 times more).
+  worker 0.22-0.24 ms of CPU a second at 128 × 8 (the heartbeat file's rename most of it; the run directories go to
+  ``/dev/shm`` when there is one, as a node's own disk: a rename on this machine's ext4 cost 3 times more).
 
 Scenarios: every rank steps for ``--learn-steps`` steps (the step's deadline is learned from the records, as in a
 real run); then at step K the culprit (``--culprit``, rank 517 on node 64 at full size) stops: ``hang``: it stays in
