@@ -9,8 +9,9 @@ its own node's ranks and relays them, without their frames, under :data:`NODE_PR
 other nodes' relays (the list of relays, :data:`NODES_KEY`, and one ``multi_get`` a beat, whatever the number of
 ranks), a rank's own key only where no node relays it (the list of ranks' keys: :data:`RANKS_KEY`), and every
 rank's frames once, when it judges. The lists are appended to, never found with ``list_keys``: that call holds
-Python's lock while it waits, and on a store whose machine froze it never returns, freezing the whole watchdog. One node judges
-(:data:`JUDGE_KEY`) and writes the verdict under :data:`VERDICT_KEY` (``compare_set``: one verdict for the job).
+Python's lock while it waits, and on a store whose machine froze it never returns, freezing the whole watchdog.
+One node judges (:data:`JUDGE_KEY`) and writes the verdict under :data:`VERDICT_KEY` (``compare_set``: one verdict
+for the job).
 
 ``ZEROPILOT_STORE=HOST:PORT`` names another store; ``ZEROPILOT_STORE=off`` turns it off (then only a shared run
 directory gives a node's watchdog the other nodes' heartbeats). On one node the store is not used.

@@ -13,7 +13,8 @@ when this node judges (:meth:`Peers.fetch_frames`). Keys are found in lists kept
 (``storebeat.NODES_KEY``, ``RANKS_KEY``) and read with a ``compare_set`` that never waits (:func:`_peek`), never
 with ``list_keys``: it holds Python's lock while it waits, and a frozen store froze the whole ``zeropilot run``
 (``tests/guard/test_watch_nodes.py``, the store's node frozen). A torch without ``multi_get``/``append`` gets the
-per-rank ``check`` and ``get`` of every rank. A rank whose sequence number stands still for :data:`SILENT_S` is silent: its
+per-rank ``check`` and ``get`` of every rank. A rank whose sequence number stands still for :data:`SILENT_S` is
+silent (in its own key too, :meth:`Peers.confirm_silent`: a relay stands still when its node's watchdog stalls): its
 process, or its whole node, is gone or frozen. The store not answering for :data:`STORE_GONE_S` after it answered
 once is the store gone: the master node (its launcher serves the store) died or was cut off. (A store whose
 machine froze does not refuse: a call to it never returns. So the age of the last answer counts, not errors; the
