@@ -25,12 +25,7 @@ OUT=${1:?usage: bash bench/guard/device_straggler.sh OUT}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/log.txt"
-if ! python3 -c "import deepspeed" 2>/dev/null; then
-  [ -d /tmp/site/deepspeed ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 || { echo "wheels: install failed" >> "$LOG"; exit 1; }
-  export PYTHONPATH=/tmp/site
-fi
-source bench/guard/common.sh
+source bench/guard/common.sh  # the wheels of .whl/ where the image lacks DeepSpeed, then the environment
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/zp_straggler_ext}
 W=${WORK:-/tmp/zp-straggler}

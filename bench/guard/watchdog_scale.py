@@ -1,6 +1,6 @@
 """The cross-node watchdog at scale, simulated: stand-in ranks on simulated nodes, one real c10d store.
 
-    python bench/guard/watchdog_scale.py --nodes 128 --ranks-per-node 8 --out bench/guard/results/watchdog_scale.json
+    python bench/guard/watchdog_scale.py --nodes 128 --ranks-per-node 8 --out bench/guard/results/watchdog_scale_128x8.json
 
 What runs (issue 41, item 4):
 

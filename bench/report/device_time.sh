@@ -15,12 +15,7 @@ set -uo pipefail
 OUT=${1:?usage: bash bench/report/device_time.sh OUT}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
-if ! python3 -c "import deepspeed" 2>/dev/null; then
-  [ -d /tmp/site/deepspeed ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 || { echo "wheels: install failed" >> "$LOG"; exit 1; }
-  export PYTHONPATH=/tmp/site
-fi
-source bench/guard/common.sh
+source bench/guard/common.sh  # the wheels of .whl/ where the image lacks DeepSpeed, then the environment
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/zp_time_ext} PYTHONUNBUFFERED=1
 W=${WORK:-/tmp/zp-time}

@@ -246,11 +246,20 @@ def write_text_atomic(path: Path, text: str, mode: Optional[int] = None) -> None
         OSError: the folder, the temporary file or the rename failed; no temporary file is left behind.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    _replace(path, text.encode("utf-8"), _file_mode() if mode is None else mode, durable=False)
+
+
+def _replace(path: Path, data: bytes, mode: int, durable: bool) -> None:
+    """``data`` into a temporary file beside ``path`` (synced to disk when ``durable``), then renamed over it; on any
+    failure the temporary file is removed and the old state stands."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, _file_mode() if mode is None else mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -268,20 +277,7 @@ def write_bytes_durable(path: Path, data: bytes) -> None:
     Raises:
         OSError: the write, the sync or the rename failed; no temporary file is left behind.
     """
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, _file_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    _replace(path, data, _file_mode(), durable=True)
     try:
         dir_fd = os.open(str(path.parent), os.O_RDONLY)
     except OSError:

@@ -226,7 +226,8 @@ class Peers:
                 self._store = storebeat.connect(self.addr, READER_CONNECT_S)
             store = self._store
             got, verdict, seen_by = self._read_relayed(store, now) if _fast(store) else self._read_each(store)
-            stop = self._read(store, storebeat.STOP_KEY) if self.stop is None else self.stop
+            stop = self.stop if self.stop is not None else _parse(_peek(store, storebeat.STOP_KEY)) if _fast(store) \
+                else self._read(store, storebeat.STOP_KEY)
             if self._spare is None:
                 self._spare = storebeat.connect(self.addr, READER_CONNECT_S)
         except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/DistStoreError/TimeoutError
