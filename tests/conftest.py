@@ -14,12 +14,16 @@ from typing import Dict, Optional, Union
 import pytest
 
 from tests.once import make_shared_dir
-from tests.zp import NO_SHM_OP, pythonpath
+from tests.zp import NO_SHM_OP, REPO, pythonpath
 
+# The suite tests the checkout it is in, in this process and in every process it starts, whatever checkout the
+# environment's editable install points at (a second worktree sharing one virtual environment tested the first's code)
+sys.path.insert(0, str(REPO / "src"))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 # Every process the suite starts loads its sitecustomize (tests/site): MLflow kept out of DeepSpeed's import, and no
 # build of DeepSpeed's CPU shm all-reduce op (a speed path that only inference_all_reduce uses; a minute of gcc).
-os.environ["PYTHONPATH"] = pythonpath(*[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+os.environ["PYTHONPATH"] = pythonpath(REPO / "src", *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                      if p])
 os.environ[NO_SHM_OP] = "1"
 # The jobs start the launchers by name (torchrun, deepspeed, accelerate): those of the environment running the suite,
 # also when it runs as ``.venv/bin/python -m pytest`` without the environment activated.
