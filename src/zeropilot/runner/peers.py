@@ -4,9 +4,9 @@ The ranks publish their heartbeats there (:mod:`zeropilot.guard.storebeat`); a d
 reads them every :data:`~zeropilot.guard.storebeat.STORE_BEAT_S` seconds through a client connection of its own
 (key-value only, never a collective) and keeps the latest of each with the local time its sequence number last
 moved. Its own node's ranks it reads directly and relays, without their frames, in one key of its node
-(``NODE_PREFIX``); the other nodes' ranks it reads from their nodes' relays: five round trips a beat whatever the
+(``NODE_PREFIX``); the other nodes' ranks it reads from their nodes' relays: six round trips a beat whatever the
 number of ranks (the list of relays, a ``multi_get`` of them, a ``multi_get`` of its own ranks, the ``set`` of its
-relay, the verdict); with 128 nodes of 8 ranks, every rank's key read by every node was 2 × 1,024 round trips per
+relay, the verdict, the job's stop step); with 128 nodes of 8 ranks, every rank's key read by every node was 2 × 1,024 round trips per
 node and beat (``bench/guard/watchdog_scale.py``). A rank no node relays (a node without ``zeropilot run``:
 DeepSpeed's pdsh runner) is read from its own key after :data:`RELAY_GRACE_S`; every rank's frames are read once,
 when this node judges (:meth:`Peers.fetch_frames`). Keys are found in lists kept by ``append``
