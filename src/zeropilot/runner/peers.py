@@ -10,8 +10,8 @@ relay, the verdict, the job's stop step); with 128 nodes of 8 ranks, every rank'
 2 × 1,024 round trips per node and beat (``bench/guard/watchdog_scale.py``). A rank no node relays (a node
 without ``zeropilot run``: DeepSpeed's pdsh runner) is read from its own key after :data:`RELAY_GRACE_S`; every
 rank's frames are read once, when this node judges (:meth:`Peers.fetch_frames`). Keys are found in lists kept by
-``append`` (``storebeat.NODES_KEY``, ``RANKS_KEY``) and read with a ``compare_set`` that never waits (:func:`_peek`), never
-with ``list_keys``: it holds Python's lock while it waits, and a frozen store froze the whole ``zeropilot run``
+``append`` (``storebeat.NODES_KEY``, ``RANKS_KEY``) and read with a ``compare_set`` that never waits (:func:`_peek`),
+never with ``list_keys``: it holds Python's lock while it waits, and a frozen store froze the whole ``zeropilot run``
 (``tests/guard/test_watch_nodes.py``, the store's node frozen). A torch without ``multi_get``/``append`` gets the
 per-rank ``check`` and ``get`` of every rank. A rank whose sequence number stands still for :data:`SILENT_S` is
 silent (in its own key too, :meth:`Peers.confirm_silent`: a relay stands still when its node's watchdog stalls): its
