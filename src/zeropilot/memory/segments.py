@@ -127,12 +127,7 @@ class Allocator:
 
     def _join(self, left: _Block, right: _Block) -> _Block:
         """Merge ``right`` into its left neighbour ``left`` (neither in the free list)."""
-        left.size += right.size
-        left.next = right.next
-        if right.next is not None:
-            right.next.prev = left
-        del self._blocks[right.key]
-        return left
+        return _absorb(self._blocks, left, right)
 
     def free(self, block: Optional[_Block]) -> None:
         if block is None:
@@ -198,12 +193,7 @@ class ExpandableAllocator:
 
     def _merge(self, left: "_XBlock", right: "_XBlock") -> "_XBlock":
         """``right`` into its left neighbour ``left`` (both out of their lists, alike in being free and mapped)."""
-        left.size += right.size
-        left.next = right.next
-        if right.next is not None:
-            right.next.prev = left
-        del self._blocks[right.key]
-        return left
+        return _absorb(self._blocks, left, right)
 
     def _coalesce(self, block: "_XBlock") -> "_XBlock":
         """``block`` (out of its lists) merged with free neighbours of its own kind (mapped or not)."""
@@ -806,3 +796,13 @@ def zero3_reserved(*, build: Sequence[float], sub_groups: Sequence[float], bucke
     side = make()  # the reduction stream's blocks (its own address range when expandable), from the first backward on
     side.alloc(side_stream if steps else 0)
     return pool.reserved + side.reserved
+
+
+def _absorb(blocks: dict, left, right):
+    """``right`` folded into its left neighbour ``left`` in a segment's linked blocks (and out of ``blocks``)."""
+    left.size += right.size
+    left.next = right.next
+    if right.next is not None:
+        right.next.prev = left
+    del blocks[right.key]
+    return left
