@@ -108,6 +108,43 @@ def test_the_reader_sees_ranks_names_silent_ones_and_one_verdict_holds(store, tm
     assert peers.from_heartbeats({0: {"store": "h:1", "world_size": 10**9}}, None) is None
 
 
+def _relay(store, node, beats):
+    """What node ``node``'s watchdog writes: its ranks' beats in its key, and the first time its node in the list."""
+    store.set(f"{storebeat.NODE_PREFIX}{node}", json.dumps({"node": node, "seq": 1, "beats": beats}))
+    store.append(storebeat.NODES_KEY, f"{node},")
+
+
+def test_a_stopped_nodes_ranks_are_named_together_when_its_relay_was_a_beat_behind(store, monkeypatch):
+    """The node-lost shrink that timed out on a loaded machine: node 1 frozen, its relay's last beat of rank 2 one
+    behind rank 2's own key, of rank 3 current. Taking rank 2's later own beat for life named rank 3 alone (a rank
+    gone, restarted on both nodes: a wait for the frozen one). A later own beat is pending until a second reading:
+    moved, the rank lives; stood still for ``CONFIRM_S``, it is gone with its node's others."""
+    monkeypatch.setattr(peers, "CONFIRM_S", 0.6)
+
+    def beat(r, seq, phase="forward"):
+        return {"seq": seq, "pid": 100 + r, "rank": r, "node_rank": r // 2, "phase": phase}
+
+    for r, seq in ((2, 5), (3, 4)):
+        _publish(store, r, json.dumps(beat(r, seq, "backward")))
+    _relay(store, 1, {"2": beat(2, 4), "3": beat(3, 4)})
+    p = peers.from_heartbeats({0: {"store": f"127.0.0.1:{store.port}", "world_size": 4}}, None)
+    try:
+        assert _wait(lambda: sorted(p.snapshot()[0]) == [2, 3])
+        assert p.confirm_silent([2, 3]) == ([3], [2])  # rank 2's own key is a beat ahead: not yet life
+        assert p.confirm_silent([2, 3]) == ([3], [2])
+        time.sleep(0.7)
+        assert p.confirm_silent([2, 3]) == ([2, 3], [])  # it stood still: both gone, node 1 lost
+        assert p.snapshot()[0][2]["phase"] == "backward"  # the verdict reads its last own beat
+        # a node whose watchdog is slow (its relay still) but whose rank beats on: pending, then alive
+        store.set(f"{storebeat.PREFIX}3", json.dumps(beat(3, 9)))
+        assert p.confirm_silent([3]) == ([], [3])
+        store.set(f"{storebeat.PREFIX}3", json.dumps(beat(3, 10)))
+        assert p.confirm_silent([3]) == ([], []) and p.snapshot()[0][3]["seq"] == 10
+        assert 3 not in p.silent(after_s=5)
+    finally:
+        p.close()
+
+
 def test_a_verdict_the_reader_saw_holds_after_its_store_is_gone_and_nodes_that_took_it_are_known():
     """The race the two-node straggler job met on a loaded machine: node 0 published, took its verdict and stopped its
     job, its launcher's store with it, while node 1 was still judging; node 1's reader had seen node 0's verdict, but

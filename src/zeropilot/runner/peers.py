@@ -45,6 +45,8 @@ MAX_VALUE = 256 * 1024  # a heartbeat larger than this is not one of ours
 MAX_RELAY = 4 * 1024 * 1024  # a node's relay: its ranks' heartbeats without frames
 RELAY_GRACE_S = 3 * storebeat.STORE_BEAT_S  # a rank's key no node relays after this is read on its own
 FETCH_CHUNK = 256  # rank keys per ``multi_get`` when reading the frames
+#: a rank silent in its node's relay whose own key held a later beat is gone when that key then stands still this long
+CONFIRM_S = 3 * storebeat.STORE_BEAT_S
 JUDGE_WAIT_S = 10.0  # a node that lost the claim to judge waits this long for the judge's verdict
 
 
@@ -71,6 +73,7 @@ class Peers:
         self.node: Optional[int] = None  # this node's rank, from its ranks' heartbeats
         self.relay_seq = 0
         self.frames: Dict[int, List[Dict[str, Any]]] = {}  # rank -> frames read when judging
+        self._confirming: Dict[int, Tuple[Any, float]] = {}  # rank -> ((pid, seq) of its own key, when first read)
         self._uncovered: Dict[int, float] = {}  # rank -> when its key was first seen that no node relays
         self.registered: set = set()  # ranks whose key exists (:data:`storebeat.RANKS_KEY`, as last read)
         self.listed: Optional[int] = None  # the node this reader listed in :data:`storebeat.NODES_KEY`
@@ -172,9 +175,15 @@ class Peers:
             self.frames.update(found)
         self._moved_since(own)
 
-    def confirm_silent(self, ranks: List[int], timeout_s: float = READER_CONNECT_S + 2) -> List[int]:
-        """Those of ``ranks`` whose own key stood still too: a node's relay stands still when its watchdog is slow
-        (its process held for seconds), not its ranks; only a rank silent in its own key is gone."""
+    def confirm_silent(self, ranks: List[int], timeout_s: float = READER_CONNECT_S + 2) -> Tuple[List[int], List[int]]:
+        """Of ``ranks`` (silent in their nodes' relays), ``(gone, pending)``: gone, those whose own key stood still
+        too; pending, those whose own key holds a later beat than the relay gave, until a second reading tells.
+
+        A node's relay stands still when its watchdog is slow (its process held for seconds), not its ranks; and when
+        a whole node stops, its relay's last beats are often a beat behind its ranks' own keys. So a later beat in a
+        rank's own key is not yet life: the rank lives when its own key moves between two readings, and is gone when
+        it stood still for :data:`CONFIRM_S` (its publisher beats every second). The watchdog judges once none is
+        pending: a lost node's ranks are then named together, not the one whose relayed beat happened to be current."""
         own: Dict[int, Dict[str, Any]] = {}
 
         def run(store) -> None:
@@ -184,8 +193,32 @@ class Peers:
 
         if ranks:
             self._in_thread(run, timeout_s)
-        moved = self._moved_since(own)
-        return [r for r in ranks if r not in moved]
+        now = time.time()
+        gone: List[int] = []
+        pending: List[int] = []
+        with self._lock:
+            for r in ranks:
+                hb = own.get(r)
+                first = self._confirming.get(r)
+                if hb is None or not _newer(hb, self.beats.get(r)):
+                    self._confirming.pop(r, None)
+                    gone.append(r)  # its own key says no more than its relay did
+                    continue
+                mark = (hb.get("pid"), hb.get("seq"))
+                if first is not None and first[0] != mark:  # its own key moved: it lives, its node's relay is slow
+                    del self._confirming[r]
+                    self.beats[r] = {k: v for k, v in hb.items() if k != "frames"}
+                    self.moved[r] = now
+                elif first is None:
+                    self._confirming[r] = (mark, now)
+                    pending.append(r)
+                elif now - first[1] >= CONFIRM_S:
+                    del self._confirming[r]
+                    self.beats[r] = {k: v for k, v in hb.items() if k != "frames"}  # its last beat, for the verdict
+                    gone.append(r)
+                else:
+                    pending.append(r)
+        return gone, pending
 
     def _moved_since(self, own: Dict[int, Dict[str, Any]]) -> set:
         """Take the ranks' beats read from their own keys where their sequence number moved; those ranks."""
@@ -245,6 +278,7 @@ class Peers:
                     continue
                 if _newer(hb, self.beats.get(r)):
                     self.moved[r] = now
+                    self._confirming.pop(r, None)
                 elif r in self.beats:
                     continue  # not older than what a rank's own key said (a relay a beat behind it)
                 self.beats[r] = hb

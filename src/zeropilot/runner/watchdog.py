@@ -278,8 +278,8 @@ class Watchdog:
         silent = [r for r in p.silent(now) if not self._local_and_alive(r)]
         if not silent or not p.silent(now, peers_mod.SILENT_S + 3 * storebeat.STORE_BEAT_S):
             return None  # the ranks of a lost node fall silent within a beat of each other: wait for all of them
-        silent = p.confirm_silent(silent)  # in their own keys: a node's relay stands still when its watchdog is slow
-        return self.fire(silent) if silent else None
+        gone, pending = p.confirm_silent(silent)  # in their own keys: a node's relay stands still when its watchdog
+        return self.fire(gone) if gone and not pending else None  # is slow, or a beat behind when its node stopped
 
     def settle(self, wait_s: float = 2 * storebeat.STORE_BEAT_S + 1) -> None:
         """After a verdict this node could not publish: take the store's once the reader has it (waiting up to
