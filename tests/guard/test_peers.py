@@ -78,14 +78,21 @@ def _wait(cond, timeout=30.0):
     return cond()
 
 
+def _publish(store, rank, value):
+    """What a rank's publisher writes: its key, and the first time its rank in the list of keys."""
+    store.set(f"{storebeat.PREFIX}{rank}", value)
+    store.append(storebeat.RANKS_KEY, f"{rank},")
+
+
 def test_the_reader_sees_ranks_names_silent_ones_and_one_verdict_holds(store, tmp_path):
-    store.set(f"{storebeat.PREFIX}0", json.dumps({"seq": 1, "phase": "forward", "rank": 0}))
-    store.set(f"{storebeat.PREFIX}1", b"\xff not json")  # hostile: ignored
+    _publish(store, 0, json.dumps({"seq": 1, "phase": "forward", "rank": 0}))
+    _publish(store, 1, b"\xff not json")  # hostile: ignored
+    store.append(storebeat.RANKS_KEY, "x,99,-1,")  # hostile: ignored (99 is past the world size)
     p = peers.from_heartbeats({0: {"store": f"127.0.0.1:{store.port}", "world_size": 2}}, None,
                               str(tmp_path / peers.STATUS_FILE))
     try:
-        assert _wait(lambda: p.answered is not None)
-        assert sorted(p.snapshot()[0]) == [0] and p.gone_for() == 0.0
+        assert _wait(lambda: sorted(p.snapshot()[0]) == [0])  # no node relays it: read from its key after a grace
+        assert p.gone_for() == 0.0
         assert json.loads((tmp_path / peers.STATUS_FILE).read_text())["ranks_seen"] == [0]
         assert _wait(lambda: p.silent(after_s=0.5) == [0])  # its sequence number stands still
         assert p.silent(after_s=3600) == []
@@ -101,6 +108,43 @@ def test_the_reader_sees_ranks_names_silent_ones_and_one_verdict_holds(store, tm
     assert peers.from_heartbeats({0: {"store": "h:1", "world_size": 10**9}}, None) is None
 
 
+def _relay(store, node, beats):
+    """What node ``node``'s watchdog writes: its ranks' beats in its key, and the first time its node in the list."""
+    store.set(f"{storebeat.NODE_PREFIX}{node}", json.dumps({"node": node, "seq": 1, "beats": beats}))
+    store.append(storebeat.NODES_KEY, f"{node},")
+
+
+def test_a_stopped_nodes_ranks_are_named_together_when_its_relay_was_a_beat_behind(store, monkeypatch):
+    """The node-lost shrink that timed out on a loaded machine: node 1 frozen, its relay's last beat of rank 2 one
+    behind rank 2's own key, of rank 3 current. Taking rank 2's later own beat for life named rank 3 alone (a rank
+    gone, restarted on both nodes: a wait for the frozen one). A later own beat is pending until a second reading:
+    moved, the rank lives; stood still for ``CONFIRM_S``, it is gone with its node's others."""
+    monkeypatch.setattr(peers, "CONFIRM_S", 0.6)
+
+    def beat(r, seq, phase="forward"):
+        return {"seq": seq, "pid": 100 + r, "rank": r, "node_rank": r // 2, "phase": phase}
+
+    for r, seq in ((2, 5), (3, 4)):
+        _publish(store, r, json.dumps(beat(r, seq, "backward")))
+    _relay(store, 1, {"2": beat(2, 4), "3": beat(3, 4)})
+    p = peers.from_heartbeats({0: {"store": f"127.0.0.1:{store.port}", "world_size": 4}}, None)
+    try:
+        assert _wait(lambda: sorted(p.snapshot()[0]) == [2, 3])
+        assert p.confirm_silent([2, 3]) == ([3], [2])  # rank 2's own key is a beat ahead: not yet life
+        assert p.confirm_silent([2, 3]) == ([3], [2])
+        time.sleep(0.7)
+        assert p.confirm_silent([2, 3]) == ([2, 3], [])  # it stood still: both gone, node 1 lost
+        assert p.snapshot()[0][2]["phase"] == "backward"  # the verdict reads its last own beat
+        # a node whose watchdog is slow (its relay still) but whose rank beats on: pending, then alive
+        store.set(f"{storebeat.PREFIX}3", json.dumps(beat(3, 9)))
+        assert p.confirm_silent([3]) == ([], [3])
+        store.set(f"{storebeat.PREFIX}3", json.dumps(beat(3, 10)))
+        assert p.confirm_silent([3]) == ([], []) and p.snapshot()[0][3]["seq"] == 10
+        assert 3 not in p.silent(after_s=5)
+    finally:
+        p.close()
+
+
 def test_a_verdict_the_reader_saw_holds_after_its_store_is_gone_and_nodes_that_took_it_are_known():
     """The race the two-node straggler job met on a loaded machine: node 0 published, took its verdict and stopped its
     job, its launcher's store with it, while node 1 was still judging; node 1's reader had seen node 0's verdict, but
@@ -110,7 +154,7 @@ def test_a_verdict_the_reader_saw_holds_after_its_store_is_gone_and_nodes_that_t
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
     for r in range(4):
-        server.set(f"{storebeat.PREFIX}{r}", json.dumps({"seq": 1, "phase": "forward", "rank": r, "node_rank": r // 2}))
+        _publish(server, r, json.dumps({"seq": 1, "phase": "forward", "rank": r, "node_rank": r // 2}))
     first = {"verdict": {"class": "straggler", "ranks": [3]}, "named_by": {"node_rank": 0}}
     p0 = peers.from_heartbeats({0: {"store": f"127.0.0.1:{server.port}", "world_size": 4}}, None)
     p1 = peers.from_heartbeats({2: {"store": f"127.0.0.1:{server.port}", "world_size": 4}}, None)
@@ -127,3 +171,45 @@ def test_a_verdict_the_reader_saw_holds_after_its_store_is_gone_and_nodes_that_t
     finally:
         p0.close()
         p1.close()
+
+
+def test_a_frozen_store_never_holds_the_watchdog():
+    """The store's machine frozen (SIGSTOP: a power loss or a cut network looks the same): its calls never return.
+    ``list_keys`` held Python's lock meanwhile and froze the whole ``zeropilot run``; the reader's calls must leave
+    the watchdog's own thread running, which then counts the store gone."""
+    import faulthandler
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    serve = ("import time, torch.distributed as d\n"
+             "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+             "print(s.port, flush=True)\ntime.sleep(300)\n")
+    server = subprocess.Popen([sys.executable, "-c", serve], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        client = storebeat.connect(("127.0.0.1", port), 5)
+        for r in range(4):
+            _publish(client, r, json.dumps({"seq": 1, "phase": "forward", "rank": r, "node_rank": r // 2}))
+        p = peers.from_heartbeats({0: {"store": f"127.0.0.1:{port}", "world_size": 4}}, None)
+        p.local = {0, 1}
+        try:
+            assert _wait(lambda: sorted(p.snapshot()[0]) == [0, 1, 2, 3] and p.node == 0)
+            os.kill(server.pid, signal.SIGSTOP)
+            faulthandler.dump_traceback_later(120, exit=True)  # a frozen process ends the run, never hangs it
+            gaps, last, end = [], time.time(), time.time() + 3 * storebeat.STORE_BEAT_S + peers.READER_CONNECT_S + 3
+            while last < end:  # this thread runs on while the reader waits on the store
+                time.sleep(0.1)
+                gaps.append(time.time() - last)
+                last = time.time()
+            assert max(gaps) < 2.0, max(gaps)
+            assert p.gone_for() > 0
+            started = time.time()
+            assert p.claim(0) and time.time() - started < peers.READER_CONNECT_S + 4  # no answer: this node judges
+        finally:
+            p.close()
+            faulthandler.cancel_dump_traceback_later()
+    finally:
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait()

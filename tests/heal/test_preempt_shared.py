@@ -38,7 +38,13 @@ def test_the_first_nodes_stop_request_holds_and_every_node_writes_it(tmp_path):
                                  wait_for_workers=False)
     readers = [peers_mod.Peers(("127.0.0.1", port), 4) for _ in range(3)]
     try:
+        # rank 3 (node 1) publishes as the guard's StoreBeat does, and node 1's watchdog relays it to the others
         server.set("zeropilot/hb/3", json.dumps({"seq": 1, "step": 9, "node_rank": 1}))
+        server.append("zeropilot/ranks", "3,")
+        relay = peers_mod.Peers(("127.0.0.1", port), 4)
+        relay.local = {3}
+        assert relay.refresh()
+        relay.close()
         for p in readers:
             assert p.refresh()
         one = _node_dir(tmp_path, "node1", 2, [5, 6, 7])

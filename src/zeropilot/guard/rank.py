@@ -72,20 +72,26 @@ def _dist_rank() -> Optional[int]:
     return None
 
 
-def _env_int(name: str) -> Optional[int]:
-    value = os.environ.get(name, "")
+def _env_int(name: str, env: Optional[Dict[str, str]] = None) -> Optional[int]:
+    value = (os.environ if env is None else env).get(name, "")
     return int(value) if value.strip().isdigit() else None
 
 
 class RankGuard:
     """Records and heartbeat of one rank in a run directory."""
 
-    def __init__(self, root: Path, rank: int, framework: str) -> None:
+    def __init__(self, root: Path, rank: int, framework: str, host: Optional[str] = None,
+                 env: Optional[Dict[str, str]] = None, threads: bool = True) -> None:
+        """``host`` and ``env`` default to this machine's name and ``os.environ``: a simulation names its own
+        (``bench/guard/watchdog_scale.py`` runs many stand-in ranks of many simulated nodes in one process). With
+        ``threads=False`` the guard starts no thread: the caller calls :meth:`tick` every :data:`BEAT_S` and its
+        store publisher's ``publish`` every ``storebeat.STORE_BEAT_S`` (the simulation's one clock for all)."""
+        self.env = os.environ if env is None else env
         self.dir = RunDir(Path(root))
         self.rank = rank
         self.framework = framework
         self.pid = os.getpid()
-        self.host = socket.gethostname()  # the heartbeat says where its pid lives (a shared run directory)
+        self.host = host or socket.gethostname()  # the heartbeat says where its pid lives (a shared run directory)
         self.live_since = time.time()
         self.writer = EventWriter(self.dir.events(rank))
         self.step = 0
@@ -131,11 +137,13 @@ class RankGuard:
         self.announced = False
         self.beat(force=True)
         self._thread = threading.Thread(target=self._beat_loop, name="zeropilot-heartbeat", daemon=True)
-        self._thread.start()
+        if threads:
+            self._thread.start()
         from zeropilot.guard import storebeat
 
-        self.place = rank_place(os.environ, self.host)
-        self.store_beat = storebeat.start(self, self.place)  # across nodes: heartbeats in the job's c10d store
+        self.place = rank_place(self.env, self.host)
+        # across nodes: heartbeats in the job's c10d store
+        self.store_beat = storebeat.start(self, self.place, self.env, thread=threads)
         if self.store_beat is not None:
             self.beat(force=True)  # the node's watchdog finds the store's address here
 
@@ -148,12 +156,13 @@ class RankGuard:
             self.framework = framework
         torch = _torch()
         self.allocator_settings = telemetry.allocator_settings(torch)
-        host = socket.gethostname()
+        host = self.host
         self.writer.write(event("start", self.rank, pid=self.pid, host=host,
-                                local_rank=_env_int("LOCAL_RANK"), world_size=_env_int("WORLD_SIZE"),
+                                local_rank=_env_int("LOCAL_RANK", self.env),
+                                world_size=_env_int("WORLD_SIZE", self.env),
                                 device=telemetry.device_info(torch), framework=self.framework,
                                 allocator_settings=self.allocator_settings, argv=list(sys.argv),
-                                live_since=self.live_since, node=rank_place(os.environ, host)))
+                                live_since=self.live_since, node=rank_place(self.env, host)))
 
     # -- stacks -------------------------------------------------------------------------------
     def _install_stack_dump(self) -> None:
@@ -161,7 +170,7 @@ class RankGuard:
         previous SIGTERM behaviour runs: ``chain=True``)."""
         try:
             self._stacks_fh = open(self.dir.stacks(self.rank), "a", encoding="utf-8")
-            sig = getattr(signal, os.environ.get(STACK_SIGNAL_ENV, "SIGUSR2"), signal.SIGUSR2)
+            sig = getattr(signal, self.env.get(STACK_SIGNAL_ENV, "SIGUSR2"), signal.SIGUSR2)
             faulthandler.register(sig, file=self._stacks_fh, all_threads=True, chain=False)
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
                 faulthandler.register(signal.SIGTERM, file=self._stacks_fh, all_threads=True, chain=True)
@@ -202,7 +211,7 @@ class RankGuard:
             write_json_atomic(self.dir.heartbeat(self.rank), {
                 "t": time.time(), "rank": self.rank, "pid": self.pid, "host": self.host, "phase": self.phase,
                 "phase_since": self.phase_since, "step": self.step, "progress": self.progress,
-                "activity": self.activity, "world_size": _env_int("WORLD_SIZE"), "stoppable": self.stoppable,
+                "activity": self.activity, "world_size": _env_int("WORLD_SIZE", self.env), "stoppable": self.stoppable,
                 "store": _store_text(getattr(self, "store_beat", None))})
         except OSError:
             pass
@@ -226,9 +235,14 @@ class RankGuard:
         while not self._stop.wait(BEAT_S):
             if os.getpid() != self.pid:  # a forked child (DataLoader worker) is not this rank
                 return
-            self._sample()
-            self.beat()
-            self._dump_flight_recorder_if_asked()
+            self.tick()
+
+    def tick(self) -> None:
+        """One beat of the heartbeat thread: the main thread's activity, the heartbeat file, a flight-recorder
+        request."""
+        self._sample()
+        self.beat()
+        self._dump_flight_recorder_if_asked()
 
     def _dump_flight_recorder_if_asked(self) -> None:
         """The watchdog touched ``.fr-request``: write this rank's flight recorder (gloo has no dump pipe).

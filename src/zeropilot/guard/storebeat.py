@@ -5,8 +5,14 @@ is, a sequence number) under ``zeropilot/hb/<global rank>`` in the ``TCPStore`` 
 ``MASTER_ADDR:MASTER_PORT`` (torchrun's agent store, DeepSpeed's and accelerate's launchers alike), from a daemon
 thread of its own, through a client connection of its own: one ``set`` every :data:`STORE_BEAT_S` seconds, never a
 collective, nothing the training loop waits for. The watchdog of every node (:mod:`zeropilot.runner.peers`) reads
-all of them and writes the first verdict under :data:`VERDICT_KEY` (``compare_set``: one verdict for the job), and
-a preempted node's supervisor the job's stop step under :data:`STOP_KEY` the same way (:mod:`zeropilot.runner.preempt`).
+its own node's ranks and relays them, without their frames, under :data:`NODE_PREFIX` ``<node rank>``; it reads the
+other nodes' relays (the list of relays, :data:`NODES_KEY`, and one ``multi_get`` a beat, whatever the number of
+ranks), a rank's own key only where no node relays it (the list of ranks' keys: :data:`RANKS_KEY`), and every
+rank's frames once, when it judges. The lists are appended to, never found with ``list_keys``: that call holds
+Python's lock while it waits, and on a store whose machine froze it never returns, freezing the whole watchdog.
+One node judges (:data:`JUDGE_KEY`) and writes the verdict under :data:`VERDICT_KEY` (``compare_set``: one verdict
+for the job). A preempted node's supervisor writes the job's stop step under
+:data:`STOP_KEY` the same way (:mod:`zeropilot.runner.preempt`).
 
 ``ZEROPILOT_STORE=HOST:PORT`` names another store; ``ZEROPILOT_STORE=off`` turns it off (then only a shared run
 directory gives a node's watchdog the other nodes' heartbeats). On one node the store is not used.
@@ -23,8 +29,13 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 STORE_ENV = "ZEROPILOT_STORE"
 PREFIX = "zeropilot/hb/"
+NODE_PREFIX = "zeropilot/node/"  # + node rank: that node's watchdog relays its ranks' heartbeats (no frames)
 VERDICT_KEY = "zeropilot/verdict"
-SEEN_PREFIX = "zeropilot/verdict-seen/"  # + node rank: that node's watchdog has taken the verdict
+JUDGE_KEY = "zeropilot/judge"  # the node whose watchdog judges (``compare_set``): the others wait for its verdict
+SEEN_PREFIX = "zeropilot/verdict-seen/"  # + node rank: that node's watchdog has taken the verdict (torch < 2.6)
+SEEN_KEY = "zeropilot/verdict-seen"  # "<node rank>," appended by each node's watchdog that has taken the verdict
+RANKS_KEY = "zeropilot/ranks"  # "<rank>," appended by each rank's publisher once its key exists
+NODES_KEY = "zeropilot/nodes"  # "<node rank>," appended by each node's watchdog once its relay exists
 STOP_KEY = "zeropilot/stop"  # a preemption's stop step, one for the job (runner.preempt: compare_set)
 STORE_BEAT_S = 1.0  # one set per rank per second: the rate limit (bench/guard/store_beat.py measures its cost)
 CONNECT_TIMEOUT_S = 10.0
@@ -88,7 +99,8 @@ def _group_ready() -> bool:
 class StoreBeat:
     """The rank's publisher: a daemon thread that sets this rank's key every :data:`STORE_BEAT_S` seconds."""
 
-    def __init__(self, guard: Any, addr: Tuple[str, int], place: Mapping[str, Any]) -> None:
+    def __init__(self, guard: Any, addr: Tuple[str, int], place: Mapping[str, Any], thread: bool = True) -> None:
+        """``thread=False``: no thread; the caller calls :meth:`publish` every :data:`STORE_BEAT_S`."""
         self.guard = guard
         self.addr = addr
         self.place = dict(place)
@@ -102,7 +114,8 @@ class StoreBeat:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="zeropilot-store-beat", daemon=True)
-        self._thread.start()
+        if thread:
+            self._thread.start()
 
     def payload(self) -> Dict[str, Any]:
         g = self.guard
@@ -133,6 +146,8 @@ class StoreBeat:
                     self.connecting = False
             try:
                 self.store.set(self.key, json.dumps(self.payload(), separators=(",", ":")))
+                if not self.sent and hasattr(self.store, "append"):
+                    self.store.append(RANKS_KEY, f"{self.guard.rank},")  # the readers find the key here
                 self.sent += 1
                 return True
             except Exception:  # noqa: BLE001 - the store went away (the job ends, or the master node died)
@@ -154,14 +169,17 @@ class StoreBeat:
         """Publish the last heartbeat from the thread, waiting for it at most a second: a store whose machine froze
         never answers, and the rank's exit must not wait on it."""
         self._stop.set()
+        if not self._thread.is_alive():
+            return
         # a connect in progress must end before the interpreter does (torch's error then would abort the exit)
         self._thread.join(timeout=2 * CONNECT_TIMEOUT_S + 2 if self.connecting else 1.0)
 
 
-def start(guard: Any, place: Mapping[str, Any], env: Optional[Mapping[str, str]] = None) -> Optional[StoreBeat]:
+def start(guard: Any, place: Mapping[str, Any], env: Optional[Mapping[str, str]] = None,
+          thread: bool = True) -> Optional[StoreBeat]:
     """A publisher for ``guard`` when its job spans nodes and a store is known; None otherwise."""
     env = os.environ if env is None else env
     addr = address(env)
     if addr is None or not across_nodes(place, env):
         return None
-    return StoreBeat(guard, addr, place)
+    return StoreBeat(guard, addr, place, thread)

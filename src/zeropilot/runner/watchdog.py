@@ -13,10 +13,11 @@ for them, and writes the verdict of :mod:`zeropilot.guard.hangs`, with the ranks
 (:func:`stragglers_before`).
 
 Across nodes (the ranks publish their heartbeats in the job's c10d store, :mod:`zeropilot.guard.storebeat`) it
-reads every rank's from there too (:mod:`zeropilot.runner.peers`): progress anywhere in the job is progress; a
-rank (or a whole node) whose store heartbeat stops is named at once (``rank_gone``, ``node_lost``); a store that
-stops answering is ``store_gone``. The first node to reach a verdict writes it in the store (``compare_set``); every
-other node's watchdog takes that one: one verdict, written on every node, each node stopping its own ranks.
+reads every rank's from there too (:mod:`zeropilot.runner.peers`, through the nodes' relays): progress anywhere in
+the job is progress; a rank (or a whole node) whose store heartbeat stops is named at once (``rank_gone``,
+``node_lost``); a store that stops answering is ``store_gone``. The first node to reach a verdict claims the
+judgment (``compare_set``), reads every rank's frames and writes its verdict in the store; every other node's
+watchdog takes that one: one verdict, written on every node, each node stopping its own ranks.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class Watchdog:
                                                    str(self.dir.root / peers_mod.STATUS_FILE))
         now = time.time()
         if self.peers is not None:
+            self.peers.local = {r for r, hb in self._beats().items() if hb.get("host") in (None, self.host)}
             record = self._across_nodes(now)
             if record is not None:
                 self.fired = True
@@ -218,7 +220,7 @@ class Watchdog:
         except OSError:
             pass
         for rank, hb in beats.items():
-            if hb.get("host") not in (None, socket.gethostname()):
+            if hb.get("host") not in (None, self.host):
                 continue  # a rank of another node in a shared run directory: its pid means nothing here
             pid = hb.get("pid")  # the signal faulthandler listens on (guard.rank: ZEROPILOT_STACK_SIGNAL)
             if _alive(pid):
@@ -276,7 +278,8 @@ class Watchdog:
         silent = [r for r in p.silent(now) if not self._local_and_alive(r)]
         if not silent or not p.silent(now, peers_mod.SILENT_S + 3 * storebeat.STORE_BEAT_S):
             return None  # the ranks of a lost node fall silent within a beat of each other: wait for all of them
-        return self.fire(silent)
+        gone, pending = p.confirm_silent(silent)  # in their own keys: a node's relay stands still when its watchdog
+        return self.fire(gone) if gone and not pending else None  # is slow, or a beat behind when its node stopped
 
     def settle(self, wait_s: float = 2 * storebeat.STORE_BEAT_S + 1) -> None:
         """After a verdict this node could not publish: take the store's once the reader has it (waiting up to
@@ -384,8 +387,15 @@ class Watchdog:
         judged_at = time.time()  # before the dumps: how long the section had run when it was judged
         beats = self._beats()
         self.request_dumps(beats)
+        if self.peers is not None:  # one node judges; the others take its verdict (the same, and no 128 readings)
+            node = self.peers.node if self.peers.node is not None else self._me()["node_rank"]
+            if not self.peers.claim(node):
+                held = self.peers.wait_verdict()
+                if held is not None:
+                    return self._adopt(held)
+            self.peers.fetch_frames()
         if self.peers is not None and silent is None:
-            silent = [r for r in self.peers.silent() if not self._local_and_alive(r)]
+            silent = [r for r in self.peers.silent(after_s=peers_mod.SILENT_JUDGED_S) if not self._local_and_alive(r)]
         states = self._states(beats, set(silent or ()))
         early = not states or any(s.phase in ("startup", "init") or s.step in (0, None) for s in states)
         waits_on_lock = any("file_baton" in f.get("file", "") for s in states for f in s.frames[-12:])
