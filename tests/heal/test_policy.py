@@ -128,3 +128,23 @@ def test_backoff_doubles_and_is_capped():
                                         ("x", None), ("0", None), ("-1@2", None)])
 def test_the_injected_oom_spec(text, spec):
     assert inject.parse(text) == spec
+
+
+def test_a_restart_with_no_checkpoint_after_trained_steps_is_not_called_healed():
+    """The outcome of a heal run that finished after restarts: a restart that had nothing to resume from after the
+    failed attempt trained lost those steps (restarted from scratch); one whose failure came before any step lost
+    nothing (healed); one that resumed is healed."""
+    from zeropilot.heal.loop import finished_outcome
+
+    none = {"wanted_step": None, "loaded_step": None, "first_step": 1, "really": None,
+            "note": "no complete checkpoint to resume from: the attempt started from step 0"}
+    first = {"attempt": 1, "resumed": None}
+    status, why = finished_outcome([first, {"attempt": 2, "resumed": none, "steps_redone": 7}])
+    assert status == "restarted_from_scratch" and "attempt 2 started from step 0" in why and "7 step(s)" in why
+    assert finished_outcome([first, {"attempt": 2, "resumed": none, "steps_redone": 0}])[0] == "healed"
+    assert finished_outcome([first, {"attempt": 2, "resumed": none, "steps_redone": None}])[0] == "healed"
+    resumed = {"wanted_step": 4, "loaded_step": 4, "first_step": 5, "really": True, "note": "resumed at step 4"}
+    assert finished_outcome([first, {"attempt": 2, "resumed": resumed, "steps_redone": 2}]) == \
+        ("healed", "finished in attempt 2 after 1 restart(s)")
+    cold = dict(resumed, really=False, note="did NOT resume: the script never called load_checkpoint")
+    assert finished_outcome([first, {"attempt": 2, "resumed": cold, "steps_redone": 2}])[0] == "restarted_from_scratch"

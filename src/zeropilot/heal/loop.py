@@ -132,6 +132,23 @@ def fix_record(chosen: fixes.Pick) -> Dict[str, Any]:
             "settings": applied.settings, "files": applied.files, "diff": applied.diff}
 
 
+def finished_outcome(attempts: List[Dict[str, Any]]) -> Tuple[str, str]:
+    """``(status, why)`` of a heal run whose last attempt finished after restarts: ``restarted_from_scratch`` when a
+    restart did not resume (the script never loaded the checkpoint chosen), or had no complete checkpoint to resume
+    from after the failed attempt trained (its steps lost); ``healed`` otherwise."""
+    cold = [a for a in attempts if (a.get("resumed") or {}).get("really") is False]
+    if cold:
+        return "restarted_from_scratch", f"finished, but attempt {cold[0]['attempt']} " + cold[0]["resumed"]["note"]
+    bare = [a for a in attempts[1:] if (a.get("resumed") or {}).get("really") is None
+            and (a.get("resumed") or {}).get("wanted_step") is None and (a.get("steps_redone") or 0) > 0]
+    if bare:
+        return "restarted_from_scratch", (f"finished, but attempt {bare[0]['attempt']} started from step 0: no "
+                                          f"complete checkpoint to resume from, {bare[0]['steps_redone']} step(s) "
+                                          "trained again")
+    last = attempts[-1]["attempt"]
+    return "healed", f"finished in attempt {last} after {last - 1} restart(s)"
+
+
 class Healer:
     """The restart loop over one heal run directory."""
 
@@ -352,13 +369,7 @@ class Healer:
         if entry["attempt"] == 1:
             self._end("finished", "every rank finished; nothing to heal", entry)
             return self.doc
-        cold = [a for a in self.doc["attempts"] if (a.get("resumed") or {}).get("really") is False]
-        if cold:
-            self._end("restarted_from_scratch", f"finished, but attempt {cold[0]['attempt']} "
-                      + cold[0]["resumed"]["note"], entry)
-        else:
-            self._end("healed", f"finished in attempt {entry['attempt']} after {entry['attempt'] - 1} restart(s)",
-                      entry)
+        self._end(*finished_outcome(self.doc["attempts"]), entry)
         say(self.doc["outcome"]["why"])
         return self.doc
 
