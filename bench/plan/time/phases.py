@@ -14,13 +14,15 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent)); sys.path.insert(0, str(Path(__file__).resolve().parents[3] / 'src'))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / 'src'))
 from fit import inputs_of, measured_phases, measured_rows
 from zeropilot.memory.profile import load
 from zeropilot.memory.speed import speed_for
 from zeropilot.memory.steptime import estimate_time
 D = Path(__file__).resolve().parent / 'data'
-PROF = {1: 'call1/profile.json', 2: 'call1/profile.json', 3: 'call3/profile.json', 4: 'call4/profile_host.json',
+PROF = {1: 'call1/profile.json', 2: 'call1/profile.json', 3: 'call3/profile.json',
+        4: 'call4/profile_host.json',
         5: 'call5/profile_host.json', 6: 'call5/profile_host.json', 7: 'call7/profile_host.json', 8: 'call5/profile_host.json'}
 calls = [int(a) for a in sys.argv[1:]] or list(PROF)
 def kind(s):
@@ -28,7 +30,8 @@ def kind(s):
     bits = [k, f"z{s['stage']}", f"mb{s['mb']}", f"s{s['seq']}"]
     if s.get('ga', 1) > 1: bits.append(f"ga{s['ga']}")
     if s.get('gc'): bits.append('gc')
-    if s.get('offload'): bits.append('offO' + ('torch' if s.get('adam') == 'torch' or not s.get('cpu_adam') and s.get('adam')!='cpu' else 'cpu'))
+    if s.get('offload'):
+        bits.append('offO' + ('cpu' if s.get('adam') == 'cpu' or s.get('cpu_adam') else 'torch'))
     if s.get('offload_param'): bits.append('offP')
     if s.get('liger'): bits.append('liger')
     if s.get('zero_init'): bits.append('zinit')
@@ -47,6 +50,10 @@ for c in calls:
         for t in p.terms:
             m = re.search(r'max\(GPU ([\d.]+) ms.*?; host ([\d.]+) ms', t.reason)
             if t.name in ('forward', 'backward') and m: gh[t.name] = (float(m.group(1)), float(m.group(2)))
-        ph = ' '.join(f"{k[0]}:{mph.get(k, float('nan'))*1e3:6.0f}/{pph[k]*1e3:6.0f}({100*(pph[k]/mph[k]-1) if mph.get(k) else 0:+4.0f}%)" for k in ('forward', 'backward', 'step'))
+        ph = ' '.join(f"{k[0]}:{mph.get(k, float('nan')) * 1e3:6.0f}/{pph[k] * 1e3:6.0f}"
+                      f"({100 * (pph[k] / mph[k] - 1) if mph.get(k) else 0:+4.0f}%)"
+                      for k in ('forward', 'backward', 'step'))
         gp = ' '.join(f"{k[0]}G{v[0]:.0f}H{v[1]:.0f}" for k, v in gh.items())
-        print(f"c{c} {s.get('row', s.get('name'))[:26]:26s} {(s['model'] if isinstance(s['model'], str) else s.get('name', '?')).split('/')[-1][:16]:16s} {kind(s):40s} {r['step_median_s']:.3f}/{p.step_s:.3f} {e:+6.1f}% | {ph} | {gp}")
+        model = (s['model'] if isinstance(s['model'], str) else s.get('name', '?')).split('/')[-1][:16]
+        print(f"c{c} {s.get('row', s.get('name'))[:26]:26s} {model:16s} {kind(s):40s} "
+              f"{r['step_median_s']:.3f}/{p.step_s:.3f} {e:+6.1f}% | {ph} | {gp}")
