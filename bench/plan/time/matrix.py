@@ -256,8 +256,8 @@ HOLDOUT9 = [
 
 
 def held_out_rows(table: list, profile: str) -> list:
-    """A call's held-out rows (``HOLDOUT5``, ``HOLDOUT7``, ``HOLDOUT9``), each with its step time predicted from ``profile`` (an
-    earlier call's host figures: ``data/callN/profile_host.json``) before the call."""
+    """A call's held-out rows (``HOLDOUT5``, ``HOLDOUT7``, ``HOLDOUT9``), each with its step time predicted from
+    ``profile`` (an earlier call's host figures: ``data/callN/profile_host.json``) before the call."""
     from fit import inputs_of
     from zeropilot.memory.profile import load
     from zeropilot.memory.speed import speed_for

@@ -23,7 +23,8 @@ from zeropilot.memory.steptime import estimate_time
 D = Path(__file__).resolve().parent / 'data'
 PROF = {1: 'call1/profile.json', 2: 'call1/profile.json', 3: 'call3/profile.json',
         4: 'call4/profile_host.json',
-        5: 'call5/profile_host.json', 6: 'call5/profile_host.json', 7: 'call7/profile_host.json', 8: 'call5/profile_host.json'}
+        5: 'call5/profile_host.json', 6: 'call5/profile_host.json', 7: 'call7/profile_host.json',
+        8: 'call5/profile_host.json'}
 calls = [int(a) for a in sys.argv[1:]] or list(PROF)
 def kind(s):
     k = 'lora' if s.get('lora') else ('freeze' if s.get('freeze') else 'full')
