@@ -5,7 +5,8 @@
 # pred_step_s in each spec (an earlier call's host) and the procedure, the model as committed with this call's host
 # figures: python bench/plan/time/host_predict.py bench/plan/time/data/call<N> (OUT's files copied there).
 # usage (repository root on the GPU machine, .whl/ carried): bash bench/plan/time/device_host.sh OUT SPECS  (~9.5 min)
-#   call 4: data/call4/specs.jsonl; call 5: data/call5/specs.jsonl; call 7 (prepared): data/call7/specs.jsonl
+#   call 4: data/call4/specs.jsonl; call 5: data/call5/specs.jsonl; call 7: data/call7/specs.jsonl;
+#   call 9 (prepared): data/call9/specs.jsonl
 OUT=${1:?usage: device_host.sh OUT SPECS}
 SPECS=${2:?usage: device_host.sh OUT SPECS}
 here=$(dirname "$0")

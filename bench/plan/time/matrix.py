@@ -235,9 +235,29 @@ HOLDOUT7 = [
 ]
 
 
+#: call 9 (issue 40): held-out rows new to the model, after branch time9's terms (ZeRO-1's hooks reduce on the boundary
+#: micro batch only; ZeRO-1/2 optimizer offload's per-tensor epilogue counted from the code, its step reading the
+#: norms on the host; the gradient clipping's pass at the step), the constants refitted on call 1's fit rows;
+#: predictions written before it runs with call 7's host (``data/call7/profile_host.json``, the newest) and as the
+#: procedure with the call's own host figures (``host_predict.py data/call9``)
+HOLDOUT9 = [
+    ("h9_l3_lora_z2_off", "llama-3.2-3b", dict(stage=2, mb=4, seq=1024, lora=16, offload=True, adam="cpu"),
+     "3 B LoRA with CPUAdam offload"),
+    ("h9_q4_lora_z1_ga4", "qwen3-4b", dict(stage=1, mb=2, seq=1024, lora=16, ga=4), "LoRA, ZeRO-1, accumulation 4"),
+    ("h9_l1_full_z2_ga4", "llama-3.2-1b", dict(stage=2, mb=2, seq=2048, ga=4),
+     "full fine-tuning, ZeRO-2, accumulation 4"),
+    ("h9_l3_full_z3_gc", "llama-3.2-3b", dict(stage=3, mb=2, seq=2048, gc=True),
+     "3 B full fine-tuning, ZeRO-3 with recomputation"),
+    ("h9_q8_freeze2_z2", "qwen3-8b", dict(stage=2, mb=2, seq=2048, freeze=2), "freeze tuning, the last 2 layers"),
+    ("h9_q15_full_z1_off_ga2", "qwen2.5-1.5b", dict(stage=1, mb=4, seq=1024, ga=2, offload=True, adam="cpu"),
+     "full fine-tuning, ZeRO-1 with CPUAdam offload, accumulation 2"),
+    ("h9_m7_lora_z3", "mistral-7b", dict(stage=3, mb=2, seq=1024, lora=16), "7 B LoRA, ZeRO-3 without recomputation"),
+]
+
+
 def held_out_rows(table: list, profile: str) -> list:
-    """A call's held-out rows (``HOLDOUT5``, ``HOLDOUT7``), each with its step time predicted from ``profile`` (an
-    earlier call's host figures: ``data/callN/profile_host.json``) before the call."""
+    """A call's held-out rows (``HOLDOUT5``, ``HOLDOUT7``, ``HOLDOUT9``), each with its step time predicted from
+    ``profile`` (an earlier call's host figures: ``data/callN/profile_host.json``) before the call."""
     from fit import inputs_of
     from zeropilot.memory.profile import load
     from zeropilot.memory.speed import speed_for
@@ -259,11 +279,11 @@ def fit_rows() -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=["fit", "holdout", "call3", "call5", "call7"])
+    ap.add_argument("which", choices=["fit", "holdout", "call3", "call5", "call7", "call9"])
     ap.add_argument("out")
     ap.add_argument("--profile", help="holdout: the profile call 1's calibrate wrote")
     args = ap.parse_args(argv)
-    tables = {"call5": HOLDOUT5, "call7": HOLDOUT7}
+    tables = {"call5": HOLDOUT5, "call7": HOLDOUT7, "call9": HOLDOUT9}
     rows = (fit_rows() if args.which == "fit" else holdout_rows(args.profile) if args.which == "holdout"
             else call3_rows(args.profile) if args.which == "call3" else held_out_rows(tables[args.which], args.profile))
     Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -66,6 +66,22 @@ HEAD_KERNELS = {"forward": 31, "backward": 21}
 #: read off their source (0.8.5 ``ops/rms_norm.py``: X and Y once, rstd per row; ``ops/swiglu.py``: a, b, c once,
 #: recomputing silu in the backward; ``ops/rope.py``: q and k in place)
 LIGER_SAVES = {"forward": (64.0, 4.0, 17.0, 27), "backward": (172.0, 6.0, 22.0, 44)}
+#: ZeRO-1/2 with optimizer offload, per trainable tensor of the partition at the gradient accumulation boundary
+#: (DeepSpeed 0.19.8 ``stage_1_and_2.py`` ``copy_grads_in_partition``): ``set_norm_for_param_grad_in_gpu`` (cast
+#: to float64, norm), ``update_offload_overflow_tracker`` (``utils.has_inf_or_nan``: amax, amin, two isfinite,
+#: logical_and, logical_not, then ``if`` on the result: a host synchronisation), and
+#: ``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` (cast to fp32, the copy to pinned memory): eager ops each
+#: issued from Python, and the bytes per element they move on the GPU (2 + 8 the cast, 8 the norm, 2 + 2 amax and
+#: amin, 2 + 4 the cast to fp32) besides the 4 B copied to the host. The synchronisation per tensor makes the host
+#: wait for the GPU tensor by tensor, so this work adds to the pass rather than hiding under it.
+OFFLOAD_EPILOGUE_OPS = 11
+OFFLOAD_EPILOGUE_KERNELS = 10
+OFFLOAD_EPILOGUE_BYTES = 28.0
+#: ZeRO-1 (no ``overlap_comm``) on a micro batch before the accumulation boundary: its gradient hook only
+#: accumulates (``_fill_param_grad_accum_attribute``: the cast and ``add_``); the reduction runs at the boundary
+#: (``engine.py allreduce_gradients``; ``process_gradients`` reduces only with ``partition_gradients`` or
+#: ``overlap_comm``)
+ZERO1_ACCUMULATE_OPS = 2
 #: kernels Liger's fused linear cross-entropy launches per chunk of tokens (0.8.5 ``ops/fused_linear_cross_entropy.py``:
 #: the chunk's logits, the cross-entropy kernel, the input's gradient and its copy, the weight's gradient, the casts)
 LIGER_CHUNK_KERNELS = 7
@@ -82,8 +98,8 @@ class TimeConstants:
         grad_hook: DeepSpeed's gradient hook per trainable tensor per micro batch (ZeRO-1/2 bucketing, ZeRO-3's
             reduce and partition) (fitted).
         step_tensor: DeepSpeed's optimizer step per trainable tensor (norms, clipping, the 16-bit copy) (fitted).
-        offload_hook: with optimizer offload, DeepSpeed's further work per trainable tensor per micro batch (the
-            gradient's norm on the GPU, its copy into the host's fp32 buffer) (fitted).
+        offload_hook: with optimizer offload at ZeRO-3, DeepSpeed's further work per trainable tensor per micro
+            batch (fitted). ZeRO-1/2's is counted from the code instead (:data:`OFFLOAD_EPILOGUE_OPS`).
         zero3_fetch / zero3_module: ZeRO-3's gather and release of one partitioned parameter, and its hooks on one
             module, on one forward-type pass: the forward, and with checkpointing the recomputation, which runs the
             same forward hooks (DeepSpeed 0.19.8 ``parameter_offload.py``: fetch, trace, release, and the autograd
@@ -103,26 +119,31 @@ class TimeConstants:
             written and read by ``vector_norm``: ZeRO-1/2's 16-bit gradients 2 + 8 + 8, ZeRO-3's fp32 partition
             4 + 8 + 8), ZeRO-1/2's cast of the flat gradient to fp32 (2 + 4), and the 16-bit copy of the updated
             fp32 partition (4 + 2).
+        clip_bytes: the gradient clipping's bytes per element of the fp32 gradient partition at the step, read and
+            written once (``unscale_and_clip_grads``: ``mul_(1 / combined_scale)``; DeepSpeed's
+            ``gradient_clipping`` defaults to 1.0 since 0.19.3, ``runtime/constants.py``), every stage; on the host
+            with optimizer offload at ZeRO-1/2.
         grad_bytes_zero2 / grad_bytes_zero1: ZeRO-2's bytes per trainable element per micro batch beyond autograd's
             own (the copy into the reduce bucket, the average, the copy into the partition); ZeRO-1's (accumulation).
         source: where the fitted values come from.
     """
 
-    host_forward: float = 4.339
-    host_backward: float = 1.24
-    grad_hook: float = 31.61
-    step_tensor: float = 23.95
-    offload_hook: float = 78.29
-    zero3_fetch: float = 56.42
-    zero3_module: float = 20.08
-    zero3_fetch_backward: float = 18.51
-    zero3_module_backward: float = 13.41
+    host_forward: float = 4.313
+    host_backward: float = 1.524
+    grad_hook: float = 30.0
+    step_tensor: float = 23.87
+    offload_hook: float = 27.53
+    zero3_fetch: float = 53.77
+    zero3_module: float = 21.48
+    zero3_fetch_backward: float = 15.59
+    zero3_module_backward: float = 14.16
     gpu_kernel_s: float = 2.5e-6
     attention_backward: float = 2.5
     adam_bytes_fused: float = 28.0
     adam_bytes_torch: float = 84.0
     step_bytes_zero12: float = 18.0 + 6.0 + 6.0
     step_bytes_zero3: float = 20.0 + 6.0
+    clip_bytes: float = 8.0
     grad_bytes_zero2: float = 12.0
     grad_bytes_zero1: float = 6.0
     source: str = ("host costs fitted on the 12 fit rows of GPU call 1 (one H100, bench/plan/time/data/call1; "
@@ -481,22 +502,32 @@ def estimate_time(inputs: PlanInputs, speed: Speed, c: TimeConstants = TIME_DEFA
         z3_gpu["forward"], z3_gpu["backward"] = copy, copy * (passes - 1)
     grad_tensors = _trainable_tensors(inputs)
     hooks = grad_tensors * c.grad_hook * launch if inputs.stage >= 1 else 0.0
+    # ZeRO-1 without overlap_comm reduces on the boundary micro batch only; the others' hooks only accumulate
+    once = inputs.stage == 1 and not inputs.overlap
+    accumulate_hooks = grad_tensors * ZERO1_ACCUMULATE_OPS * launch if once else hooks
     z12_gpu = 0.0
     if inputs.stage == 2:
         z12_gpu = trainable * c.grad_bytes_zero2 / bw
     elif inputs.stage == 1:
         z12_gpu = trainable * c.grad_bytes_zero1 / bw
     offload_out = 0.0
-    if inputs.offload_optimizer != "none":
+    epilogue = 0.0
+    if inputs.offload_optimizer != "none" and inputs.stage == 3:
         # each micro batch's fp32 gradients go to pinned host memory as the backward makes them
         offload_out = (trainable / ws) * 4.0 / speed.d2h_bytes_per_s.value
         hooks += grad_tensors * c.offload_hook * launch
+    elif inputs.offload_optimizer != "none":
+        # ZeRO-1/2: tensor by tensor, the host synchronised with the GPU (OFFLOAD_EPILOGUE_OPS)
+        part_tensors = math.ceil(grad_tensors / ws)
+        epilogue = (part_tensors * (OFFLOAD_EPILOGUE_OPS * launch + OFFLOAD_EPILOGUE_KERNELS * c.gpu_kernel_s)
+                    + (trainable / ws) * (OFFLOAD_EPILOGUE_BYTES / bw + 4.0 / speed.d2h_bytes_per_s.value))
 
     gpu_f = mb.forward.gpu_s(c) + z3_gpu["forward"]
     gpu_b = mb.backward.gpu_s(c) + mb.recompute.gpu_s(c) + z3_gpu["backward"] + z12_gpu + offload_out
     host_f = mb.kernels["forward"] * c.host_forward * launch + z3_host["forward"]
     host_b = (mb.kernels["backward"] - mb.recompute.kernels) * c.host_backward * launch \
         + mb.recompute.kernels * c.host_forward * launch + z3_host["backward"] + hooks
+    host_b_early = host_b - hooks + accumulate_hooks  # a micro batch before the boundary
 
     # parameter offload: every pass copies the 16-bit partition from pinned host memory; on one GPU the host waits
     # for each copy (DeepSpeed 0.19.8 partition_parameters.py: NoGatherHandle.wait synchronizes the stream the copy
@@ -508,7 +539,11 @@ def estimate_time(inputs: PlanInputs, speed: Speed, c: TimeConstants = TIME_DEFA
         if ws == 1:
             host_f += h2d
             host_b += h2d * (passes - 1)
+            host_b_early += h2d * (passes - 1)
     fwd_s, bwd_s = max(gpu_f, host_f), max(gpu_b, host_b)
+    # ZeRO-1's hooks reduce, and its offload epilogue runs, on the boundary micro batch only; ZeRO-2's on every one
+    bwd_total = ((ga - 1) * max(gpu_b, host_b_early) + bwd_s + epilogue if once
+                 else ga * (bwd_s + epilogue))
     bound_f = "the host" if host_f > gpu_f else "the GPU"
     bound_b = "the host" if host_b > gpu_b else "the GPU"
     pf, pb, pr = mb.forward, mb.backward, mb.recompute
@@ -520,8 +555,13 @@ def estimate_time(inputs: PlanInputs, speed: Speed, c: TimeConstants = TIME_DEFA
         f"({pf.bytes / 1e9:.2f} GB at {bw / 1e12:.2f} TB/s), {pf.kernels} kernels"
         + (f", ZeRO-3 copies {z3_gpu['forward'] * 1e3:.1f} ms" if inputs.stage == 3 else "")
         + f"; host {host_f * 1e3:.1f} ms: {mb.kernels['forward']} launches{z3_words}): bound by {bound_f}")
-    add("backward", ga * bwd_s, "backward",
-        f"{ga} x max(GPU {gpu_b * 1e3:.1f} ms: products {(pb.matmul_s + pr.matmul_s) * 1e3:.1f} ms "
+    add("backward", bwd_total, "backward",
+        (f"{ga - 1} x max(GPU {gpu_b * 1e3:.1f} ms, host {host_b_early * 1e3:.1f} ms: ZeRO-1's hooks only accumulate "
+         "before the boundary) + " if once and ga > 1 else "")
+        + (f"the offload epilogue {epilogue * 1e3:.1f} ms per {'step' if once else 'micro batch'} (per tensor "
+           f"{OFFLOAD_EPILOGUE_OPS} ops and a host synchronisation; norm, overflow check and cast "
+           f"{OFFLOAD_EPILOGUE_BYTES:.0f} B and 4 B to the host per element) + " if epilogue else "")
+        + f"{1 if once else ga} x max(GPU {gpu_b * 1e3:.1f} ms: products {(pb.matmul_s + pr.matmul_s) * 1e3:.1f} ms "
         f"({(pb.flops + pr.flops) / 1e12:.2f} TFLOP"
         + (", recomputation included" if inputs.gradient_checkpointing else "")
         + f"), attention {(pb.attention_s + pr.attention_s) * 1e3:.1f} ms, other kernels "
@@ -672,6 +712,7 @@ def _optimizer(inputs: PlanInputs, speed: Speed, c: TimeConstants, trainable: in
         per = c.adam_bytes_torch if inputs.torch_adam else c.adam_bytes_fused
         what = "torch's AdamW (foreach)" if inputs.torch_adam else "a fused AdamW"
         extra = {3: c.step_bytes_zero3, 2: c.step_bytes_zero12, 1: c.step_bytes_zero12}.get(inputs.stage, 0.0)
+        extra += c.clip_bytes if inputs.stage >= 1 else 0.0
         gpu = part * (per + extra) / bw
         if inputs.stage == 3:
             # stage3.py step: is_invalid_grad_norm(norm) reads the norm on the host (bool of a GPU tensor), so the
@@ -685,7 +726,7 @@ def _optimizer(inputs: PlanInputs, speed: Speed, c: TimeConstants, trainable: in
         terms.append(Term("optimizer", seconds, "step",
                           f"{how}{gpu * 1e3:.1f} ms: {what} over {part / 1e6:.1f} M trainable elements of this "
                           f"GPU's partition, {per + extra:.0f} B each ({per:.0f} the update, {extra:.0f} DeepSpeed's "
-                          f"float64 gradient norm, casts and 16-bit copy) at {bw / 1e12:.2f} TB/s; host "
+                          f"float64 gradient norm, clipping, casts and 16-bit copy) at {bw / 1e12:.2f} TB/s; host "
                           f"{host * 1e3:.1f} ms: DeepSpeed's step over {tensors} trainable tensors)"))
         return
     # optimizer offload: (the gradients went to the host in the backward) the step on the CPU, the weights back
@@ -696,10 +737,17 @@ def _optimizer(inputs: PlanInputs, speed: Speed, c: TimeConstants, trainable: in
     # DeepSpeed casts the updated fp32 partition to a 16-bit host buffer before the copy (stage_1_and_2.py step):
     # 6 B per element through host memory, at the bandwidth CPUAdam's 28 B per element ran at
     cast = part * 6.0 / (28.0 * speed.cpu_adam_elems_per_s.value) if inputs.stage in (1, 2) else 0.0
-    back = part * 2.0 / h2d + cast
+    # and clips the fp32 gradient partition on the host (unscale_and_clip_grads: mul_), at the same bandwidth
+    clip = part * c.clip_bytes / (28.0 * speed.cpu_adam_elems_per_s.value) if inputs.stage in (1, 2) else 0.0
+    if inputs.stage in (1, 2):
+        # the gradient norms were taken in the backward: the step reads each tensor's on the host
+        # (complete_grad_norm_calculation_for_cpu_offload: .item() per tensor), not DeepSpeed's GPU step per tensor
+        host = math.ceil(tensors / inputs.world_size) * speed.launch_s.value
+    back = part * 2.0 / h2d + cast + clip
     terms.append(Term("offload_copies", accumulate + back, "step",
                       f"16-bit weights back to the GPU ({part / 1e6:.1f} M x 2 B at {h2d / 1e9:.1f} GB/s"
-                      + (f", cast from fp32 on the host first: {cast * 1e3:.0f} ms" if cast else "") + ")"
+                      + (f", cast from fp32 on the host first: {cast * 1e3:.0f} ms" if cast else "")
+                      + (f", the gradients clipped on the host {clip * 1e3:.0f} ms" if clip else "") + ")"
                       + (f", {ga - 1} accumulations of the host's gradients through the GPU" if ga > 1 else "")))
     what = "torch's AdamW on the CPU" if inputs.torch_adam else "DeepSpeed's CPUAdam"
     terms.append(Term("cpu_adam", cpu + host, "step",
