@@ -136,8 +136,8 @@ def _h100_markdown(recs, summary) -> list:
              "`modules_to_save` was read off `t_y9_mts_z2`'s history, the Trainer's second parameter group off "
              "`t_q3_freeze_z2_exp`'s, and the fused step (no foreach temporary) off both and these rows (HISTORY.md, "
              "thirteenth pass). "
-             "Fused losses take the fitted components; gradient accumulation is not replayed (each step's first micro "
-             "batch only). `split` is the time matrix's (its `fit` rows fit the time model, not this one).", "",
+             "Fused losses take the fitted components; gradient accumulation is replayed at ZeRO-1 full fine-tuning "
+             "only (the gradients held to the boundary), elsewhere each step's last micro batch alone. `split` is the time matrix's (its `fit` rows fit the time model, not this one).", "",
              "| rows | count | median abs error | max abs error | worst under-prediction |", "|---|---|---|---|---|"]
     for kind, s in summary.items():
         lines.append(f"| {kind} | {s['rows']} | {s['median_abs_error_pct']}% | {s['max_abs_error_pct']}% | "

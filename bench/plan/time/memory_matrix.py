@@ -130,6 +130,19 @@ EXPANDABLE2 = [
 ]
 
 
+#: held out for the next call (``zero1_ga``): ZeRO-1 full fine-tuning with gradient accumulation at other shapes than
+#: calls 7 and 9's (the gradients held from the first micro batch to the boundary, ``memory/segments.py``
+#: ``_accumulated``), and ga 1 as the control; no ``grad_accum_dtype`` row: its default is the model's (bf16, the term
+#: stays), and fp32 makes ZeRO-1 ``BF16_Optimizer`` (tests/memory/test_zero1_accumulation.py), not replayed
+ZERO1_GA = [
+    ("g_l1_full_z1_ga4", "llama-3.2-1b", dict(stage=1, mb=2, seq=2048, ga=4), "ZeRO-1, accumulation 4, LLaMA"),
+    ("g_q17_full_z1_gc_ga2", "qwen3-1.7b", dict(stage=1, mb=4, seq=2048, gc=True, ga=2),
+     "ZeRO-1, accumulation 2, Qwen3, checkpointing"),
+    ("g_q05_full_z1_ga8", "qwen2.5-0.5b", dict(stage=1, mb=4, seq=1024, ga=8), "ZeRO-1, accumulation 8"),
+    ("g_l1_full_z1_ga1", "llama-3.2-1b", dict(stage=1, mb=2, seq=2048), "ZeRO-1, no accumulation: the control"),
+]
+
+
 def spec(row: str, model: str, settings: dict, split: str, why: str = "") -> dict:
     """A probe spec with the protocol's steps, the HF Trainer's optimizer unless told, its wall-time estimate (as
     ``matrix.spec``) and the predicted peak."""
@@ -152,6 +165,8 @@ def rows(which: str) -> list:
     if which == "memory":
         return [spec(r, m, s, "holdout", w) for r, m, s, w in MEMORY] + [spec(r, m, s, "trace", w)
                                                                           for r, m, s, w in TRACES]
+    if which == "zero1_ga":
+        return [spec(r, m, s, "holdout", w) for r, m, s, w in ZERO1_GA]
     return [spec(r, m, dict(s, alloc_conf=EXP), "trace" if s.get("trace") else "holdout", w)
             for r, m, s, w in (EXPANDABLE2 if which == "expandable2" else EXPANDABLE)]
 
@@ -183,7 +198,7 @@ def baseline(specs: list, src: str) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=["memory", "expandable", "expandable2"])
+    ap.add_argument("which", choices=["memory", "expandable", "expandable2", "zero1_ga"])
     ap.add_argument("out")
     ap.add_argument("--baseline", help="a src/ directory: add its predictions as pred_gib_baseline")
     ap.add_argument("--baseline-name", default="", help="what the baseline is (a commit), written as note_baseline")

@@ -459,14 +459,59 @@ def _causal_lm_loss(pool: "Allocator", logits_bf16: float, logits_fp32: float, s
     return gb
 
 
+def _accumulated(pool: "Allocator", micro_batches: int, first_step: bool, buckets: Sequence[float],
+                 layer_grads: Sequence[float], output_grad: float, embedding_grad: float, tied: bool,
+                 model: dict, loss: Tuple[float, float, bool]) -> List[Optional[_Block]]:
+    """ZeRO-1's micro batches before the accumulation boundary (DeepSpeed 0.19.8, ``engine.allreduce_gradients``
+    and ``stage_1_and_2.py`` ``process_gradients``): nothing is reduced, so the first one's backward leaves
+    autograd's 16-bit gradient of every trainable tensor (the output layer's right after the loss, each decoder
+    layer's as its backward begins, the embedding's last; tied, the two summed into a third) and the reduce bucket
+    its first gradient hook takes (``setup_buckets``; released only by the boundary's epilogue); the later ones add
+    into them, each new gradient released once added. Returns the bucket blocks, then the gradients.
+    ``model``: :func:`_forward_pass`'s keyword arguments; ``loss``: the logits' bf16 and fp32 bytes, and softcap."""
+    out: List[Optional[_Block]] = []
+    grads: List[Optional[_Block]] = []
+    for micro in range(micro_batches - 1):
+        acts, cache = _forward_pass(pool, workspace=first_step and micro == 0, **model)
+        gb = _causal_lm_loss(pool, *loss, output=cache)
+        og = pool.alloc(output_grad)
+        if first_step and micro == 0:  # autograd's cuBLAS workspace, kept
+            pool.alloc(_CUBLAS_WORKSPACE)
+        pool.free(gb)
+        if micro == 0:
+            out = [pool.alloc(size) for size in buckets]
+            grads.append(og)
+        else:
+            pool.free(og)
+        kept = _backward_pass(pool, acts, model["layer"], model["checkpointed"], model["edges"],
+                              layer_grads=[(size, micro == 0) for size in layer_grads], layers=model["layers"])
+        grads += kept
+        if embedding_grad:
+            parts = [pool.alloc(embedding_grad) for _ in range(2 if tied else 1)]
+            keep = parts.pop() if micro == 0 else None
+            for b in parts:
+                pool.free(b)
+            grads.append(keep)
+    return out + grads
+
+
 def _backward_pass(pool: "Allocator", acts: List[Optional[_Block]], layer: Sequence[Tuple[float, Optional[int]]],
                    checkpointed: bool, edges: Tuple[float, Sequence[Tuple[float, Optional[int]]]],
-                   gathered: Sequence[Sequence[float]] = (), window: Optional[_Window] = None) -> None:
+                   gathered: Sequence[Sequence[float]] = (), window: Optional[_Window] = None,
+                   layer_grads: Sequence[Tuple[float, bool]] = (), layers: int = 0) -> List[Optional[_Block]]:
     """The decoder's backward: the forward's kept tensors released last to first; under checkpointing each layer's
-    forward runs again (with its gathered parameters, ZeRO-3) before its gradient."""
+    forward runs again (with its gathered parameters, ZeRO-3) before its gradient.
+
+    ``layer_grads``: each decoder layer's weight gradients (bytes, whether autograd keeps it as ``param.grad``; if
+    not, it is added into the kept one and released), made as the layer's backward begins, while the inputs they
+    are computed from are still held; the kept ones are returned (ZeRO-1 before the accumulation boundary).
+    ``layers``: the decoder layers ``acts`` holds (with ``layer_grads``, all of them: none frozen)."""
     final = sum(1 for _, until in edges[1] if until is None)
     index = len(acts) - final - 1  # the last layer's
+    per_layer = 0 if checkpointed or not layer_grads else (len(acts) - final - 1) // layers  # kept tensors each
+    kept: List[Optional[_Block]] = []
     for k, b in enumerate(reversed(acts)):
+        starts = (final <= k < len(acts) - 1) and (checkpointed or (per_layer and (k - final) % per_layer == 0))
         if checkpointed and final <= k < len(acts) - 1:  # the layer's forward again, then its gradient
             index -= 1
             params = _gather(pool, window, index, gathered[index] if gathered else ())
@@ -474,7 +519,15 @@ def _backward_pass(pool: "Allocator", acts: List[Optional[_Block]], layer: Seque
                 pool.free(r)
             for p in params:
                 pool.free(p)
+        if layer_grads and starts:
+            for size, keep in layer_grads:
+                g = pool.alloc(size)
+                if keep:
+                    kept.append(g)
+                else:
+                    pool.free(g)
         pool.free(b)
+    return kept
 
 
 def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainable: float, world_size: int,
@@ -487,7 +540,8 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
                     no_grad_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
                     ceiling: float = float("inf"), eight_bit: bool = False, frozen_layers: int = 0,
                     front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
-                    expandable: bool = False, second_group: bool = False, foreach: bool = True) -> int:
+                    expandable: bool = False, second_group: bool = False, foreach: bool = True,
+                    micro_batches: int = 1, layer_grads: Sequence[float] = ()) -> int:
     """Bytes the caching allocator reserves for ZeRO-1/2's large tensors over ``steps`` training steps.
 
     Raises:
@@ -532,6 +586,14 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
         foreach: the optimizer is torch's foreach AdamW (``torch_adam``), whose step makes one fp32 temporary of the
             partition (the square root of ``exp_avg_sq``); DeepSpeed's FusedAdam and the HF Trainer's default
             ``adamw_torch_fused`` update in place (call 1's traces: no such tensor).
+        micro_batches: ZeRO-1's gradient accumulation steps, with ``layer_grads`` (each decoder layer's 16-bit gradient
+            bytes, one per trainable tensor, in backward order) set: before the boundary nothing is reduced
+            (``engine.allreduce_gradients`` reduces ZeRO-1 only at the boundary; ``process_gradients`` reduces only
+            with ``partition_gradients`` or ``overlap_comm``), so autograd's per-parameter gradients, made in the first
+            micro batch's backward, and the reduce bucket its first hook takes (``setup_buckets``) stay through the
+            later micro batches' forward and backward, until the boundary's reduction and epilogue
+            (:func:`_accumulated`). 1 (the default; ZeRO-2, LoRA, the trained subsets): each step is its boundary
+            micro batch alone.
     """
     pool = ExpandableAllocator() if expandable else Allocator()
     part = trainable / world_size
@@ -565,14 +627,24 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
     for step in range(steps):
         if step == 0 and not gpu_optimizer:  # temp_grad_buffer_for_gpu_offload: 16-bit, the largest parameter's
             pool.alloc(max(list(build) + list(frozen), default=0))  # size, kept
+        accumulated: List[Optional[_Block]] = []  # ZeRO-1's gradients and bucket held since the first micro batch
+        if micro_batches > 1:
+            accumulated = _accumulated(pool, micro_batches, step == 0, buckets, layer_grads, output_grad,
+                                       embedding_grad, tied, dict(layer=layer, layers=layers,
+                                                                   checkpointed=checkpointed, edges=edges,
+                                                                   no_grad_layer=no_grad_layer,
+                                                                   frozen=frozen_layers, front_layer=front_layer),
+                                       (logits_bf16, logits_fp32, softcap))
         acts, cache = _forward_pass(pool, layer, layers, checkpointed, edges, no_grad_layer=no_grad_layer,
-                                    frozen=frozen_layers, front_layer=front_layer, workspace=step == 0)
+                                    frozen=frozen_layers, front_layer=front_layer,
+                                    workspace=step == 0 and not accumulated)
         gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap, output=cache)
         og = pool.alloc(output_grad)  # the output layer's weight gradient
-        if step == 0:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
+        if step == 0 and not accumulated:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
             pool.alloc(_CUBLAS_WORKSPACE)
         pool.free(gb)
-        held = [pool.alloc(size) for size in buckets]  # setup_buckets, at the first gradient hook
+        # setup_buckets, at the first gradient hook (ZeRO-1 accumulating: the first micro batch's, still held)
+        held = [] if accumulated else [pool.alloc(size) for size in buckets]
         # the flat 16-bit gradient partition (copy_grads_in_partition: every parameter that reaches into this rank's
         # partition, whole), taken at the first reduction of a bucket that holds one of this rank's gradients: ZeRO-1
         # too reduces through the buckets into one (0.19.8), and at world size 1 the two stages reserve alike (11
@@ -587,9 +659,10 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
                 pool.free(pool.alloc(flattened))
                 grads.append(pool.alloc(grad_partition or 2 * part))
 
-        if after < layers:  # during the layers' backward: taken at its start, where the traces place it best
+        if after < layers and not accumulated:  # during the layers' backward: at its start, where the traces place it
             reduce()
-        _backward_pass(pool, acts, layer, checkpointed, edges)
+        _backward_pass(pool, acts, layer, checkpointed, edges,
+                       layer_grads=[(size, False) for size in layer_grads] if accumulated else (), layers=layers)
         kept = None
         if embedding_grad:  # the embedding's gradient comes last; tied, it is summed with the output layer's
             parts = [pool.alloc(embedding_grad) for _ in range(2 if tied else 1)]
@@ -598,8 +671,11 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
             for b in parts:
                 pool.free(b)
         pool.free(og)
-        if after >= layers:  # the reduction the embedding's gradient starts, or backward's epilogue
-            reduce()
+        if after >= layers or accumulated:  # the reduction the embedding's gradient starts, or backward's epilogue
+            reduce()  # (ZeRO-1 accumulating: reduce_gradients after the boundary's backward)
+        for b in accumulated[len(buckets):]:  # each accumulated gradient, copied into the partition, released
+            pool.free(b)
+        held += accumulated[:len(buckets)]  # the bucket: released with the epilogue's _release_ipg_buffers
         if not gpu_optimizer:  # each gradient's fp64 norm and its fp32 copy to the CPU partition, in arrival order
             for n in reversed(norm_pieces):
                 pool.free(pool.alloc(8 * n))
