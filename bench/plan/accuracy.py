@@ -137,7 +137,9 @@ def _h100_markdown(recs, summary) -> list:
              "`t_q3_freeze_z2_exp`'s, and the fused step (no foreach temporary) off both and these rows (HISTORY.md, "
              "thirteenth pass). "
              "Fused losses take the fitted components; gradient accumulation is replayed at ZeRO-1 full fine-tuning "
-             "only (the gradients held to the boundary), elsewhere each step's last micro batch alone. `split` is the time matrix's (its `fit` rows fit the time model, not this one).", "",
+             "(the gradients held to the boundary) and at ZeRO-2 with the optimizer on the GPU (the first micro "
+             "batch's gradient partition held to the boundary), elsewhere each step's last micro batch alone. "
+             "`split` is the time matrix's (its `fit` rows fit the time model, not this one).", "",
              "| rows | count | median abs error | max abs error | worst under-prediction |", "|---|---|---|---|---|"]
     for kind, s in summary.items():
         lines.append(f"| {kind} | {s['rows']} | {s['median_abs_error_pct']}% | {s['max_abs_error_pct']}% | "

@@ -142,6 +142,18 @@ ZERO1_GA = [
     ("g_l1_full_z1_ga1", "llama-3.2-1b", dict(stage=1, mb=2, seq=2048), "ZeRO-1, no accumulation: the control"),
 ]
 
+#: held out for the next call (``zero2_ga``): ZeRO-2 full fine-tuning with gradient accumulation at other shapes than
+#: calls 1, 2 and 9's (the first micro batch's flat gradient partition held to the boundary, each later one reducing
+#: into a new one: ``memory/segments.py`` ``partition_gradients``), and the ga 1 control of the ga 8 row's shape
+ZERO2_GA = [
+    ("k_q17_full_z2_gc_ga2", "qwen3-1.7b", dict(stage=2, mb=4, seq=2048, gc=True, ga=2),
+     "ZeRO-2, accumulation 2, Qwen3, checkpointing (call 10's g_q17_full_z1_gc_ga2 at ZeRO-2)"),
+    ("k_l1_full_z2_ga8", "llama-3.2-1b", dict(stage=2, mb=1, seq=2048, ga=8), "ZeRO-2, accumulation 8, LLaMA"),
+    ("k_q15_full_z2_gc_ga4", "qwen2.5-1.5b", dict(stage=2, mb=2, seq=2048, gc=True, ga=4),
+     "ZeRO-2, accumulation 4, checkpointing"),
+    ("k_l1_full_z2_ga1", "llama-3.2-1b", dict(stage=2, mb=1, seq=2048), "ZeRO-2, no accumulation: the control"),
+]
+
 
 def spec(row: str, model: str, settings: dict, split: str, why: str = "") -> dict:
     """A probe spec with the protocol's steps, the HF Trainer's optimizer unless told, its wall-time estimate (as
@@ -165,8 +177,8 @@ def rows(which: str) -> list:
     if which == "memory":
         return [spec(r, m, s, "holdout", w) for r, m, s, w in MEMORY] + [spec(r, m, s, "trace", w)
                                                                           for r, m, s, w in TRACES]
-    if which == "zero1_ga":
-        return [spec(r, m, s, "holdout", w) for r, m, s, w in ZERO1_GA]
+    if which in ("zero1_ga", "zero2_ga"):
+        return [spec(r, m, s, "holdout", w) for r, m, s, w in (ZERO1_GA if which == "zero1_ga" else ZERO2_GA)]
     return [spec(r, m, dict(s, alloc_conf=EXP), "trace" if s.get("trace") else "holdout", w)
             for r, m, s, w in (EXPANDABLE2 if which == "expandable2" else EXPANDABLE)]
 
@@ -198,7 +210,7 @@ def baseline(specs: list, src: str) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=["memory", "expandable", "expandable2", "zero1_ga"])
+    ap.add_argument("which", choices=["memory", "expandable", "expandable2", "zero1_ga", "zero2_ga"])
     ap.add_argument("out")
     ap.add_argument("--baseline", help="a src/ directory: add its predictions as pred_gib_baseline")
     ap.add_argument("--baseline-name", default="", help="what the baseline is (a commit), written as note_baseline")

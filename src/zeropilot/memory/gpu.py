@@ -726,13 +726,26 @@ def zero12_replay(inputs: PlanInputs, counts: ParamCounts, trainable: int, c: Co
 
 
 def _accumulation(inputs: PlanInputs, listed, front: int) -> dict:
-    """ZeRO-1 with gradient accumulation: :func:`~zeropilot.memory.segments.zero12_reserved`'s ``micro_batches`` and
-    ``layer_grads`` (each decoder layer's 16-bit gradients, in backward order), the gradients autograd keeps from
-    the first micro batch to the boundary (DeepSpeed 0.19.8 reduces ZeRO-1 only there: ``engine.allreduce_gradients``;
-    witness in tests/memory/test_zero1_accumulation.py). Full fine-tuning only: LoRA's adapters' gradients are small,
-    and holding its reduce bucket alone over-predicted call 9's ``h9_q4_lora_z1_ga4`` (+2.5% against -2.2%), so LoRA
-    and the trained subsets (freeze tuning, ``modules_to_save``) keep each step's boundary micro batch alone."""
-    if inputs.stage != 1 or inputs.grad_accum < 2 or listed is not None or front or inputs.lora_rank:
+    """Gradient accumulation: :func:`~zeropilot.memory.segments.zero12_reserved`'s ``micro_batches`` and what the
+    micro batches before the boundary leave held.
+
+    ZeRO-1: ``layer_grads`` (each decoder layer's 16-bit gradients, in backward order), the gradients autograd keeps
+    from the first micro batch to the boundary (DeepSpeed 0.19.8 reduces ZeRO-1 only there:
+    ``engine.allreduce_gradients``; witness in tests/memory/test_zero1_accumulation.py). Full fine-tuning only: LoRA's
+    adapters' gradients are small, and holding its reduce bucket alone over-predicted call 9's ``h9_q4_lora_z1_ga4``
+    (+2.5% against -2.2%), so LoRA and the trained subsets (freeze tuning, ``modules_to_save``) keep each step's
+    boundary micro batch alone.
+
+    ZeRO-2 with the optimizer on the GPU: ``partition_gradients``, every micro batch reduced into its own flat
+    gradient partition, the first one's kept to the boundary (``all_grad_tensors``; witness in
+    tests/memory/test_zero2_accumulation.py), whatever trains. With ``offload_optimizer`` DeepSpeed accumulates in the
+    CPU partition instead (``async_accumulate_grad_in_cpu_via_gpu``): not replayed."""
+    if inputs.grad_accum < 2:
+        return {}
+    if inputs.stage == 2:
+        return {} if inputs.offload_optimizer != "none" else dict(micro_batches=inputs.grad_accum,
+                                                                   partition_gradients=True)
+    if listed is not None or front or inputs.lora_rank:
         return {}
     a = inputs.arch
     grads = [2.0 * n for n in reversed(layer_tensor_sizes(a, 0))]

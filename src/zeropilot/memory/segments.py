@@ -541,7 +541,8 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
                     ceiling: float = float("inf"), eight_bit: bool = False, frozen_layers: int = 0,
                     front_layer: Optional[Sequence[Tuple[float, Optional[int]]]] = None,
                     expandable: bool = False, second_group: bool = False, foreach: bool = True,
-                    micro_batches: int = 1, layer_grads: Sequence[float] = ()) -> int:
+                    micro_batches: int = 1, layer_grads: Sequence[float] = (),
+                    partition_gradients: bool = False) -> int:
     """Bytes the caching allocator reserves for ZeRO-1/2's large tensors over ``steps`` training steps.
 
     Raises:
@@ -592,8 +593,13 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
             with ``partition_gradients`` or ``overlap_comm``), so autograd's per-parameter gradients, made in the first
             micro batch's backward, and the reduce bucket its first hook takes (``setup_buckets``) stay through the
             later micro batches' forward and backward, until the boundary's reduction and epilogue
-            (:func:`_accumulated`). 1 (the default; ZeRO-2, LoRA, the trained subsets): each step is its boundary
-            micro batch alone.
+            (:func:`_accumulated`). 1 (the default): each step is its boundary micro batch alone.
+        partition_gradients: ZeRO-2 (with ``micro_batches``, the optimizer on the GPU): every micro batch reduces as
+            the boundary's does, its buckets and a new flat gradient partition (``grads_in_partition``) taken as
+            there, but the epilogue (``independent_gradient_partition_epilogue``) keeps the first micro batch's
+            partition in ``all_grad_tensors`` (views of it) and adds each later one into it, releasing that one with
+            the buckets (``_release_ipg_buffers``, ``_clear_param_grad_only``); at the boundary it becomes
+            ``averaged_gradients``, which the step flattens. Witness: tests/memory/test_zero2_accumulation.py.
     """
     pool = ExpandableAllocator() if expandable else Allocator()
     part = trainable / world_size
@@ -624,65 +630,75 @@ def zero12_reserved(*, build: Sequence[float], frozen: Sequence[float], trainabl
     if gpu_optimizer:
         pool.free(pool.alloc(4 * part))  # initialize_optimizer_states' zeroed fp32 gradient
     states = 0
+
+    def reduce() -> List[Optional[_Block]]:
+        if not gpu_optimizer:
+            return []
+        pool.free(pool.alloc(first_reduction[1]))  # the flattened bucket, across ranks
+        return [pool.alloc(grad_partition or 2 * part)]
+
     for step in range(steps):
         if step == 0 and not gpu_optimizer:  # temp_grad_buffer_for_gpu_offload: 16-bit, the largest parameter's
             pool.alloc(max(list(build) + list(frozen), default=0))  # size, kept
         accumulated: List[Optional[_Block]] = []  # ZeRO-1's gradients and bucket held since the first micro batch
-        if micro_batches > 1:
+        if micro_batches > 1 and not partition_gradients:
             accumulated = _accumulated(pool, micro_batches, step == 0, buckets, layer_grads, output_grad,
                                        embedding_grad, tied, dict(layer=layer, layers=layers,
                                                                    checkpointed=checkpointed, edges=edges,
                                                                    no_grad_layer=no_grad_layer,
                                                                    frozen=frozen_layers, front_layer=front_layer),
                                        (logits_bf16, logits_fp32, softcap))
-        acts, cache = _forward_pass(pool, layer, layers, checkpointed, edges, no_grad_layer=no_grad_layer,
-                                    frozen=frozen_layers, front_layer=front_layer,
-                                    workspace=step == 0 and not accumulated)
-        gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap, output=cache)
-        og = pool.alloc(output_grad)  # the output layer's weight gradient
-        if step == 0 and not accumulated:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
-            pool.alloc(_CUBLAS_WORKSPACE)
-        pool.free(gb)
-        # setup_buckets, at the first gradient hook (ZeRO-1 accumulating: the first micro batch's, still held)
-        held = [] if accumulated else [pool.alloc(size) for size in buckets]
-        # the flat 16-bit gradient partition (copy_grads_in_partition: every parameter that reaches into this rank's
-        # partition, whole), taken at the first reduction of a bucket that holds one of this rank's gradients: ZeRO-1
-        # too reduces through the buckets into one (0.19.8), and at world size 1 the two stages reserve alike (11
-        # measured groups, tests/memory/test_accuracy_bench.py). Across ranks that reduction first flattens the
-        # bucket (allreduce_bucket): ``first_reduction`` says after how many layers' backward, and the bytes it
-        # flattens.
-        after, flattened = first_reduction
-        grads: List[Optional[_Block]] = []
-
-        def reduce() -> None:
-            if gpu_optimizer:
-                pool.free(pool.alloc(flattened))
-                grads.append(pool.alloc(grad_partition or 2 * part))
-
-        if after < layers and not accumulated:  # during the layers' backward: at its start, where the traces place it
-            reduce()
-        _backward_pass(pool, acts, layer, checkpointed, edges,
-                       layer_grads=[(size, False) for size in layer_grads] if accumulated else (), layers=layers)
-        kept = None
-        if embedding_grad:  # the embedding's gradient comes last; tied, it is summed with the output layer's
-            parts = [pool.alloc(embedding_grad) for _ in range(2 if tied else 1)]
-            if embedding_grad > max(buckets, default=0):  # larger than a bucket: reduced on its own, kept to the end
-                kept = parts.pop()
-            for b in parts:
+        # ZeRO-2 accumulating: the first micro batch's flat gradient partition, which ``all_grad_tensors`` keeps
+        partition: List[Optional[_Block]] = []
+        for micro in range(micro_batches if partition_gradients else 1):
+            first = step == 0 and micro == 0 and not accumulated  # the first backward: autograd's cuBLAS workspace
+            acts, cache = _forward_pass(pool, layer, layers, checkpointed, edges, no_grad_layer=no_grad_layer,
+                                        frozen=frozen_layers, front_layer=front_layer, workspace=first)
+            gb = _causal_lm_loss(pool, logits_bf16, logits_fp32, softcap, output=cache)
+            og = pool.alloc(output_grad)  # the output layer's weight gradient
+            if first:  # autograd's thread has its own cuBLAS handle: a second workspace, kept
+                pool.alloc(_CUBLAS_WORKSPACE)
+            pool.free(gb)
+            # setup_buckets, at the first gradient hook (ZeRO-1 accumulating: the first micro batch's, still held)
+            held = [] if accumulated else [pool.alloc(size) for size in buckets]
+            # the flat 16-bit gradient partition (copy_grads_in_partition: every parameter that reaches into this
+            # rank's partition, whole), taken at the first reduction of a bucket that holds one of this rank's
+            # gradients: ZeRO-1 too reduces through the buckets into one (0.19.8), and at world size 1 the two stages
+            # reserve alike (11 measured groups, tests/memory/test_accuracy_bench.py). Across ranks that reduction
+            # first flattens the bucket (allreduce_bucket): ``first_reduction`` says after how many layers' backward,
+            # and the bytes it flattens.
+            after = first_reduction[0]
+            grads: List[Optional[_Block]] = []
+            if after < layers and not accumulated:  # during the layers' backward: at its start, as the traces show
+                grads = reduce()
+            _backward_pass(pool, acts, layer, checkpointed, edges,
+                           layer_grads=[(size, False) for size in layer_grads] if accumulated else (), layers=layers)
+            kept = None
+            if embedding_grad:  # the embedding's gradient comes last; tied, it is summed with the output layer's
+                parts = [pool.alloc(embedding_grad) for _ in range(2 if tied else 1)]
+                if embedding_grad > max(buckets, default=0):  # larger than a bucket: reduced alone, kept to the end
+                    kept = parts.pop()
+                for b in parts:
+                    pool.free(b)
+            pool.free(og)
+            if after >= layers or accumulated:  # the reduction the embedding's gradient starts, or backward's epilogue
+                grads = reduce()  # (ZeRO-1 accumulating: reduce_gradients after the boundary's backward)
+            for b in accumulated[len(buckets):]:  # each accumulated gradient, copied into the partition, released
                 pool.free(b)
-        pool.free(og)
-        if after >= layers or accumulated:  # the reduction the embedding's gradient starts, or backward's epilogue
-            reduce()  # (ZeRO-1 accumulating: reduce_gradients after the boundary's backward)
-        for b in accumulated[len(buckets):]:  # each accumulated gradient, copied into the partition, released
-            pool.free(b)
-        held += accumulated[:len(buckets)]  # the bucket: released with the epilogue's _release_ipg_buffers
-        if not gpu_optimizer:  # each gradient's fp64 norm and its fp32 copy to the CPU partition, in arrival order
-            for n in reversed(norm_pieces):
-                pool.free(pool.alloc(8 * n))
-                pool.free(pool.alloc(4 * n))
-        pool.free(kept)
-        for b in held:
-            pool.free(b)
+            held += accumulated[:len(buckets)]  # the bucket: released with the epilogue's _release_ipg_buffers
+            if not gpu_optimizer:  # each gradient's fp64 norm and its fp32 copy to the CPU partition, in arrival order
+                for n in reversed(norm_pieces):
+                    pool.free(pool.alloc(8 * n))
+                    pool.free(pool.alloc(4 * n))
+            pool.free(kept)
+            for b in held:
+                pool.free(b)
+            if micro == 0:
+                partition = grads
+            else:  # the epilogue drops grads_in_partition and param.grad once added into the first partition
+                for b in grads:
+                    pool.free(b)
+        grads = partition  # averaged_gradients at the boundary: the first micro batch's partition
         if gpu_optimizer:
             for n in norm_pieces:  # scaled_global_norm: each gradient's norm in fp64
                 pool.free(pool.alloc(8 * n))
