@@ -92,12 +92,20 @@ def _read_range(path: Path, start: int, length: int) -> bytes:
 # -- columns of a block -----------------------------------------------------------------------------------------
 
 
+_GAPS = (type(None), type(seg.ABSENT))  # a row without a value: null, or without the key
+
+
 def numbers(values: Sequence[Any]) -> array:
     """Values as the reader's numbers (``runlog.read._number``): NaN for anything that is not one."""
     kinds = set(map(type, values))
     if values and kinds <= {int, float} and (float not in kinds or all(map(math.isfinite, values))) \
             and -LIMIT < min(values) and max(values) < LIMIT:
         return array("d", values)
+    if kinds <= {int, float, *_GAPS}:  # numbers with gaps (a probe every 10 steps, a first step without seconds)
+        nums = [v for v in values if v is not None and v is not seg.ABSENT]
+        if not nums or ((float not in kinds or all(map(math.isfinite, nums))) and -LIMIT < min(nums)
+                        and max(nums) < LIMIT):
+            return array("d", [NAN if v is None or v is seg.ABSENT else v for v in values])
     return array("d", map(_number, values))
 
 
