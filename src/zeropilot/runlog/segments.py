@@ -25,10 +25,10 @@ it, four times it, ... while a level holds at least :data:`MIN_LEVEL_ROWS` of it
 each the rows whose step is a multiple of its stride, the segment's first :data:`HEAD_ROWS` rows, the row before and
 after each record that is not a step (the step after a save) and its last row; and the *tail* (the last
 :data:`TAIL_ROWS` rows). ``zeropilot report`` of a long run reads heads and, per segment, the one sample of the
-coarsest level its stride allows: at a stride of 256 a rank of 100k steps decodes 390 rows, not the 781 of the
-first level (``bench/report/results/scale.md``); a short run, or ``zeropilot top``, reads what it needs. The levels
-overlap (a row of the 256 level is in the 128 one too): together they cost about twice the first one, under 1% of
-the file.
+coarsest level its stride allows: at a stride of 256 a rank of 100k steps (a save every 5,000) decodes 433 rows, not
+the 823 of the first level (``bench/report/results/scale.md``); a short run, or ``zeropilot top``, reads what it
+needs. The levels overlap (a row of the 256 level is in the 128 one too): together they cost about twice the first
+one, about 1% more bytes than one sample.
 
 **Versions.** :data:`SCHEMA` is what :func:`encode` writes; every schema of :data:`SCHEMAS` reads. Schema 1 had one
 sample (every 128th step, without the segment's last row): its files read as before, the reader taking a rank's
