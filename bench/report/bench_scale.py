@@ -2,6 +2,7 @@
 
     python bench/report/bench_scale.py write DIR [--nodes 128 --per-node 8 --steps 100000 --jobs 2]
     python bench/report/bench_scale.py measure DIR --out bench/report/results/scale-<name>.json
+    python bench/report/bench_scale.py split DIR --out bench/report/results/scale-split-<name>.json
 
 ``write`` makes the job's run directory as ``zeropilot run`` leaves it (``tests/report/synth.py``: ``job_records``
 gives every rank's records as the guard writes them, ``write_job`` writes them through the guard's writer, which
@@ -10,7 +11,9 @@ compacted and merged into one file per rank). ``measure`` times ``zeropilot repo
 ``zeropilot top`` (its first look, then a refresh after every rank appended a step) each in a process of its own
 (wall seconds, CPU seconds, peak RSS: ``getrusage`` of the child), against reading the same bytes (``cat``) and
 decoding every row of them (``runlog.segread.decode_segment``, what a reader that does not sample would do), and
-sizes the directory per rank-step against the JSON lines the writer wrote.
+sizes the directory per rank-step against the JSON lines the writer wrote. ``split`` says where the text report's
+CPU time goes, in one process: reading (``runlog.job.read_job``), each part of the summary
+(``runlog.summary.summarize``), rendering.
 """
 from __future__ import annotations
 
@@ -145,6 +148,65 @@ def _top(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the parts of ``runlog.summary.summarize`` that ``split`` times, as (module, function) of what it calls
+SPLIT_PARTS = (("summary", "_rank_summary"), ("summary", "_checkpoint_ops"), ("summary", "_step_seconds"),
+               ("summary", "spread_section"), ("stragglers", "from_records"), ("stragglers", "gpu_from_records"),
+               ("timing", "section"), ("timeouts", "report"), ("job", "nodes_section"), ("summary", "_verdict"))
+
+
+def split(args: argparse.Namespace) -> int:
+    """CPU seconds of the text report's steps in this process (the functions of :data:`SPLIT_PARTS` wrapped), its
+    peak RSS, and the rows the sampled reading decoded and kept."""
+    from zeropilot.runlog import segments
+    from zeropilot.runlog import summary as summary_mod
+    from zeropilot.runlog import text as text_render
+    from zeropilot.runlog.job import read_job
+
+    parts: Dict[str, float] = {}
+
+    def timed(mod: Any, name: str, key: str) -> None:
+        fn = getattr(mod, name)
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                parts[key] = parts.get(key, 0.0) + time.process_time() - t0
+        setattr(mod, name, wrapper)
+
+    for where, name in SPLIT_PARTS:  # the names summarize() calls, in the modules it reads them from
+        timed(summary_mod if where == "summary" else getattr(summary_mod, where), name, f"{where}.{name}")
+    decoded = {"groups": 0, "rows": 0}
+    real_decode = segments.decode_group
+
+    def counting(data: bytes, skip: frozenset = frozenset()) -> Any:
+        got = real_decode(data, skip)
+        decoded["groups"] += 1
+        decoded["rows"] += got[0].n
+        return got
+    segments.decode_group = counting
+    t0 = time.process_time()
+    records = read_job([args.dir])
+    t1 = time.process_time()
+    summary = summary_mod.summarize(records)
+    t2 = time.process_time()
+    text = text_render.render(summary)
+    t3 = time.process_time()
+    out = {"before_reading_s": round(t0, 3), "read_s": round(t1 - t0, 3), "summarize_s": round(t2 - t1, 3),
+           "render_text_s": round(t3 - t2, 3),
+           "summarize_parts_s": {k: round(v, 3) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
+           "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+           "groups_decoded": decoded["groups"], "rows_decoded": decoded["rows"],
+           "rows_kept": summary["reading"]["rows_read"], "sample_every": summary["reading"]["sample_every"],
+           "ranks": len(records.ranks), "text_lines": text.count("\n"), "load_average": os.getloadavg()}
+    body = json.dumps(out, indent=1)
+    print(body)
+    if args.out:
+        Path(args.out).write_text(body + "\n", encoding="utf-8")
+    return 0
+
+
 def measure(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     info = json.loads((root / "bench-job.json").read_text(encoding="utf-8"))
@@ -233,6 +295,10 @@ def main(argv=None) -> int:
     m.add_argument("--tmp", default="/tmp")
     m.add_argument("--skip-decode", action="store_true")
     m.set_defaults(func=measure)
+    sp = sub.add_parser("split")
+    sp.add_argument("dir")
+    sp.add_argument("--out")
+    sp.set_defaults(func=split)
     t = sub.add_parser("table")
     t.add_argument("results", nargs="+")
     t.add_argument("--out")

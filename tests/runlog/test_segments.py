@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
+from pathlib import Path
 
 import pytest
 
 from tests.report import synth
 from zeropilot.runlog import segments as seg
 from zeropilot.runlog.events import line
+from zeropilot.runlog.layout import RunDir
 from zeropilot.runlog.segread import decode_segment, read_records
 
 
@@ -143,3 +146,109 @@ def test_a_damaged_file_is_read_up_to_the_damage_and_says_where(tmp_path, cut):
     back = list(seg.records(got.rows, []))
     assert len(back) == kept and all(_same(a, b) for a, b in zip(steps, back))
     assert len(got.others) == len(s.others)  # the other records come first in the file: every one is there
+
+
+# -- sample levels (schema 2) and the files of schema 1 -----------------------------------------------------------
+
+V1 = Path(__file__).parent / "fixtures" / "segment-v1"
+
+
+def _reading(root, monkeypatch, stride=None):
+    """The report's JSON and the ranks' columns of a directory, read whole (``stride`` None) or sampled at ``stride``
+    (the stride a long run's size would give: ``runlog.read.plan_stride``)."""
+    from zeropilot.runlog import read as readmod
+    from zeropilot.runlog.read import read_run
+    from zeropilot.runlog.summary import summarize
+
+    monkeypatch.setattr(readmod, "plan_stride", lambda rows: stride)
+    records = read_run(root)
+    report = json.loads(json.dumps(summarize(records), default=str).replace(str(root), "DIR"))
+    cols = {r: {k: v.tobytes() for k, v in rec.steps.items()} for r, rec in records.ranks.items()}
+    return report, cols
+
+
+@pytest.mark.parametrize("job", ["ended", "hung"])
+@pytest.mark.parametrize("stride", [None, 128, 256, 512])
+def test_a_directory_of_schema_1_reads_as_its_records_written_again(tmp_path, monkeypatch, stride, job):
+    """The fixture's files, of the first format, against the same records as JSON lines and compacted in today's
+    format: the same report and the same columns, whole and sampled (``hung``: each rank's newest step from the
+    tail, which schema 1's sample lacks)."""
+    import shutil
+
+    from zeropilot.runlog.compact import write_segment
+
+    src = V1 / job
+    heads = [seg.parse_head(p.read_bytes())[0] for p in sorted(src.glob("rank-*.col"))]
+    assert [h["schema"] for h in heads] == ["zeropilot.segment/1"] * 2
+    lines, now = tmp_path / "lines", tmp_path / "now"
+    for root in (lines, now):
+        shutil.copytree(src, root, ignore=shutil.ignore_patterns("*.col"))
+    for path in sorted(src.glob("rank-*.col")):
+        got = decode_segment(path, whole=True)
+        rank = got.rank
+        synth.write_json_lines(lines / f"rank-{rank}.jsonl", list(seg.records(got.rows, got.others)))
+        write_segment(RunDir(now), got)
+    assert [seg.parse_head(p.read_bytes())[0]["schema"] for p in sorted(now.glob("rank-*.col"))] == [seg.SCHEMA] * 2
+    want = _reading(lines, monkeypatch, stride)
+    for root in (src, now):
+        got = _reading(root, monkeypatch, stride)
+        assert got[0]["problems"] == []
+        for key in want[0]:
+            assert got[0][key] == want[0][key], (root, key)
+        assert got[1] == want[1]
+    assert want[0]["reading"]["sample_every"] == stride
+    assert want[0]["verdict"]["kind"] == {"ended": "ok", "hung": "hang"}[job]
+    assert want[0]["steps"] == {"ended": 1500, "hung": 749}[job]
+    newest = [max(r["step"] for r in read_records(p) if r["event"] == "step") for p in sorted(src.glob("*.col"))]
+    assert [r["steps"] for r in want[0]["ranks"]] == newest
+
+
+def test_the_samples_come_in_levels_and_a_coarse_reading_decodes_only_its_own(tmp_path, monkeypatch):
+    """20,000 steps: levels of 128 and 256 (512 would hold 39 steps, under ``MIN_LEVEL_ROWS``); read at 256 the
+    segment decodes the 256 level alone, the tail not at all (the level holds the last row), to the columns and
+    the report its JSON lines give."""
+    from zeropilot.runlog import segread
+
+    spec = synth.JobSpec(nodes=1, per_node=1, steps=20_000, save_every=7000)
+    recs = list(synth.job_records(spec, 0))
+    s = seg.from_records(0, 1, recs)
+    root, lines = tmp_path / "col", tmp_path / "lines"
+    for d in (root, lines):
+        d.mkdir()
+    (root / "rank-0.seg-000001.col").write_bytes(seg.encode(s))
+    synth.write_json_lines(lines / "rank-0.jsonl", recs)
+    head, _ = seg.parse_head((root / "rank-0.seg-000001.col").read_bytes())
+    samples = [f for f in head["frames"] if f["kind"] == "sample"]
+    assert [f["every"] for f in samples] == [128, 256]
+    steps = s.rows.cols[("step",)]
+    for f in samples:
+        chosen = [steps[i] for i in seg.sample_rows(s.rows, s.others, f["every"])]
+        assert f["rows"] == len(chosen)
+        assert {k * f["every"] for k in range(1, 20_000 // f["every"] + 1)} <= set(chosen)
+        assert {1, 2, 3, 4, 7000, 7001, 14000, 14001, 20_000} <= set(chosen)
+    assert [segread.sample_frame(head, k)["every"] for k in (128, 256, 512, 4096)] == [128, 256, 256, 256]
+    decoded = []
+    real = seg.decode_group
+
+    def spy(data, skip=frozenset()):
+        got = real(data, skip)
+        decoded.append(got[0].n)
+        return got
+
+    monkeypatch.setattr(seg, "decode_group", spy)
+    got = _reading(root, monkeypatch, 256)
+    assert decoded == [samples[1]["rows"]] and got[0]["reading"]["sample_every"] == 256
+    want = _reading(lines, monkeypatch, 256)
+    assert got[1] == want[1]
+    assert {k: v for k, v in got[0].items() if k != "problems"} == {k: v for k, v in want[0].items()
+                                                                    if k != "problems"}
+
+
+def test_a_head_of_a_schema_it_does_not_know_says_so():
+    s = seg.from_records(0, 1, list(synth.job_records(synth.JobSpec(nodes=1, per_node=1, steps=50), 0)))
+    head, body = seg.parse_head(seg.encode(s))
+    head["schema"] = "zeropilot.segment/9"
+    text = zlib.compress(json.dumps(head).encode("utf-8"))
+    data = seg.MAGIC + len(text).to_bytes(4, "little") + zlib.crc32(text).to_bytes(4, "little") + text
+    with pytest.raises(seg.Damaged, match=r"schema 'zeropilot.segment/9', not one this zeropilot reads"):
+        seg.parse_head(data)

@@ -228,3 +228,55 @@ def test_a_strangers_data_times_that_are_no_times_are_left_out(tmp_path):
     live = LiveRun.open(run)
     live.refresh()
     assert [x["evidence"] for x in live.stragglers()] == ["phases"] and live.gpu_stragglers() == []
+
+
+def test_ranks_of_the_same_steps_are_read_by_index_to_the_same_stragglers(monkeypatch):
+    """``find(..., aligned=True)`` (the i-th step of every rank together, what ``from_records`` uses when every rank
+    holds the same steps) names what merging the ranks' streams names, and testing only the ranks that could be slow
+    (``_maybe_slow``) what testing every rank names: slow ranks at the thresholds (1.5x the peers', and 0.1 s above
+    them in a 1 s step), slow spells that start and stop, steps without phase times and a step time missing."""
+    import random
+
+    from zeropilot.runlog import stragglers
+
+    def every_rank(names, *_):
+        return names
+
+    rnd = random.Random(5)
+    for trial in range(40):
+        n, world = rnd.randrange(5, 60), rnd.randrange(2, 40)
+        ranks = {}
+        for r in range(world):
+            slow = set(rnd.sample(range(1, n + 1), rnd.randrange(0, n))) if r % 3 == 0 else set()
+            ranks[r] = [StepTimes(s, None if rnd.random() < 0.05 else 1.0,
+                                  None if rnd.random() < 0.05 else
+                                  rnd.choice([0.05, 0.074, 0.076, 0.149, 0.15, 0.151, 0.6]) if s in slow
+                                  else 0.05 + 0.001 * (r % 2),
+                                  0.2, rnd.choice([None, 0.01, 0.5]) if s in slow else None)
+                        for s in range(1, n + 1)]
+        for stage in (2, 3):
+            got = find(ranks, stage, aligned=True)
+            assert got == find(ranks, stage), trial
+            with monkeypatch.context() as m:
+                m.setattr(stragglers, "_maybe_slow", every_rank)
+                assert got == find(ranks, stage), trial
+
+
+def test_from_records_reads_by_index_only_where_every_rank_holds_the_same_steps():
+    from array import array
+
+    from zeropilot.runlog.stragglers import _aligned
+
+    class Rec:
+        def __init__(self, steps):
+            self.steps = {"step": array("d", steps)}
+
+    class Run:
+        def __init__(self, *cols):
+            self.ranks = {r: Rec(c) for r, c in enumerate(cols)}
+
+    assert _aligned(Run([1, 2, 128], [1, 2, 128]))
+    assert not _aligned(Run([1, 2, 128], [1, 2]))  # a rank behind
+    assert not _aligned(Run([1, 2, 2, 3], [1, 2, 2, 3]))  # a step recorded twice (a resume)
+    assert not _aligned(Run([1, float("nan"), 3], [1, float("nan"), 3]))  # a record without a step number
+    assert not _aligned(Run([1, 1.5, 2], [1, 1.5, 2]))  # the same step once truncated (as StepTimes holds it)

@@ -23,7 +23,8 @@ LIMIT = float(1 << 62)  # no time, step, second or byte count of a real run come
 
 def num(value: Any) -> Optional[float]:
     """A float of magnitude below :data:`LIMIT` (so sums and ratios stay finite), or None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    t = type(value)  # an int or a float first, by exact type: a report of 1,024 ranks asks millions of times
+    if t is not int and t is not float and (isinstance(value, bool) or not isinstance(value, (int, float))):
         return None
     return float(value) if -LIMIT < value < LIMIT else None
 
@@ -36,8 +37,11 @@ def integer(value: Any) -> Optional[int]:
 
 def size(value: Any) -> Optional[int]:
     """A byte count: a non-negative int, or None."""
-    x = integer(value)
-    return x if x is not None and x >= 0 else None
+    x = num(value)
+    if x is None:
+        return None
+    i = int(x)
+    return i if i >= 0 else None
 
 
 def text(value: Any) -> Optional[str]:

@@ -20,17 +20,27 @@ segment back into the JSON lines any tool reads.
 
 **Reading a little.** The head of a file says, per numeric column, its count, minimum, maximum, sum and the step and
 time of the first minimum and maximum (exact aggregates: a rank's peaks come from these), and where each part is.
-Before the row groups come two small ones: the *sample* (the rows whose step is a multiple of :data:`SAMPLE_EVERY`,
-the segment's first :data:`HEAD_ROWS` rows, and the row before and after each record that is not a step: the step
-after a save) and the *tail* (the last :data:`TAIL_ROWS` rows). ``zeropilot report`` of a long run reads heads,
-samples and the last segment's tail; a short run, or ``zeropilot top``, reads what it needs.
+Before the row groups come small ones: the *samples*, one per stride level (``every``: :data:`SAMPLE_EVERY`, twice
+it, four times it, ... while a level holds at least :data:`MIN_LEVEL_ROWS` of its steps: :func:`sample_levels`),
+each the rows whose step is a multiple of its stride, the segment's first :data:`HEAD_ROWS` rows, the row before and
+after each record that is not a step (the step after a save) and its last row; and the *tail* (the last
+:data:`TAIL_ROWS` rows). ``zeropilot report`` of a long run reads heads and, per segment, the one sample of the
+coarsest level its stride allows: at a stride of 256 a rank of 100k steps (a save every 5,000) decodes 433 rows, not
+the 823 of the first level (``bench/report/results/scale.md``); a short run, or ``zeropilot top``, reads what it
+needs. The levels overlap (a row of the 256 level is in the 128 one too): together they cost about twice the first
+one, about 1% more bytes than one sample.
+
+**Versions.** :data:`SCHEMA` is what :func:`encode` writes; every schema of :data:`SCHEMAS` reads. Schema 1 had one
+sample (every 128th step, without the segment's last row): its files read as before, the reader taking a rank's
+newest row from the tail.
 
 **Damage.** Every part carries a CRC-32 and the head the file's length: a truncated or corrupt file is read up to
 the damage (the row groups before it) and the reader says where (:class:`Damaged`).
 
 Layout: ``MAGIC`` (8 bytes), the head's length and CRC-32 (4 bytes each, little-endian), the head (zlib of a JSON
-object, schema :data:`SCHEMA`), then the parts: ``events``, ``sample``, ``tail``, and ``rows`` groups of
-:data:`GROUP_ROWS` rows, each at the offset the head gives from the end of the head.
+object, schema :data:`SCHEMA`), then the parts: ``events``, one ``sample`` per level (finest first, each with its
+``every``), ``tail``, and ``rows`` groups of :data:`GROUP_ROWS` rows, each at the offset the head gives from the end
+of the head.
 """
 
 from __future__ import annotations
@@ -46,9 +56,11 @@ from itertools import accumulate, repeat
 from operator import add, mul, or_, sub, truediv
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-SCHEMA = "zeropilot.segment/1"
-MAGIC = b"ZPSEG1\r\n"
+SCHEMA = "zeropilot.segment/2"
+SCHEMAS = ("zeropilot.segment/1", SCHEMA)  # what reads (module doc, "Versions")
+MAGIC = b"ZPSEG1\r\n"  # the file kind, the same in every schema: the head's schema says which
 SAMPLE_EVERY = 128  # a step that is a multiple of this is in every segment's sample: ranks sampled at the same steps
+MIN_LEVEL_ROWS = 64  # a coarser sample level is kept while it holds at least this many of its stride's steps
 HEAD_ROWS = 4
 TAIL_ROWS = 160  # top's first look (runlog.live.RECENT_ROWS): 64 steps, and 16 GPU probes at every 10 steps
 GROUP_ROWS = 4096
@@ -647,15 +659,28 @@ def _at(steps: Optional[List[Any]], times: Optional[List[Any]], i: int) -> List[
     return [num(steps), num(times)]
 
 
-def sample_rows(block: Block, others: Sequence[Tuple[int, bytes]]) -> List[int]:
-    """The rows of the sample: steps that are multiples of :data:`SAMPLE_EVERY`, the first :data:`HEAD_ROWS`, and
-    the row before and after each other record (the step that held a save, the first one after it)."""
+def sample_rows(block: Block, others: Sequence[Tuple[int, bytes]], every: int = SAMPLE_EVERY) -> List[int]:
+    """The rows of the sample of stride ``every``: steps that are multiples of it, the first :data:`HEAD_ROWS`, the
+    row before and after each other record (the step that held a save, the first one after it), and the last row
+    (the rank's newest step, when the segment is its last)."""
     steps = block.cols.get(("step",)) or []
-    picked = {i for i, s in enumerate(steps) if type(s) is int and s % SAMPLE_EVERY == 0}
+    picked = {i for i, s in enumerate(steps) if type(s) is int and s % every == 0}
     picked.update(range(min(HEAD_ROWS, block.n)))
     for pos, _ in others:
         picked.update(i for i in (pos - 1, pos) if 0 <= i < block.n)
+    if block.n:
+        picked.add(block.n - 1)
     return sorted(picked)
+
+
+def sample_levels(block: Block) -> List[int]:
+    """The strides of a segment's samples: :data:`SAMPLE_EVERY`, then each twice the last while that level holds at
+    least :data:`MIN_LEVEL_ROWS` steps that are multiples of it (a reading at a coarser stride takes the coarsest)."""
+    steps = [s for s in block.cols.get(("step",)) or [] if type(s) is int and s % SAMPLE_EVERY == 0]
+    levels = [SAMPLE_EVERY]
+    while sum(1 for s in steps if s % (2 * levels[-1]) == 0) >= MIN_LEVEL_ROWS:
+        levels.append(2 * levels[-1])
+    return levels
 
 
 # -- files ----------------------------------------------------------------------------------------------------------
@@ -668,8 +693,9 @@ def encode(seg: Segment) -> bytes:
     pos_z = zlib.compress(json.dumps([p for p, _ in seg.others]).encode("ascii"), LEVEL)
     lines_z = zlib.compress(b"\n".join(line for _, line in seg.others), LEVEL)
     parts.append(("events", len(pos_z).to_bytes(4, "little") + pos_z + lines_z, {"records": len(seg.others)}))
-    chosen = sample_rows(block, seg.others)
-    parts.append(("sample", encode_group(block.take(chosen), chosen), {"rows": len(chosen)}))
+    for every in sample_levels(block):
+        chosen = sample_rows(block, seg.others, every)
+        parts.append(("sample", encode_group(block.take(chosen), chosen), {"rows": len(chosen), "every": every}))
     tail = list(range(max(0, block.n - TAIL_ROWS), block.n))
     parts.append(("tail", encode_group(block.take(tail), tail), {"rows": len(tail)}))
     for start in range(0, block.n, GROUP_ROWS):
@@ -708,8 +734,11 @@ def parse_head(data: bytes) -> Tuple[Dict[str, Any], int]:
         head = json.loads(_inflate(text))
     except (ValueError, RecursionError, zlib.error):
         raise Damaged(PREAMBLE, "its head is not readable") from None
-    if not isinstance(head, dict) or head.get("schema") != SCHEMA or not isinstance(head.get("frames"), list):
+    if not isinstance(head, dict) or not isinstance(head.get("frames"), list):
         raise Damaged(PREAMBLE, f"not a {SCHEMA} head")
+    if head.get("schema") not in SCHEMAS:
+        raise Damaged(PREAMBLE, f"its head is of schema {str(head.get('schema'))[:40]!r}, not one this zeropilot "
+                                f"reads ({', '.join(SCHEMAS)})")
     for f in head["frames"]:
         if not (isinstance(f, dict) and f.get("kind") in ("events", "sample", "tail", "rows")
                 and all(isinstance(f.get(k), int) and not isinstance(f.get(k), bool) and f[k] >= 0

@@ -92,12 +92,20 @@ def _read_range(path: Path, start: int, length: int) -> bytes:
 # -- columns of a block -----------------------------------------------------------------------------------------
 
 
+_GAPS = (type(None), type(seg.ABSENT))  # a row without a value: null, or without the key
+
+
 def numbers(values: Sequence[Any]) -> array:
     """Values as the reader's numbers (``runlog.read._number``): NaN for anything that is not one."""
     kinds = set(map(type, values))
     if values and kinds <= {int, float} and (float not in kinds or all(map(math.isfinite, values))) \
             and -LIMIT < min(values) and max(values) < LIMIT:
         return array("d", values)
+    if kinds <= {int, float, *_GAPS}:  # numbers with gaps (a probe every 10 steps, a first step without seconds)
+        nums = [v for v in values if v is not None and v is not seg.ABSENT]
+        if not nums or ((float not in kinds or all(map(math.isfinite, nums))) and -LIMIT < min(nums)
+                        and max(nums) < LIMIT):
+            return array("d", [NAN if v is None or v is seg.ABSENT else v for v in values])
     return array("d", map(_number, values))
 
 
@@ -216,11 +224,11 @@ def _parse(line: bytes) -> Optional[Dict[str, Any]]:
 
 
 def fold_segment(records: RankRecords, block: seg.Block, others: Sequence[Tuple[int, bytes]], budget: _Budget,
-                 rows: Optional[List[int]] = None) -> None:
+                 rows: Optional[List[int]] = None) -> int:
     """A segment's rows (``rows``: the numbers of those kept; None: all) and its other records, in their order: a step
-    record kept as a line (one the columns could not hold) is folded in at its place."""
+    record kept as a line (one the columns could not hold) is folded in at its place. Returns how many of those."""
     keep = list(range(block.n)) if rows is None else rows
-    at = 0
+    at = odd = 0
     for pos, line in others:
         rec = _parse(line)
         if rec is None:
@@ -228,9 +236,10 @@ def fold_segment(records: RankRecords, block: seg.Block, others: Sequence[Tuple[
         if rec.get("event") == "step":
             upto = _upto(keep, pos, at)
             _rows(records, block, keep[at:upto], budget, rows is None and at == 0 and upto == len(keep))
-            at = upto
+            at, odd = upto, odd + 1
         fold_records(records, iter([rec]), budget)
     _rows(records, block, keep[at:], budget, rows is None and at == 0)
+    return odd
 
 
 def _upto(keep: List[int], pos: int, start: int) -> int:
@@ -284,20 +293,23 @@ def _sampled_lines(records: RankRecords, piece: Piece, budget: _Budget, stride: 
     if s.source.get("skipped"):
         problems.append(f"{piece.path.name}: {s.source['skipped']} unreadable line(s) skipped")
     _add_stats(records, seg.column_stats(s.rows))
-    odd = sum(1 for _, line in s.others if (_parse(line) or {}).get("event") == "step")
-    records.total_steps = (records.total_steps or 0) + s.rows.n + odd
     tail = [s.rows.n - 1] if last and s.rows.n else []  # the rank's newest step: where it was last seen
-    _fold_sample(records, s.rows, seg.sample_rows(s.rows, s.others), tail, s.others, budget, stride, first)
+    odd = _fold_sample(records, s.rows, seg.sample_rows(s.rows, s.others, stride), tail, s.others, budget, stride,
+                       first)
+    records.total_steps = (records.total_steps or 0) + s.rows.n + odd
 
 
 def _col(records: RankRecords, piece: Piece, budget: _Budget, stride: Optional[int], first: bool, last: bool,
          problems: List[str]) -> None:
-    """A compacted segment: every row group (up to any damage), or its head, sample and tail."""
+    """A compacted segment: every row group (up to any damage), or its head and the sample of its stride (and, where
+    that sample lacks the segment's last row, as schema 1's do, the tail)."""
     head, name = piece.head or {}, piece.path.name
     frames = head["frames"]
-    want = [f for f in frames if stride is None or f["kind"] != "rows"]
-    if stride is not None and not last:
-        want = [f for f in want if f["kind"] != "tail"]
+    if stride is None:
+        want = [f for f in frames if f["kind"] in ("events", "rows")]
+    else:
+        chosen = sample_frame(head, stride)
+        want = [f for f in frames if f["kind"] == "events" or f is chosen or (last and f["kind"] == "tail")]
     end = max((piece.body + f["at"] + f["len"] for f in want), default=piece.body)
     expected = piece.body + (head.get("body") if isinstance(head.get("body"), int) else end)
     if piece.size > MAX_COL_FILE:
@@ -311,7 +323,13 @@ def _col(records: RankRecords, piece: Piece, budget: _Budget, stride: Optional[i
     if stride is not None and piece.size < expected:
         problems.append(f"{name}: truncated at byte {piece.size} of {expected}: its rows past it are lost "
                         "(the sample and the aggregates before them are read)")
-    parts, groups, damage = _decode_parts(piece, data, want)
+    parts, groups, damage = _decode_parts(piece, data, [f for f in want if f["kind"] != "tail"])
+    sample = parts.get("sample")
+    newest = piece.rows - 1  # the rank's newest step, where it was last seen: the last row of its last segment
+    has_newest = sample is not None and bool(sample[1]) and sample[1][-1] == newest
+    if stride is not None and damage is None and last and not has_newest:  # schema 1: the newest row in the tail
+        more, _, damage = _decode_parts(piece, data, [f for f in want if f["kind"] == "tail"])
+        parts.update(more)
     if damage is not None:
         problems.append(f"{name}: {damage}: read up to it")
     others = parts.get("events", [])
@@ -319,18 +337,39 @@ def _col(records: RankRecords, piece: Piece, budget: _Budget, stride: Optional[i
         _fold_groups(records, groups, others, budget)
         return
     _add_stats(records, head.get("stats"))
-    odd = sum(1 for _, line in others if b'"step"' in line and (_parse(line) or {}).get("event") == "step")
-    records.total_steps = (records.total_steps or 0) + piece.rows + odd
-    sample = parts.get("sample")
     if sample is None:
+        records.total_steps = (records.total_steps or 0) + piece.rows + _odd_steps(others)
         return
     block, index = sample
-    tail_block, tail_index = parts.get("tail", (None, None))
     tail: List[int] = []
-    if tail_block is not None and tail_index:  # the rank's newest step: where it was last seen
+    tail_block, tail_index = parts.get("tail", (None, None))
+    if tail_block is not None and tail_index:
         block, index = _union(block, index or [], tail_block.take([tail_block.n - 1]), tail_index[-1:])
         tail = [block.n - 1]
-    _fold_sample(records, block, list(range(block.n)), tail, others, budget, stride, first, index=index)
+    elif last and has_newest:
+        tail = [block.n - 1]
+    odd = _fold_sample(records, block, list(range(block.n)), tail, others, budget, stride, first, index=index)
+    records.total_steps = (records.total_steps or 0) + piece.rows + odd
+
+
+def sample_frame(head: Dict[str, Any], stride: int) -> Optional[Dict[str, Any]]:
+    """The sample a reading at ``stride`` decodes: of the segment's levels (``runlog.segments.sample_levels``; schema
+    1: its one sample, of the head's ``sample_every``) the coarsest whose stride divides it, else the finest."""
+    base = head.get("sample_every", seg.SAMPLE_EVERY)
+    levels = []
+    for f in head["frames"]:
+        every = f.get("every", base) if f["kind"] == "sample" else None
+        if isinstance(every, int) and not isinstance(every, bool) and every > 0:
+            levels.append((every, f))
+    fits = [(every, f) for every, f in levels if stride % every == 0]
+    if fits:
+        return max(fits, key=lambda x: x[0])[1]
+    return min(levels, key=lambda x: x[0])[1] if levels else None
+
+
+def _odd_steps(others: Sequence[Tuple[int, bytes]]) -> int:
+    """Step records kept as lines among a segment's other records (one the columns could not hold)."""
+    return sum(1 for _, line in others if b'"step"' in line and (_parse(line) or {}).get("event") == "step")
 
 
 def _decode_parts(piece: Piece, data: bytes, want: List[Dict[str, Any]], skip: frozenset = _ENVELOPE
@@ -453,11 +492,11 @@ def _union(a: seg.Block, ia: List[int], b: seg.Block, ib: List[int]) -> Tuple[se
 
 def _fold_sample(records: RankRecords, block: seg.Block, rows: List[int], tail: List[int],
                  others: Sequence[Tuple[int, bytes]], budget: _Budget, stride: int, first: bool,
-                 index: Optional[List[int]] = None) -> None:
+                 index: Optional[List[int]] = None) -> int:
     """The rows of a sample a reading at ``stride`` keeps: multiples of the stride, the rank's first rows (``first``:
     the segment is the rank's first; the sample then does not depend on where segments were closed or merged),
     those around the other records (``index``: each block row's number in its segment, when the block is a sample),
-    and ``tail``."""
+    and ``tail``. Returns the step records kept as lines (:func:`fold_segment`)."""
     number = index if index is not None else list(range(block.n))
     near = {p + d for p, _ in others for d in (-1, 0)}
     steps = block.cols.get(("step",)) or [None] * block.n
@@ -466,7 +505,7 @@ def _fold_sample(records: RankRecords, block: seg.Block, rows: List[int], tail: 
             if i in tail_set or (first and number[i] < seg.HEAD_ROWS) or number[i] in near
             or (type(steps[i]) is int and steps[i] % stride == 0)]
     placed = [(_upto(number, p, 0), line) for p, line in others]  # others at their place among the block's rows
-    fold_segment(records, block, placed, budget, keep)
+    return fold_segment(records, block, placed, budget, None if len(keep) == block.n else keep)
 
 
 def _add_stats(records: RankRecords, stats: Any) -> None:

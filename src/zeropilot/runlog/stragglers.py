@@ -122,12 +122,28 @@ def _rows(ranks: Mapping[int, Iterable[StepTimes]], phases: Sequence[str]
         yield {r: (st, own) for _, r, _, st, own in group}
 
 
-def _slow_steps(ranks: Mapping[int, Iterable[StepTimes]], phases: Sequence[str]) -> Dict[int, _Run]:
-    """Per rank, its longest run of consecutive slow steps (steps that several ranks recorded, in order)."""
+def _aligned_rows(ranks: Mapping[int, Iterable[StepTimes]], phases: Sequence[str]
+                  ) -> Iterator[Dict[int, Tuple[StepTimes, float]]]:
+    """:func:`_rows` of ranks that hold the same steps, each once and in increasing order (a sampled reading; a job
+    whose ranks all ran to the end): the i-th step of every rank together, without merging 1,024 streams."""
+    order = sorted(ranks)
+    for sts in zip(*[ranks[r] for r in order]):
+        row = {}
+        for r, st in zip(order, sts):
+            own = own_seconds(st, phases)
+            if own is not None:
+                row[r] = (st, own)
+        yield row
+
+
+def _slow_steps(ranks: Mapping[int, Iterable[StepTimes]], phases: Sequence[str], aligned: bool = False
+                ) -> Dict[int, _Run]:
+    """Per rank, its longest run of consecutive slow steps (steps that several ranks recorded, in order;
+    ``aligned``: every rank's steps are the same, each once, in increasing order: :func:`_aligned_rows`)."""
     best: Dict[int, _Run] = {}
     current: Dict[int, _Run] = {}
     names = list(ranks)
-    for row in _rows(ranks, phases):
+    for row in (_aligned_rows if aligned else _rows)(ranks, phases):
         if len(row) < 2:
             continue
         own = {r: o for r, (_, o) in row.items()}
@@ -135,7 +151,7 @@ def _slow_steps(ranks: Mapping[int, Iterable[StepTimes]], phases: Sequence[str])
         secs = [st.seconds for st, _ in row.values() if st.seconds is not None]
         step_s = statistics.median(secs) if secs else None
         per_phase: Dict[str, List[float]] = {}
-        for r in names:
+        for r in _maybe_slow(names, own, ordered, step_s, current):
             peers = _median_without(ordered, own[r]) if r in own else None
             if peers is None or step_s is None or own[r] < RATIO * peers or \
                     own[r] - peers < MIN_EXCESS_FRACTION * step_s:
@@ -157,9 +173,23 @@ def _slow_steps(ranks: Mapping[int, Iterable[StepTimes]], phases: Sequence[str])
     return best
 
 
+def _maybe_slow(names: List[int], own: Dict[int, float], ordered: List[float], step_s: Optional[float],
+                current: Dict[int, _Run]) -> List[int]:
+    """The ranks of a step that :func:`_slow_steps` must test (those in a run of slow steps, and those whose own
+    seconds could be slow: its peers' median is at least that of every rank but the slowest), in ``names``' order;
+    at 1,024 ranks a step's test is then a few ranks, not all of them. Every other rank cannot be slow."""
+    if step_s is None:
+        return [r for r in names if r in current]
+    low = _median_without(ordered, ordered[-1])
+    floor = max(RATIO * low, low + MIN_EXCESS_FRACTION * step_s)
+    floor -= 1e-9 * (abs(floor) + 1.0)  # a margin for rounding: the test itself decides
+    return [r for r in names if r in current or own.get(r, floor) > floor]
+
+
 def find(ranks: Mapping[int, Iterable[StepTimes]], zero_stage: Optional[int],
-         places: Optional[Mapping[int, Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
-    """The stragglers among ``ranks`` (each rank's steps in order), the slowest first.
+         places: Optional[Mapping[int, Dict[str, Any]]] = None, aligned: bool = False) -> List[Dict[str, Any]]:
+    """The stragglers among ``ranks`` (each rank's steps in order; ``aligned``: the same steps on every rank, each
+    once, in increasing order), the slowest first.
 
     Each: ``rank``, ``ratio`` (its own seconds over its peers' median, median over its slow steps; None when the
     peers' is 0), ``steps`` (how many in a row), ``first_step``, ``last_step``, ``own_seconds`` and
@@ -170,7 +200,7 @@ def find(ranks: Mapping[int, Iterable[StepTimes]], zero_stage: Optional[int],
     """
     phases = own_phases(zero_stage)
     out = []
-    for rank, run in _slow_steps(ranks, phases).items():
+    for rank, run in _slow_steps(ranks, phases, aligned).items():
         if run.count < MIN_STEPS:
             continue
         own, peers = statistics.median(run.own), statistics.median(run.peers)
@@ -359,7 +389,16 @@ def from_records(records: Any) -> List[Dict[str, Any]]:
     """:func:`find` over a run directory's records (:class:`zeropilot.runlog.read.RunRecords`)."""
     stage = next((s for s in (zero_stage(rec.events) for rec in records.ranks.values()) if s is not None), None)
     ranks = {r: _step_times(rec) for r, rec in records.ranks.items()}
-    return find(ranks, stage, {r: place(rec.events) for r, rec in records.ranks.items()})
+    return find(ranks, stage, {r: place(rec.events) for r, rec in records.ranks.items()}, _aligned(records))
+
+
+def _aligned(records: Any) -> bool:
+    """Every rank holds the same step numbers, each once, in increasing order (no step without a number)."""
+    cols = [rec.steps["step"] for rec in records.ranks.values()]
+    if not cols or any(c != cols[0] for c in cols[1:]):
+        return False
+    steps = cols[0]
+    return all(x == x for x in steps) and all(int(a) < int(b) for a, b in zip(steps, steps[1:]))
 
 
 def gpu_from_records(records: Any) -> List[Dict[str, Any]]:
@@ -373,8 +412,9 @@ def _step_times(rec: Any) -> Iterator[StepTimes]:
     cols = rec.steps
     for step, seconds, idle, fwd, data in zip(cols["step"], cols["seconds"], cols["idle_seconds"],
                                               cols["forward_seconds"], cols["data_seconds"]):
-        if step == step:  # NaN != NaN: a record without a step number
-            yield StepTimes(int(step), _known(seconds), _known(idle), _known(fwd), own_time(data))
+        if step == step:  # NaN != NaN: a record without a step number (and below: no value; _known inlined)
+            yield StepTimes(int(step), seconds if seconds == seconds else None, idle if idle == idle else None,
+                            fwd if fwd == fwd else None, data if 0.0 <= data < OWN_LIMIT_S else None)
 
 
 def _probes(rec: Any) -> Iterator[Tuple[int, float]]:

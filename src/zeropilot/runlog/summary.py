@@ -119,14 +119,27 @@ def _start(rec: RankRecords) -> Dict[str, Any]:
 _EVENT_MEMS = ("mem_before", "mem_peak", "mem_after", "mem")
 
 
-def _column_max(rec: RankRecords, events: List[Dict[str, Any]], field: str) -> Optional[int]:
-    """The highest value of a memory field over the step records and every memory object of the other records."""
-    high = rec.col_max(field)
-    top = None if high is None else int(high)
+_HIGHS = ("peak_reserved_bytes", "peak_allocated_bytes", "outside_torch_bytes", "device_total_bytes",
+          "host_rss_bytes", "alloc_retries")  # the memory fields a rank's summary gives the highest of
+
+
+def _event_highs(events: List[Dict[str, Any]]) -> Dict[str, Optional[int]]:
+    """The highest value of each of :data:`_HIGHS` over every memory object of the other records (one pass)."""
+    top: Dict[str, Optional[int]] = dict.fromkeys(_HIGHS)
     for e in events:
         for key in _EVENT_MEMS:
-            top = _larger(top, _mem_peak(e.get(key), field))
+            mem = e.get(key)
+            if isinstance(mem, dict):
+                for field in _HIGHS:
+                    top[field] = _larger(top[field], nz.integer(mem.get(field)))
     return top
+
+
+def _column_max(rec: RankRecords, highs: Dict[str, Optional[int]], field: str) -> Optional[int]:
+    """The highest value of a memory field over the step records and every memory object of the other records
+    (``highs``: :func:`_event_highs`)."""
+    high = rec.col_max(field)
+    return _larger(None if high is None else int(high), highs[field])
 
 
 def _with_oom(rec: RankRecords, oom: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -147,25 +160,26 @@ def _allocator_limit(rec: RankRecords, oom: Optional[Dict[str, Any]]) -> Optiona
 def _rank_summary(rec: RankRecords, plan_bytes: Optional[int], oom: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     cols = rec.steps
     events = _with_oom(rec, oom)
-    peak_reserved = _column_max(rec, events, "peak_reserved_bytes")  # saves, loads and OOMs peak between steps
+    highs = _event_highs(events)
+    peak_reserved = _column_max(rec, highs, "peak_reserved_bytes")  # saves, loads and OOMs peak between steps
     ended = any(e.get("event") == "end" for e in rec.events)
     times = [t for t in (rec.col_min("t"), rec.col_max("t")) if t is not None]
     times += [t for t in (nz.num(e.get("t")) for e in rec.events) if t is not None]
     last_step = rec.col_max("step")
     secs = _finite(cols["seconds"])
-    outside = _column_max(rec, events, "outside_torch_bytes")
+    outside = _column_max(rec, highs, "outside_torch_bytes")
     # what the plan predicts (gpu_peak_bytes) is the reserved peak plus memory outside PyTorch (FACTS.md)
     device_peak = peak_reserved + outside if peak_reserved is not None and outside is not None else None
     return {
         "rank": rec.rank,
         "steps": int(last_step) if last_step is not None else 0,
         "peak_reserved_bytes": peak_reserved,
-        "peak_allocated_bytes": _column_max(rec, events, "peak_allocated_bytes"),
+        "peak_allocated_bytes": _column_max(rec, highs, "peak_allocated_bytes"),
         "outside_torch_bytes": outside,
-        "device_total_bytes": _column_max(rec, events, "device_total_bytes"),
+        "device_total_bytes": _column_max(rec, highs, "device_total_bytes"),
         "allocator_limit_bytes": _allocator_limit(rec, oom),
-        "host_rss_peak_bytes": _column_max(rec, events, "host_rss_bytes"),
-        "alloc_retries": _column_max(rec, events, "alloc_retries"),
+        "host_rss_peak_bytes": _column_max(rec, highs, "host_rss_bytes"),
+        "alloc_retries": _column_max(rec, highs, "alloc_retries"),
         "plan_bytes": plan_bytes,
         "ended": ended,
         "last_record_t": max(times, default=None),

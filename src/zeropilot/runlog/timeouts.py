@@ -333,11 +333,12 @@ def learn_from_records(records: Any) -> Learned:
     """What the records of a run directory (:class:`zeropilot.runlog.read.RunRecords`) say each section took:
     for a run whose ``timeouts.json`` is missing (made before there was one, or its watchdog never wrote it)."""
     learned = Learned()
+    lowest = (min(records.ranks),) if records.ranks else ()  # what ``learns`` asks of the ranks, found once
     for rank in sorted(records.ranks):
         clock = RankClock()
-        for rec in rank_stream(records.ranks[rank], every_step=learns("step", rank, records.ranks)):
+        for rec in rank_stream(records.ranks[rank], every_step=learns("step", rank, lowest)):
             for section, seconds in observe(clock, rec):
-                if learns(section, rank, records.ranks):
+                if learns(section, rank, lowest):
                     learned.add(section, seconds)
     learned.note_run(str(records.root))
     return learned
