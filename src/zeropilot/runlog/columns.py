@@ -23,8 +23,8 @@ MAX_STEP_ROWS = 4_000_000  # all ranks together: 14 columns of 8 bytes and 12 of
 MAX_EVENTS = 200_000  # non-step records, all ranks together
 MAX_STACK = 1 << 20
 #: a run of at most this many step records (all ranks) is read whole; a longer one is read sampled (module doc): the
-#: report of a whole reading costs about 11 us a step record (64 ranks x 10k steps: 7.2 s), of a sampled one about
-#: 0.3 us (1,024 x 10k: 2.9 s; bench/report/results/scale.md), so the report stays within seconds at any size
+#: report of a whole reading costs about 11 us a step record (64 ranks x 10k steps: 7.2 s), of a sampled one 0.07 to
+#: 0.2 us (1,024 x 10k: 1.9 s; 1,024 x 100k: 7.1 s; bench/report/results/scale.md), so it stays within seconds
 FULL_ROWS = 250_000
 #: the step records a sampled run keeps at most (all ranks), on top of those around other records and the last ones
 SAMPLE_ROWS = 400_000
