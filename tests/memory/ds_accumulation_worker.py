@@ -14,23 +14,15 @@ Configurations: ZeRO-1 (default ``data_types``), ZeRO-1 with ``grad_accum_dtype`
 offload, ZeRO-2. Usage: python ds_accumulation_worker.py PORT -> prints ``RESULT {json}``.
 """
 import json
-import os
 import sys
+
+from ds_tiny import one_cpu_rank
 
 RBS = 100_000
 
 
 def main(port: str) -> None:
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                      DS_ACCELERATOR="cpu")
-    import deepspeed
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.set_num_threads(1)
-    deepspeed.init_distributed(dist_backend="gloo")
-    cfg = AutoConfig.for_model("qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+    deepspeed, torch, AutoModelForCausalLM, cfg = one_cpu_rank(port)
     out = {}
     for name, stage, offload, accum in (("zero1", 1, False, None), ("zero1_fp32_accum", 1, False, "fp32"),
                                         ("zero1_offload", 1, True, None), ("zero2", 2, False, None)):

@@ -12,23 +12,15 @@ as with LoRA), torch AdamW (no op build). Reports, per configuration:
 Usage: python ds_buffers_worker.py PORT -> prints ``RESULT {json}``.
 """
 import json
-import os
 import sys
+
+from ds_tiny import one_cpu_rank
 
 RBS = 100_000  # more than the trainable elements (24,576)
 
 
 def main(port: str) -> None:
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                      DS_ACCELERATOR="cpu")
-    import deepspeed
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.set_num_threads(1)
-    deepspeed.init_distributed(dist_backend="gloo")
-    cfg = AutoConfig.for_model("qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+    deepspeed, torch, AutoModelForCausalLM, cfg = one_cpu_rank(port)
     out = {}
     for name, stage, offload in (("zero2", 2, False), ("zero1", 1, False), ("zero2_offload", 2, True),
                                  ("zero3", 3, False)):

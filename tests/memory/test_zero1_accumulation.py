@@ -3,6 +3,7 @@ batch to the accumulation boundary (DeepSpeed 0.19.8 reduces ZeRO-1 only there),
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -38,21 +39,25 @@ def test_witness_zero1_holds_gradients_between_micro_batches(tmp_path):
 def test_zero1_accumulation_replayed_for_full_fine_tuning_only():
     """The replay adds the held gradients for ZeRO-1 full fine-tuning with ga > 1 (about 2 bytes per trainable
     element more); ga = 1 and LoRA are replayed as before (ZeRO-2: tests/memory/test_zero2_accumulation.py)."""
-    from dataclasses import replace
-
-    from zeropilot.memory import PlanInputs, parse_gpus
     from zeropilot.memory.constants import DEFAULT
-    from zeropilot.memory.gpu import trainable_params, zero12_replay, zero12_segments
-    from zeropilot.models import CATALOGUE, count_params, from_config
+    from zeropilot.memory.gpu import trainable_params, zero12_replay
 
-    base = PlanInputs(arch=from_config(CATALOGUE["qwen2.5-1.5b"], "qwen2.5-1.5b"), hardware=parse_gpus("1x79GiB"),
-                      stage=1, micro_batch=2, seq_len=1024)
-    counts = count_params(base.arch)
-
-    def segs(inputs):
-        return zero12_segments(inputs, counts, trainable_params(inputs, counts), DEFAULT)
-
+    base, counts, segs = replay_case(1)
     ga4 = replace(base, grad_accum=4)
     assert zero12_replay(ga4, counts, trainable_params(ga4, counts), DEFAULT)["micro_batches"] == 4
     assert segs(ga4) - segs(base) > 2 * counts.total * 0.9
     assert segs(replace(ga4, lora_rank=16)) == segs(replace(base, lora_rank=16))
+
+
+def replay_case(stage: int):
+    """Qwen2.5-1.5B full fine-tuning at ``stage``, micro batch 2 x 1024 on one 79 GiB card: ``(inputs, counts,
+    segs)``, ``segs(inputs)`` the bytes the ZeRO-1/2 replay reserves (the accumulation tests of both stages)."""
+    from zeropilot.memory import PlanInputs, parse_gpus
+    from zeropilot.memory.constants import DEFAULT
+    from zeropilot.memory.gpu import trainable_params, zero12_segments
+    from zeropilot.models import CATALOGUE, count_params, from_config
+
+    base = PlanInputs(arch=from_config(CATALOGUE["qwen2.5-1.5b"], "qwen2.5-1.5b"), hardware=parse_gpus("1x79GiB"),
+                      stage=stage, micro_batch=2, seq_len=1024)
+    counts = count_params(base.arch)
+    return base, counts, lambda inputs: zero12_segments(inputs, counts, trainable_params(inputs, counts), DEFAULT)

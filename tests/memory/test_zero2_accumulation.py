@@ -58,18 +58,11 @@ def test_zero2_accumulation_replayed():
     accumulates in the CPU partition) and at ga = 1 as before."""
     from dataclasses import replace
 
-    from zeropilot.memory import PlanInputs, parse_gpus
+    from tests.memory.test_zero1_accumulation import replay_case
     from zeropilot.memory.constants import DEFAULT
-    from zeropilot.memory.gpu import trainable_params, zero12_replay, zero12_segments
-    from zeropilot.models import CATALOGUE, count_params, from_config
+    from zeropilot.memory.gpu import trainable_params, zero12_replay
 
-    base = PlanInputs(arch=from_config(CATALOGUE["qwen2.5-1.5b"], "qwen2.5-1.5b"), hardware=parse_gpus("1x79GiB"),
-                      stage=2, micro_batch=2, seq_len=1024)
-    counts = count_params(base.arch)
-
-    def segs(inputs):
-        return zero12_segments(inputs, counts, trainable_params(inputs, counts), DEFAULT)
-
+    base, counts, segs = replay_case(2)
     ga4 = replace(base, grad_accum=4)
     args = zero12_replay(ga4, counts, trainable_params(ga4, counts), DEFAULT)
     assert args["micro_batches"] == 4 and args["partition_gradients"] and "layer_grads" not in args
