@@ -213,3 +213,35 @@ def test_a_frozen_store_never_holds_the_watchdog():
     finally:
         os.kill(server.pid, signal.SIGKILL)
         server.wait()
+
+
+@pytest.mark.parametrize("call, holds", [("connect", False), ("multi_get", False), ("list_keys", True)])
+def test_which_store_calls_hold_pythons_lock_on_a_frozen_store(call, holds):
+    """Why the reader never calls ``list_keys`` (the lists kept by ``append`` instead) and may connect or read from a
+    thread: on a frozen store (its process stopped) ``list_keys`` holds Python's lock while it waits, so no other
+    thread of the process runs; a connect (with its retries) and a ``multi_get`` wait without it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("jobs") / "frozen_store_call.py"
+    proc = subprocess.Popen([sys.executable, str(script), call], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    try:
+        out, _ = proc.communicate(timeout=8)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    for line in out.splitlines():  # the frozen server, stopped: never left behind
+        if line.startswith("server "):
+            try:
+                os.kill(int(line.split()[1]), signal.SIGKILL)
+            except OSError:
+                pass
+    ticks = [float(line.split()[1]) for line in out.splitlines() if line.startswith("tick ")]
+    if holds:
+        assert "done" not in out and len(ticks) <= 2, out  # the main thread stopped once the call began
+    else:
+        assert "done" in out and ticks and max(ticks) < 1.0, out

@@ -79,8 +79,8 @@ class Peers:
         self.listed: Optional[int] = None  # the node this reader listed in :data:`storebeat.NODES_KEY`
         self._store = None
         # a second connection the reader makes once it is up, for the verdict's calls (claim, publish, the frames):
-        # a c10d connect holds Python's lock while it waits (5 s at times on a loaded machine), the whole
-        # ``zeropilot run`` with it, and a verdict is no time to make one
+        # a c10d connect can take seconds on a loaded machine (its retries), and a verdict is no time to make one
+        # (it waits without Python's lock, unlike ``list_keys``: tests/guard/test_peers.py)
         self._spare = None
         self._spare_busy = threading.Lock()
         self._lock = threading.Lock()
