@@ -148,9 +148,9 @@ LATER = (("3", "call3", "profile.json", "call 1's profile"),
 
 
 def later_tables() -> List[str]:
-    """Calls 3-5, 7 and 9's held-out rows: against the prediction committed before each call, and against the procedure
-    (the model now with the call's own host figures: call 3's calibrate, calls 4, 5, 7 and 9's ``host_figures.py`` on call
-    3's card figures, ``host_predict.py``)."""
+    """Calls 3-5, 7 and 9's held-out rows: against the prediction committed before each call, and against the
+    procedure (the model now with the call's own host figures: call 3's calibrate, calls 4, 5, 7 and 9's
+    ``host_figures.py`` on call 3's card figures, ``host_predict.py``)."""
     out = []
     for n, name, prof, pre in LATER:
         speed = speed_for(None, load(str(HERE / "data" / name / prof)))

@@ -12,8 +12,8 @@ atomically when an attempt starts and when it ends. Keys (``docs/run-dir.md``):
   ``resumed`` (what the ranks really did: ``loaded_step``, ``first_step``, ``really``, ``note``), ``steps_redone``,
   ``backoff_s``, ``started_at``, ``ended_at``, ``exit_code``, ``failure`` (:class:`zeropilot.heal.causes.Failure`);
 - ``outcome``: ``status`` (``finished``: the first attempt needed no healing; ``healed``; ``restarted_from_scratch``:
-  it finished, but a restart did not resume, or had no checkpoint to resume from after steps were trained; ``stopped``: the healing ended, ``why`` says why; ``preempted``;
-  ``running``), ``why``, ``exit_code``.
+  it finished, but a restart did not resume, or had no checkpoint to resume from after steps were trained;
+  ``stopped``: the healing ended, ``why`` says why; ``preempted``; ``running``), ``why``, ``exit_code``.
 """
 
 from __future__ import annotations
