@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
@@ -200,10 +200,15 @@ def split(args: argparse.Namespace) -> int:
            "groups_decoded": decoded["groups"], "rows_decoded": decoded["rows"],
            "rows_kept": summary["reading"]["rows_read"], "sample_every": summary["reading"]["sample_every"],
            "ranks": len(records.ranks), "text_lines": text.count("\n"), "load_average": os.getloadavg()}
-    body = json.dumps(out, indent=1)
-    print(body)
-    if args.out:
-        Path(args.out).write_text(body + "\n", encoding="utf-8")
+    return _emit(out, args.out)
+
+
+def _emit(result: Dict[str, Any], out: Optional[str]) -> int:
+    """Print a measurement as JSON, and write it to ``out`` when given."""
+    text = json.dumps(result, indent=1)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n", encoding="utf-8")
     return 0
 
 
@@ -233,11 +238,7 @@ def measure(args: argparse.Namespace) -> int:
     if "decode_every_row" in res:
         res["ratios"]["report_text_vs_decode_every_row"] = round(
             res["report_text"]["wall_s"] / res["decode_every_row"]["wall_s"], 3)
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
-    return 0
+    return _emit(res, args.out)
 
 
 def table(args: argparse.Namespace) -> int:
