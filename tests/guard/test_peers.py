@@ -228,18 +228,18 @@ def test_which_store_calls_hold_pythons_lock_on_a_frozen_store(call, holds):
 
     script = Path(__file__).with_name("jobs") / "frozen_store_call.py"
     proc = subprocess.Popen([sys.executable, str(script), call], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True)
+                            text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=8)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    for line in out.splitlines():  # the frozen server, stopped: never left behind
-        if line.startswith("server "):
-            try:
-                os.kill(int(line.split()[1]), signal.SIGKILL)
-            except OSError:
-                pass
+        out = ""
+    finally:  # the process and its frozen server, one group: never left behind, stopped or not
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if not out:
+        out = proc.communicate()[0]
     ticks = [float(line.split()[1]) for line in out.splitlines() if line.startswith("tick ")]
     if holds:
         assert "done" not in out and len(ticks) <= 2, out  # the main thread stopped once the call began

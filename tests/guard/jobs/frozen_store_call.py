@@ -1,8 +1,8 @@
 """One c10d store call to a frozen store from a thread while the main thread runs Python: does the call hold
 Python's lock? Serves a TCPStore in a child process, stops it (SIGSTOP: a frozen machine looks the same), then calls
 ``CALL`` (``connect``, ``multi_get`` or ``list_keys``) from a daemon thread and prints, every 0.1 s of the main
-thread's loop, ``tick <longest pause so far>``; after 3 s it prints ``done`` and kills the server (whose pid
-it printed first, ``server PID``, for a caller to kill when this process stalls).
+thread's loop, ``tick <longest pause so far>``; after 3 s it prints ``done`` and kills the server (in this process's
+group: a caller that kills the group kills it too, when this process stalls).
 
 Usage: python frozen_store_call.py CALL
 """
@@ -25,7 +25,6 @@ def main(call: str) -> None:
     server = subprocess.Popen([sys.executable, "-c", SERVE], stdout=subprocess.PIPE, text=True)
     try:
         port = int(server.stdout.readline())
-        print(f"server {server.pid}", flush=True)  # the caller kills it should this process never get to
         client = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
                                timeout=timedelta(seconds=2))
         client.set("k", "1")
